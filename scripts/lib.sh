@@ -1,0 +1,35 @@
+# Shared by the scripts: make sure the tools exist, then run a command against a throw-away
+# PostgreSQL cluster. Sourced, not run.
+set -euo pipefail
+
+repo_root() { cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd; }
+
+ensure_cargo() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    if [ -x "$HOME/.cargo/bin/cargo" ]; then
+      export PATH="$HOME/.cargo/bin:$PATH"
+    else
+      echo "sexton needs a Rust toolchain (1.95 or newer): install it with rustup (https://rustup.rs), then run this again." >&2
+      exit 1
+    fi
+  fi
+}
+
+# PostgreSQL server binaries and pg_virtualenv (Debian's postgresql-common): installed if missing.
+ensure_postgres() {
+  if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || ! command -v pg_virtualenv >/dev/null 2>&1; then
+    echo "installing PostgreSQL (Debian packages postgresql, postgresql-common)..." >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql postgresql-common >/dev/null
+  fi
+}
+
+# Runs "$@" with PG* variables and DATABASE_URL pointing at a fresh cluster that is dropped after.
+# Durability is traded for speed: the cluster is thrown away anyway.
+with_throwaway_postgres() {
+  pg_virtualenv -o fsync=off -o synchronous_commit=off -o full_page_writes=off \
+    -o max_connections=300 \
+    bash -c 'export DATABASE_URL="postgres://$PGUSER:$PGPASSWORD@$PGHOST:$PGPORT/$PGDATABASE"; exec "$@"' _ "$@"
+}

@@ -1,0 +1,2 @@
+// One integration binary; each module proves a group of rules against a real PostgreSQL.
+mod common;

@@ -1,0 +1,135 @@
+//! The command line (OP-1): one binary, one subcommand per operation.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use clap::{Parser, Subcommand};
+
+use crate::config::Settings;
+use crate::seed::{SeedOptions, seed};
+use crate::{db, demo, tick, worker};
+
+/// sexton removes exactly what has expired from an AI-agent conversation platform.
+#[derive(Debug, Parser)]
+#[command(name = "sexton", version, about)]
+pub struct Cli {
+    /// Configuration file over the built-in defaults (environment variables override both).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the reference schema, sexton's objects and the queue's schema (idempotent).
+    Migrate,
+    /// Validate the configuration and print it; exit 2 if anything is invalid.
+    CheckConfig,
+    /// Run as a fleet member: schedule and queue consumers.
+    Worker {
+        /// Exit 0 once no job is pending or running (tests, demos, one-shot runs).
+        #[arg(long)]
+        exit_when_idle: bool,
+    },
+    /// Enqueue the nightly slot at (or last due before) a time, exactly once fleet-wide.
+    Tick {
+        /// The moment to tick at (RFC 3339); now if omitted.
+        #[arg(long, value_name = "RFC3339")]
+        at: Option<DateTime<Utc>>,
+        /// Print one JSON object: {"slot": "...", "outcome": "enqueued" | "duplicate"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write deterministic synthetic platform data (every table, files on disk).
+    Seed {
+        /// Volume: 1 is about 2,500 runs; volume grows linearly.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        scale: u64,
+        /// Random seed; the same seed and --now give the same data.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The moment ages are measured back from (RFC 3339); now if omitted.
+        #[arg(long, value_name = "RFC3339")]
+        now: Option<DateTime<Utc>>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Migrate, seed a small dataset, run one nightly pass through the queue, report.
+    Demo {
+        /// Volume of demo data.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        scale: u64,
+    },
+}
+
+/// Runs one command to completion.
+///
+/// # Errors
+/// Whatever stopped the command, with context for the person reading it.
+pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+    match command {
+        Command::CheckConfig => {
+            println!("configuration is valid");
+            println!("{settings:#?}");
+            Ok(())
+        }
+        Command::Migrate => {
+            let pool = db::connect(&settings.database).await?;
+            db::migrate(&pool).await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Worker { exit_when_idle } => {
+            let pool = db::connect(&settings.database).await?;
+            worker::run(&settings, pool, exit_when_idle).await
+        }
+        Command::Tick { at, json } => {
+            let pool = db::connect(&settings.database).await?;
+            let at = at.unwrap_or_else(Utc::now);
+            let ticked = tick::tick(&pool, &settings, at).await?;
+            if json {
+                println!("{}", serde_json::to_string(&ticked)?);
+            } else {
+                println!("slot {}: {}", ticked.slot.to_rfc3339(), ticked.outcome);
+            }
+            Ok(())
+        }
+        Command::Seed {
+            scale,
+            seed: random_seed,
+            now,
+            json,
+        } => {
+            let pool = db::connect(&settings.database).await?;
+            let options = SeedOptions {
+                scale,
+                seed: random_seed,
+                now: now.unwrap_or_else(Utc::now),
+                show_progress: !json,
+            };
+            let started = std::time::Instant::now();
+            let report = seed(&pool, &settings.paths, &options)
+                .await
+                .context("seeding failed")?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!(
+                    "seeded {} accounts, {} conversations, {} runs: {} rows and {} files ({} bytes) in {:.1}s",
+                    report.accounts,
+                    report.conversations,
+                    report.runs,
+                    report.rows,
+                    report.files,
+                    report.file_bytes,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            Ok(())
+        }
+        Command::Demo { scale } => demo::run(&settings, scale).await,
+    }
+}

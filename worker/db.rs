@@ -1,0 +1,92 @@
+//! The database: connection options (DATABASE_URL or libpq's PG* variables), a bounded pool
+//! whose every connection carries sexton's timeouts (FL-6), and migrations.
+
+use std::str::FromStr;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::DatabaseSettings;
+
+/// sexton's own migrations: the reference schema and the objects its jobs need.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Why the database could not be reached or prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("DATABASE_URL is not a valid PostgreSQL URL: {0}")]
+    BadUrl(#[source] sqlx::Error),
+    #[error("could not connect to PostgreSQL at {target}: {source}")]
+    Connect {
+        target: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("could not apply sexton's migrations: {0}")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    #[error("could not apply the queue's (apalis-postgres) migrations: {0}")]
+    QueueMigrate(#[source] apalis_postgres::Error),
+}
+
+/// Connection options from `DATABASE_URL` if set, else from the libpq `PG*` variables.
+///
+/// # Errors
+/// [`DbError::BadUrl`] when `DATABASE_URL` cannot be parsed.
+pub fn connect_options(settings: &DatabaseSettings) -> Result<PgConnectOptions, DbError> {
+    let options = match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => PgConnectOptions::from_str(&url).map_err(DbError::BadUrl)?,
+        _ => PgConnectOptions::new(),
+    };
+    Ok(options.application_name("sexton").options([
+        (
+            "statement_timeout",
+            settings.statement_timeout.as_millis().to_string(),
+        ),
+        (
+            "lock_timeout",
+            settings.lock_timeout.as_millis().to_string(),
+        ),
+        // A session left idle inside a transaction (a stalled worker) must not hold locks.
+        (
+            "idle_in_transaction_session_timeout",
+            (settings.statement_timeout.as_millis() * 2).to_string(),
+        ),
+    ]))
+}
+
+/// Where the options point, for error messages (never the password).
+pub fn describe(options: &PgConnectOptions) -> String {
+    format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("(default database)")
+    )
+}
+
+/// A bounded pool; every connection runs with sexton's statement and lock timeouts.
+///
+/// # Errors
+/// [`DbError::Connect`] when no connection can be made.
+pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, DbError> {
+    let options = connect_options(settings)?;
+    let target = describe(&options);
+    PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_with(options)
+        .await
+        .map_err(|source| DbError::Connect { target, source })
+}
+
+/// Applies the queue's schema (schema `apalis`, its own migration table) and then sexton's
+/// migrations. Idempotent.
+///
+/// # Errors
+/// [`DbError::QueueMigrate`] or [`DbError::Migrate`] when a migration fails.
+pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    apalis_postgres::PostgresStorage::setup(pool)
+        .await
+        .map_err(DbError::QueueMigrate)?;
+    MIGRATOR.run(pool).await.map_err(DbError::Migrate)
+}

@@ -1,0 +1,12 @@
+//! sexton's worker side: how retention jobs are run — configuration, database, queue, schedule,
+//! CLI, seed data and demo. What is pruned, and why, lives in the `sexton-jobs` crate.
+
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod demo;
+pub mod queue;
+pub mod seed;
+pub mod telemetry;
+pub mod tick;
+pub mod worker;

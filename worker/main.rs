@@ -1,0 +1,39 @@
+//! `sexton`: the retention worker fleet's one binary.
+//!
+//! config → telemetry → command (database, jobs, queue, schedule) → exit code.
+//! Exit codes (OP-1): 0 success, 2 bad usage or configuration, 1 failure.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sexton::cli::Cli;
+use sexton::config::Settings;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("sexton: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    sexton::telemetry::init(&settings.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("sexton: could not start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(sexton::cli::run(cli.command, settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("sexton: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

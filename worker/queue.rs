@@ -1,0 +1,189 @@
+//! The queue (FL-1): apalis-postgres storage, one named queue per job kind.
+//!
+//! Payloads are stored as JSON and decoded by sexton's own handlers, not by the queue's codec:
+//! a payload that does not decode then fails its one job (kept, `Killed`, for inspection)
+//! instead of killing the worker that fetched it (STACK.md).
+
+use std::fmt;
+use std::time::Duration;
+
+use apalis::prelude::{TaskBuilder, TaskSink, TaskSinkError};
+use apalis_postgres::{Config, PostgresStorage};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::config::QueueSettings;
+
+/// A job kind, and the queue its jobs live in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Queue {
+    /// One job per scheduled slot; it fans out one job per account per job kind.
+    Nightly,
+}
+
+impl Queue {
+    /// Every queue a worker serves.
+    pub const ALL: [Queue; 1] = [Queue::Nightly];
+
+    /// The queue's name in `apalis.jobs.job_type`; stable, whatever the Rust types are called.
+    pub fn name(self) -> &'static str {
+        match self {
+            Queue::Nightly => "sexton.nightly",
+        }
+    }
+
+    /// The job label used in metrics and logs.
+    pub fn job(self) -> &'static str {
+        match self {
+            Queue::Nightly => "nightly",
+        }
+    }
+}
+
+impl fmt::Display for Queue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The storage of one queue, with the fleet's heartbeat settings (FL-4).
+pub fn storage(
+    pool: &PgPool,
+    queue: Queue,
+    settings: &QueueSettings,
+) -> PostgresStorage<serde_json::Value> {
+    PostgresStorage::new(pool).with_config(
+        Config::default()
+            .queue(queue.name())
+            .heartbeat_interval(settings.heartbeat_interval)
+            .missed_heartbeats(settings.missed_heartbeats as usize)
+            .batch_size(settings.concurrency),
+    )
+}
+
+/// How a job is pushed.
+#[derive(Debug, Clone, Default)]
+pub struct PushOptions {
+    /// A key unique within the queue: a second push with it is a [`PushOutcome::Duplicate`].
+    pub idempotency_key: Option<String>,
+    /// Run no earlier than this long from now.
+    pub run_after: Option<Duration>,
+}
+
+/// Whether a push added a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PushOutcome {
+    Enqueued,
+    /// A job with the same idempotency key already exists (in any state).
+    Duplicate,
+}
+
+impl fmt::Display for PushOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PushOutcome::Enqueued => "enqueued",
+            PushOutcome::Duplicate => "duplicate",
+        })
+    }
+}
+
+/// Why a job could not be pushed or counted.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("could not encode the payload for {queue}: {source}")]
+    Encode {
+        queue: Queue,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("could not push a job to {queue}: {source}")]
+    Push {
+        queue: Queue,
+        #[source]
+        source: TaskSinkError<apalis_postgres::Error>,
+    },
+    #[error("could not read the queue: {0}")]
+    Read(#[from] sqlx::Error),
+}
+
+/// Pushes one job.
+///
+/// # Errors
+/// [`QueueError`] when the payload cannot be encoded or the database refuses the job.
+pub async fn push(
+    pool: &PgPool,
+    queue: Queue,
+    settings: &QueueSettings,
+    payload: &impl Serialize,
+    options: PushOptions,
+) -> Result<PushOutcome, QueueError> {
+    let value =
+        serde_json::to_value(payload).map_err(|source| QueueError::Encode { queue, source })?;
+    let mut task = TaskBuilder::new(value).max_attempts(settings.max_attempts as usize);
+    if let Some(key) = options.idempotency_key {
+        task = task.idempotency_key(key);
+    }
+    if let Some(delay) = options.run_after {
+        task = task.run_after(delay);
+    }
+    match storage(pool, queue, settings).push_task(task.build()).await {
+        Ok(()) => Ok(PushOutcome::Enqueued),
+        Err(err) if is_unique_violation(&err) => Ok(PushOutcome::Duplicate),
+        Err(source) => Err(QueueError::Push { queue, source }),
+    }
+}
+
+fn is_unique_violation(err: &TaskSinkError<apalis_postgres::Error>) -> bool {
+    matches!(
+        err,
+        TaskSinkError::PushError(apalis_postgres::Error::Database(sqlx::Error::Database(db)))
+            if db.is_unique_violation()
+    )
+}
+
+/// Jobs of sexton's queues by state, as `apalis.jobs` holds them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct QueueCounts {
+    /// Waiting to run: pending, fetched but not started, or failed with attempts left.
+    pub pending: i64,
+    pub running: i64,
+    pub done: i64,
+    /// Failed for good (attempts exhausted) or killed (bad payload): kept for inspection.
+    pub failed: i64,
+}
+
+impl QueueCounts {
+    /// Nothing left to do.
+    pub fn idle(&self) -> bool {
+        self.pending == 0 && self.running == 0
+    }
+}
+
+/// Counts the jobs of every sexton queue by state.
+///
+/// # Errors
+/// [`QueueError::Read`] on a database error.
+pub async fn counts(pool: &PgPool) -> Result<QueueCounts, QueueError> {
+    let names: Vec<&str> = Queue::ALL.iter().map(|q| q.name()).collect();
+    let (pending, running, done, failed) = sqlx::query_as::<_, (i64, i64, i64, i64)>(
+        "SELECT
+             count(*) FILTER (WHERE status IN ('Pending', 'Queued')
+                              OR (status = 'Failed' AND attempts < max_attempts)),
+             count(*) FILTER (WHERE status = 'Running'),
+             count(*) FILTER (WHERE status = 'Done'),
+             count(*) FILTER (WHERE status = 'Killed'
+                              OR (status = 'Failed' AND attempts >= max_attempts))
+         FROM apalis.jobs
+         WHERE job_type = ANY($1)",
+    )
+    .bind(&names)
+    .fetch_one(pool)
+    .await?;
+    Ok(QueueCounts {
+        pending,
+        running,
+        done,
+        failed,
+    })
+}

