@@ -1,2 +1,3 @@
 // One integration binary; each module proves a group of rules against a real PostgreSQL.
 mod common;
+mod foundation;

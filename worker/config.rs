@@ -25,7 +25,15 @@ pub struct Settings {
     pub paths: PathSettings,
     pub schedule: ScheduleSettings,
     pub queue: QueueSettings,
+    pub execution_details: ExecutionDetailsSettings,
     pub log: LogSettings,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExecutionDetailsSettings {
+    pub window_size: u32,
+    pub hop_budget: Duration,
+    pub owner_lock_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -184,7 +192,15 @@ struct RawSettings {
     paths: RawPaths,
     schedule: RawSchedule,
     queue: RawQueue,
+    execution_details: RawExecutionDetails,
     log: RawLog,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawExecutionDetails {
+    window_size: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+    owner_lock_timeout_ms: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -404,6 +420,19 @@ impl RawSettings {
         );
         let retry_backoff = c.millis("queue.retry_backoff_ms", &q.retry_backoff_ms);
 
+        let e = &self.execution_details;
+        let window_size = c.int(
+            "execution_details.window_size",
+            &e.window_size,
+            1..=100_000,
+            "an integer from 1 to 100000",
+        );
+        let hop_budget = c.millis("execution_details.hop_budget_ms", &e.hop_budget_ms);
+        let owner_lock_timeout = c.millis(
+            "execution_details.owner_lock_timeout_ms",
+            &e.owner_lock_timeout_ms,
+        );
+
         let l = &self.log;
         let format = c.parsed(
             "log.format",
@@ -452,6 +481,11 @@ impl RawSettings {
                 missed_heartbeats: missed_heartbeats?,
                 max_attempts: max_attempts?,
                 retry_backoff: retry_backoff?,
+            },
+            execution_details: ExecutionDetailsSettings {
+                window_size: window_size?,
+                hop_budget: hop_budget?,
+                owner_lock_timeout: owner_lock_timeout?,
             },
             log: LogSettings {
                 format: format?,

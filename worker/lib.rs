@@ -5,6 +5,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod execution_details;
 pub mod queue;
 pub mod seed;
 pub mod telemetry;

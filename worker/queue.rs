@@ -19,16 +19,19 @@ use crate::config::QueueSettings;
 pub enum Queue {
     /// One job per scheduled slot; it fans out one job per account per job kind.
     Nightly,
+    /// Hops of PruneExecutionDetails passes (SPEC §2).
+    PruneExecutionDetails,
 }
 
 impl Queue {
     /// Every queue a worker serves.
-    pub const ALL: [Queue; 1] = [Queue::Nightly];
+    pub const ALL: [Queue; 2] = [Queue::Nightly, Queue::PruneExecutionDetails];
 
     /// The queue's name in `apalis.jobs.job_type`; stable, whatever the Rust types are called.
     pub fn name(self) -> &'static str {
         match self {
             Queue::Nightly => "sexton.nightly",
+            Queue::PruneExecutionDetails => "sexton.prune_execution_details",
         }
     }
 
@@ -36,6 +39,7 @@ impl Queue {
     pub fn job(self) -> &'static str {
         match self {
             Queue::Nightly => "nightly",
+            Queue::PruneExecutionDetails => "prune_execution_details",
         }
     }
 }

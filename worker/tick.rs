@@ -6,7 +6,10 @@ use serde::{Deserialize, Serialize};
 use sexton_jobs::payload::V1;
 use sqlx::PgPool;
 
+use sexton_jobs::prune_execution_details::Args;
+
 use crate::config::{ScheduleSettings, Settings};
+use crate::execution_details;
 use crate::queue::{self, PushOptions, PushOutcome, Queue, QueueError};
 use crate::worker::JobContext;
 
@@ -87,6 +90,9 @@ pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()>
         .fetch_all(&ctx.pool)
         .await?;
     tracing::info!(slot = %slot.slot.to_rfc3339(), accounts = accounts.len(), "fanning out nightly slot");
+    for account_id in accounts {
+        execution_details::push_hop(ctx, &Args::first(account_id, slot.slot)).await?;
+    }
     Ok(())
 }
 

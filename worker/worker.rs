@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 
 use crate::config::Settings;
+use crate::execution_details;
 use crate::queue::{self, Queue};
 use crate::tick::{self, NightlySlot};
 
@@ -34,8 +35,8 @@ pub enum JobFailure {
     #[error("bad payload for {queue}: {reason}")]
     BadPayload { queue: Queue, reason: String },
     /// A transient failure (database gone, lock timeout): retried with backoff.
-    #[error("{0}")]
-    Retryable(#[source] anyhow::Error),
+    #[error(transparent)]
+    Retryable(anyhow::Error),
 }
 
 /// Decodes a job's JSON payload into its typed, versioned arguments.
@@ -103,6 +104,10 @@ async fn handle(
             Ok(slot) => tick::fan_out(ctx, &slot)
                 .await
                 .map_err(JobFailure::Retryable),
+            Err(err) => Err(err),
+        },
+        Queue::PruneExecutionDetails => match decode(*queue, payload) {
+            Ok(args) => execution_details::hop(ctx, args).await.map(drop),
             Err(err) => Err(err),
         },
     };

@@ -4,3 +4,4 @@
 
 pub mod clock;
 pub mod payload;
+pub mod prune_execution_details;

@@ -1,1 +1,82 @@
+//! Shared test helpers: settings with file roots in a temp dir, the queue's schema on the test's
+//! fresh database, and the `sexton` binary pointed at that database.
 
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use sexton::config::{PathSettings, Settings};
+use sqlx::PgPool;
+use tokio::process::{Child, Command};
+
+/// The default settings with every file root under `dir`.
+pub fn settings(dir: &Path) -> Settings {
+    let mut settings = Settings::load(None).expect("default settings are valid");
+    settings.paths = PathSettings {
+        output_root: dir.join("outputs"),
+        attachments_root: dir.join("attachments"),
+        artifacts_root: dir.join("artifacts"),
+        sessions_root: dir.join("sessions"),
+        traces_root: dir.join("traces"),
+    };
+    settings.queue.poll_interval = Duration::from_millis(100);
+    settings.queue.retry_backoff = Duration::from_millis(50);
+    settings
+}
+
+/// Installs the queue's schema too (sqlx::test applied sexton's migrations already).
+pub async fn migrate(pool: &PgPool) {
+    sexton::db::migrate(pool).await.expect("migrations apply");
+}
+
+/// A URL for the test's own database, for child processes.
+pub async fn database_url(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("current_database");
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for the tests");
+    let mut url = url_without_path(&base);
+    url.push('/');
+    url.push_str(&name);
+    url
+}
+
+fn url_without_path(url: &str) -> String {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].find('/') {
+        Some(i) => url[..after_scheme + i].to_owned(),
+        None => url.to_owned(),
+    }
+}
+
+/// The `sexton` binary with the test database and file roots under `dir`.
+pub fn sexton(database_url: &str, dir: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sexton"));
+    cmd.env("DATABASE_URL", database_url)
+        .env("SEXTON_PATHS__OUTPUT_ROOT", dir.join("outputs"))
+        .env("SEXTON_PATHS__ATTACHMENTS_ROOT", dir.join("attachments"))
+        .env("SEXTON_PATHS__ARTIFACTS_ROOT", dir.join("artifacts"))
+        .env("SEXTON_PATHS__SESSIONS_ROOT", dir.join("sessions"))
+        .env("SEXTON_PATHS__TRACES_ROOT", dir.join("traces"))
+        .env("SEXTON_QUEUE__POLL_INTERVAL_MS", "100")
+        .env("SEXTON_QUEUE__RETRY_BACKOFF_MS", "50")
+        .env("SEXTON_LOG__LEVEL", "info,sqlx=warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Waits for a child to exit, failing the test if it takes longer than `limit` (a hang guard,
+/// not a timing assertion).
+pub async fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    match tokio::time::timeout(limit, child.wait()).await {
+        Ok(status) => status.expect("child process status"),
+        Err(_) => {
+            child.kill().await.ok();
+            panic!("sexton did not exit within {limit:?}");
+        }
+    }
+}

@@ -1175,7 +1175,7 @@ impl<'a> Generator<'a> {
     }
 
     fn session_state(&mut self) -> &'static str {
-        *[
+        [
             "completed",
             "completed",
             "completed",

@@ -1,0 +1,660 @@
+//! PruneExecutionDetails (SPEC §2, seed 003): removes the execution detail of conversation runs
+//! whose account's retention window has passed, keeping the conversation itself.
+//!
+//! A nightly pass per account is a chain of hops (EX-7). Each hop reads one bounded window of
+//! candidates through `runs_execution_details_window` in (age, id) order after its cursor, and
+//! takes every candidate through its own short transaction: conversation row locked first, then
+//! the run (EX-6), eligibility re-checked under those locks (EX-1, EX-2, EX-5), detail deleted
+//! and markers set together (EX-3, EX-9). Owned output files are recorded in
+//! `sexton.pending_file_deletions` inside that transaction and unlinked after it commits.
+//! The hop then reports the next hop's arguments — same cutoff, advanced cursor — if the
+//! window was full or its time budget ran out.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::payload::V1;
+
+/// The age of a run for execution retention, as the window index spells it (EX-2).
+const AGE: &str = "(CASE WHEN kind = 'conversation' THEN completed_at \
+                    WHEN settled_at IS NOT NULL THEN terminal_at END)";
+
+/// A cursor position before every real age (PostgreSQL cannot take chrono's minimum).
+const BEFORE_ANY_AGE: DateTime<Utc> = match DateTime::from_timestamp(-30_610_224_000, 0) {
+    Some(at) => at,
+    None => DateTime::UNIX_EPOCH,
+};
+
+/// `runner_effects` of a pruned run and its variant (EX-3).
+pub fn pruned_runner_effects() -> serde_json::Value {
+    serde_json::json!({"status": "unavailable", "runners": [], "reason": "execution_details_pruned"})
+}
+
+/// The seven execution-detail tables, in deletion order.
+pub const DETAIL_TABLES: [&str; 7] = [
+    "run_task_edges",
+    "run_tasks",
+    "tool_results",
+    "sealed_requests",
+    "reasoning_traces",
+    "invocation_attempts",
+    "output_files",
+];
+
+/// One hop's payload: which account, which pass, where the window starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub account_id: Uuid,
+    /// When the pass started (the nightly slot); the cutoff is measured back from it.
+    pub pass_started_at: DateTime<Utc>,
+    /// Fixed by the first hop and carried by every later one.
+    pub cutoff: Option<DateTime<Utc>>,
+    /// The last candidate a previous hop visited; the window starts after it.
+    pub cursor: Option<Cursor>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+impl Args {
+    /// The first hop of an account's pass.
+    pub fn first(account_id: Uuid, pass_started_at: DateTime<Utc>) -> Self {
+        Self {
+            version: V1,
+            account_id,
+            pass_started_at,
+            cutoff: None,
+            cursor: None,
+            hop: 0,
+        }
+    }
+}
+
+/// A position in the (age, id) order of candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    pub age: DateTime<Utc>,
+    pub run_id: Uuid,
+}
+
+/// How much one hop may do.
+#[derive(Debug, Clone)]
+pub struct HopSettings {
+    /// Candidates read per hop.
+    pub window_size: u32,
+    /// Time after which a hop stops taking new owners and hands over to the next hop.
+    pub budget: Duration,
+    /// Longest wait for an owner's conversation or run lock before it is skipped as busy.
+    pub owner_lock_timeout: Duration,
+    /// Root that `output_files.relative_path` is resolved under.
+    pub output_root: PathBuf,
+}
+
+/// Why an owner was left in place this pass (EX-5, EX-6), as counted in metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetainReason {
+    /// An invocation attempt is pending or running.
+    PendingWork,
+    /// A settlement receipt is pending.
+    PendingSettlement,
+    /// A delegation from this run is outstanding.
+    OutstandingDelegation,
+    /// The run is a source of an unsealed history request (inherited sources included).
+    ActiveHistoryRequest,
+    /// Under lock the run was no longer old enough or no longer an owner.
+    NotEligible,
+    /// The conversation or run lock was not granted in time.
+    Busy,
+}
+
+impl RetainReason {
+    pub const ALL: [RetainReason; 6] = [
+        RetainReason::PendingWork,
+        RetainReason::PendingSettlement,
+        RetainReason::OutstandingDelegation,
+        RetainReason::ActiveHistoryRequest,
+        RetainReason::NotEligible,
+        RetainReason::Busy,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetainReason::PendingWork => "pending_work",
+            RetainReason::PendingSettlement => "pending_settlement",
+            RetainReason::OutstandingDelegation => "outstanding_delegation",
+            RetainReason::ActiveHistoryRequest => "active_history_request",
+            RetainReason::NotEligible => "not_eligible",
+            RetainReason::Busy => "busy",
+        }
+    }
+}
+
+/// How a hop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HopOutcome {
+    /// The window was full or the budget ran out: another hop follows.
+    Continued,
+    /// The window came back short: the pass is complete.
+    Finished,
+    /// The account disabled retention (EX-1): the pass ends.
+    Disabled,
+    /// The account no longer exists (ER-4): the pass ends quietly.
+    AccountGone,
+}
+
+impl HopOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HopOutcome::Continued => "continued",
+            HopOutcome::Finished => "finished",
+            HopOutcome::Disabled => "disabled",
+            HopOutcome::AccountGone => "account_gone",
+        }
+    }
+}
+
+/// What one hop did.
+#[derive(Debug, Clone, Serialize)]
+pub struct HopReport {
+    pub outcome: HopOutcome,
+    pub candidates: u32,
+    pub pruned: u32,
+    pub retained: BTreeMap<RetainReason, u32>,
+    /// Detail rows deleted, per table.
+    pub rows: BTreeMap<&'static str, u64>,
+    pub files_deleted: u64,
+    pub bytes_reclaimed: u64,
+    /// Files that could not be deleted (unreadable, escaping the root): counted, not retried.
+    pub file_errors: u64,
+    /// The next hop, if the pass goes on.
+    pub next: Option<Args>,
+    /// How far past the cutoff the oldest candidate of this window was (0 when none).
+    pub backlog_seconds: f64,
+}
+
+/// Why a hop failed; every variant is transient and the hop is retried (EX-8).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Runs one hop.
+///
+/// # Errors
+/// [`Error::Database`] when the database fails; nothing is half-done, and the hop can be run
+/// again.
+pub async fn run(
+    pool: &PgPool,
+    clock: &dyn Clock,
+    settings: &HopSettings,
+    args: &Args,
+) -> Result<HopReport, Error> {
+    let started = Instant::now();
+    let mut report = HopReport {
+        outcome: HopOutcome::Finished,
+        candidates: 0,
+        pruned: 0,
+        retained: BTreeMap::new(),
+        rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
+        files_deleted: 0,
+        bytes_reclaimed: 0,
+        file_errors: 0,
+        next: None,
+        backlog_seconds: 0.0,
+    };
+    // Files of owners pruned by an earlier hop that died between commit and unlink.
+    drain_file_deletions(pool, &settings.output_root, args.account_id, &mut report).await?;
+
+    let days: Option<Option<i32>> =
+        sqlx::query_scalar("SELECT execution_details_retention_days FROM accounts WHERE id = $1")
+            .bind(args.account_id)
+            .fetch_optional(pool)
+            .await?;
+    let days = match days {
+        None => {
+            report.outcome = HopOutcome::AccountGone;
+            return Ok(report);
+        }
+        Some(None) => {
+            report.outcome = HopOutcome::Disabled;
+            return Ok(report);
+        }
+        Some(Some(days)) => days,
+    };
+    let cutoff = args
+        .cutoff
+        .unwrap_or_else(|| args.pass_started_at - chrono::Duration::days(days.into()));
+    // Never past the stricter of the carried cutoff and the current setting (EX-1, EX-7).
+    let bound = cutoff.min(args.pass_started_at - chrono::Duration::days(days.into()));
+    let after = args.cursor.unwrap_or(Cursor {
+        age: BEFORE_ANY_AGE,
+        run_id: Uuid::nil(),
+    });
+
+    let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT id, conversation_id, {AGE} AS age FROM runs
+         WHERE account_id = $1
+           AND details_pruned_at IS NULL
+           AND conversation_id IS NOT NULL
+           AND kind IN ('conversation', 'direct_reply')
+           AND {AGE} < $2
+           AND ({AGE}, id) > ($3, $4)
+         ORDER BY {AGE}, id
+         LIMIT $5"
+    )))
+    .bind(args.account_id)
+    .bind(bound)
+    .bind(after.age)
+    .bind(after.run_id)
+    .bind(i64::from(settings.window_size))
+    .fetch_all(pool)
+    .await?;
+    if let Some((_, _, oldest)) = window.first() {
+        report.backlog_seconds = (bound - *oldest).num_milliseconds().max(0) as f64 / 1000.0;
+    }
+
+    let mut cursor = args.cursor;
+    let mut out_of_budget = false;
+    for (run_id, conversation_id, age) in &window {
+        if started.elapsed() >= settings.budget {
+            out_of_budget = true;
+            break;
+        }
+        report.candidates += 1;
+        let owner = Owner {
+            account_id: args.account_id,
+            run_id: *run_id,
+            conversation_id: *conversation_id,
+        };
+        match prune_owner(pool, clock, settings, &owner, bound, args.pass_started_at).await? {
+            OwnerOutcome::Pruned { rows, files } => {
+                report.pruned += 1;
+                for (table, n) in DETAIL_TABLES.iter().zip(rows) {
+                    *report.rows.entry(table).or_default() += n;
+                }
+                report.bytes_reclaimed += files;
+            }
+            OwnerOutcome::Retained(reason) => {
+                *report.retained.entry(reason).or_default() += 1;
+            }
+            OwnerOutcome::Gone => {}
+        }
+        cursor = Some(Cursor {
+            age: *age,
+            run_id: *run_id,
+        });
+    }
+    drain_file_deletions(pool, &settings.output_root, args.account_id, &mut report).await?;
+
+    let full = window.len() as u64 == u64::from(settings.window_size);
+    if full || out_of_budget {
+        report.outcome = HopOutcome::Continued;
+        report.next = Some(Args {
+            version: V1,
+            account_id: args.account_id,
+            pass_started_at: args.pass_started_at,
+            cutoff: Some(cutoff),
+            cursor,
+            hop: args.hop + 1,
+        });
+    }
+    Ok(report)
+}
+
+struct Owner {
+    account_id: Uuid,
+    run_id: Uuid,
+    conversation_id: Uuid,
+}
+
+enum OwnerOutcome {
+    /// Rows deleted per detail table (in [`DETAIL_TABLES`] order) and bytes of owned files.
+    Pruned {
+        rows: [u64; 7],
+        files: u64,
+    },
+    Retained(RetainReason),
+    /// Already pruned, or gone, since the window was read.
+    Gone,
+}
+
+/// What the re-check under lock found.
+#[derive(sqlx::FromRow)]
+struct Recheck {
+    variant_id: Option<Uuid>,
+    pruned: bool,
+    eligible: bool,
+    pending_work: bool,
+    pending_settlement: bool,
+    outstanding_delegation: bool,
+    active_history_request: bool,
+}
+
+/// One owner in one transaction, under the platform's lock order (EX-6).
+async fn prune_owner(
+    pool: &PgPool,
+    clock: &dyn Clock,
+    settings: &HopSettings,
+    owner: &Owner,
+    bound: DateTime<Utc>,
+    pass_started_at: DateTime<Utc>,
+) -> Result<OwnerOutcome, Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL lock_timeout = {}",
+        settings.owner_lock_timeout.as_millis().max(1)
+    )))
+    .execute(&mut *tx)
+    .await?;
+
+    // The conversation first, then the run: the order every platform writer uses.
+    let locked = sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(owner.conversation_id)
+        .fetch_optional(&mut *tx)
+        .await;
+    match busy_or(locked)? {
+        None => return Ok(OwnerOutcome::Retained(RetainReason::Busy)),
+        Some(None) => return Ok(OwnerOutcome::Gone),
+        Some(Some(_)) => {}
+    }
+    let recheck = sqlx::query_as::<_, Recheck>(sqlx::AssertSqlSafe(format!(
+        "SELECT r.variant_id,
+                r.details_pruned_at IS NOT NULL AS pruned,
+                COALESCE(r.conversation_id = $2
+                         AND r.kind IN ('conversation', 'direct_reply')
+                         AND {AGE} < $3
+                         AND {AGE} < $4 - make_interval(days => a.execution_details_retention_days),
+                         false) AS eligible,
+                EXISTS (SELECT 1 FROM invocation_attempts
+                        WHERE run_id = r.id AND status IN ('pending', 'running')) AS pending_work,
+                EXISTS (SELECT 1 FROM settlement_receipts
+                        WHERE run_id = r.id AND status = 'pending') AS pending_settlement,
+                EXISTS (SELECT 1 FROM delegations
+                        WHERE parent_run_id = r.id AND status = 'outstanding') AS outstanding_delegation,
+                EXISTS (SELECT 1 FROM history_request_sources s
+                        JOIN history_requests h ON h.id = s.history_request_id
+                        WHERE s.source_run_id = r.id AND h.sealed_at IS NULL) AS active_history_request
+         FROM runs r JOIN accounts a ON a.id = r.account_id
+         WHERE r.id = $1 AND r.account_id = $5
+         FOR UPDATE OF r"
+    )))
+    .bind(owner.run_id)
+    .bind(owner.conversation_id)
+    .bind(bound)
+    .bind(pass_started_at)
+    .bind(owner.account_id)
+    .fetch_optional(&mut *tx)
+    .await;
+    let recheck = match busy_or(recheck)? {
+        None => return Ok(OwnerOutcome::Retained(RetainReason::Busy)),
+        Some(None) => return Ok(OwnerOutcome::Gone),
+        Some(Some(recheck)) => recheck,
+    };
+    let reason = if recheck.pruned {
+        return Ok(OwnerOutcome::Gone);
+    } else if !recheck.eligible {
+        Some(RetainReason::NotEligible)
+    } else if recheck.pending_work {
+        Some(RetainReason::PendingWork)
+    } else if recheck.pending_settlement {
+        Some(RetainReason::PendingSettlement)
+    } else if recheck.outstanding_delegation {
+        Some(RetainReason::OutstandingDelegation)
+    } else if recheck.active_history_request {
+        Some(RetainReason::ActiveHistoryRequest)
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        tx.rollback().await?;
+        return Ok(OwnerOutcome::Retained(reason));
+    }
+
+    let (rows, files) = delete_detail(&mut tx, clock, owner, recheck.variant_id).await?;
+    tx.commit().await?;
+    Ok(OwnerOutcome::Pruned { rows, files })
+}
+
+/// Deletes the run's detail, records its files for deletion and sets the markers on run and
+/// variant, in one statement inside the owner's transaction (EX-3, EX-9).
+async fn delete_detail(
+    tx: &mut Transaction<'_, Postgres>,
+    clock: &dyn Clock,
+    owner: &Owner,
+    variant_id: Option<Uuid>,
+) -> Result<([u64; 7], u64), Error> {
+    let row: (i64, i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        "WITH edges AS (DELETE FROM run_task_edges WHERE run_id = $1 RETURNING 1),
+              tasks AS (DELETE FROM run_tasks WHERE run_id = $1 RETURNING 1),
+              tools AS (DELETE FROM tool_results WHERE run_id = $1 RETURNING 1),
+              sealed AS (DELETE FROM sealed_requests WHERE run_id = $1 RETURNING 1),
+              reasoning AS (DELETE FROM reasoning_traces WHERE run_id = $1 RETURNING 1),
+              attempts AS (DELETE FROM invocation_attempts WHERE run_id = $1 RETURNING 1),
+              files AS (DELETE FROM output_files WHERE run_id = $1 RETURNING relative_path, bytes),
+              pending AS (INSERT INTO sexton.pending_file_deletions (account_id, relative_path)
+                          SELECT $2, relative_path FROM files),
+              run AS (UPDATE runs SET details_pruned_at = $3, runner_effects = $4
+                      WHERE id = $1),
+              variant AS (UPDATE variants SET details_pruned_at = $3, runner_effects = $4
+                          WHERE id = $5)
+         SELECT (SELECT count(*) FROM edges), (SELECT count(*) FROM tasks),
+                (SELECT count(*) FROM tools), (SELECT count(*) FROM sealed),
+                (SELECT count(*) FROM reasoning), (SELECT count(*) FROM attempts),
+                (SELECT count(*) FROM files), (SELECT COALESCE(sum(bytes), 0)::bigint FROM files)",
+    )
+    .bind(owner.run_id)
+    .bind(owner.account_id)
+    .bind(clock.now())
+    .bind(pruned_runner_effects())
+    .bind(variant_id)
+    .fetch_one(&mut **tx)
+    .await?;
+    let rows = [row.0, row.1, row.2, row.3, row.4, row.5, row.6].map(|n| n.max(0) as u64);
+    Ok((rows, row.7.max(0) as u64))
+}
+
+/// `Ok(None)` when the lock was not granted in time (SQLSTATE 55P03), else the result.
+fn busy_or<T>(result: Result<T, sqlx::Error>) -> Result<Option<T>, Error> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Unlinks the files recorded for an account and forgets them once gone (EX-3). A file that
+/// is already missing counts as gone; one that cannot be removed is counted and forgotten, so
+/// that one bad path never blocks the pass (ER-3).
+async fn drain_file_deletions(
+    pool: &PgPool,
+    root: &Path,
+    account_id: Uuid,
+    report: &mut HopReport,
+) -> Result<(), Error> {
+    loop {
+        let mut tx = pool.begin().await?;
+        let batch: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT id, relative_path FROM sexton.pending_file_deletions
+             WHERE account_id = $1 ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(account_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+        for (_, relative) in &batch {
+            match remove_under(root, relative) {
+                Ok(true) => report.files_deleted += 1,
+                Ok(false) => {}
+                Err(err) => {
+                    report.file_errors += 1;
+                    tracing::warn!(path = %relative, error = %err, "output file not deleted");
+                }
+            }
+        }
+        sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+    }
+}
+
+/// Removes `root/relative` if `relative` stays inside the root; `Ok(false)` if already gone.
+fn remove_under(root: &Path, relative: &str) -> std::io::Result<bool> {
+    let path = Path::new(relative);
+    if path
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "path escapes the output root",
+        ));
+    }
+    match std::fs::remove_file(root.join(path)) {
+        Ok(()) => Ok(true),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// What a pass would do for one account now, deleting nothing (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub account_id: Uuid,
+    pub retention_days: Option<i32>,
+    pub cutoff: Option<DateTime<Utc>>,
+    pub eligible_owners: i64,
+    pub retained: BTreeMap<RetainReason, i64>,
+    /// Detail rows that would go, per table.
+    pub rows: BTreeMap<&'static str, i64>,
+    pub bytes: i64,
+}
+
+/// Previews every account, or one.
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn preview(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    account: Option<Uuid>,
+) -> Result<Vec<Preview>, Error> {
+    let accounts: Vec<(Uuid, Option<i32>)> = sqlx::query_as(
+        "SELECT id, execution_details_retention_days FROM accounts
+         WHERE $1::uuid IS NULL OR id = $1 ORDER BY name, id",
+    )
+    .bind(account)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut previews = Vec::with_capacity(accounts.len());
+    for (account_id, days) in accounts {
+        let mut preview = Preview {
+            account_id,
+            retention_days: days,
+            cutoff: None,
+            eligible_owners: 0,
+            retained: BTreeMap::new(),
+            rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
+            bytes: 0,
+        };
+        if let Some(days) = days {
+            let cutoff = now - chrono::Duration::days(days.into());
+            preview.cutoff = Some(cutoff);
+            fill_preview(conn, &mut preview, cutoff).await?;
+        }
+        previews.push(preview);
+    }
+    Ok(previews)
+}
+
+async fn fill_preview(
+    conn: &mut PgConnection,
+    preview: &mut Preview,
+    cutoff: DateTime<Utc>,
+) -> Result<(), Error> {
+    let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH candidates AS (
+             SELECT id FROM runs
+             WHERE account_id = $1 AND details_pruned_at IS NULL
+               AND conversation_id IS NOT NULL
+               AND kind IN ('conversation', 'direct_reply') AND {AGE} < $2),
+         classified AS (
+             SELECT c.id, CASE
+                 WHEN EXISTS (SELECT 1 FROM invocation_attempts
+                              WHERE run_id = c.id AND status IN ('pending', 'running')) THEN 'pending_work'
+                 WHEN EXISTS (SELECT 1 FROM settlement_receipts
+                              WHERE run_id = c.id AND status = 'pending') THEN 'pending_settlement'
+                 WHEN EXISTS (SELECT 1 FROM delegations
+                              WHERE parent_run_id = c.id AND status = 'outstanding') THEN 'outstanding_delegation'
+                 WHEN EXISTS (SELECT 1 FROM history_request_sources s
+                              JOIN history_requests h ON h.id = s.history_request_id
+                              WHERE s.source_run_id = c.id AND h.sealed_at IS NULL) THEN 'active_history_request'
+                 ELSE 'eligible' END AS class
+             FROM candidates c),
+         eligible AS (SELECT id FROM classified WHERE class = 'eligible')
+         SELECT class, count(*) FROM classified GROUP BY class
+         UNION ALL SELECT 'run_task_edges', count(*) FROM run_task_edges WHERE run_id IN (SELECT id FROM eligible)
+         UNION ALL SELECT 'run_tasks', count(*) FROM run_tasks WHERE run_id IN (SELECT id FROM eligible)
+         UNION ALL SELECT 'tool_results', count(*) FROM tool_results WHERE run_id IN (SELECT id FROM eligible)
+         UNION ALL SELECT 'sealed_requests', count(*) FROM sealed_requests WHERE run_id IN (SELECT id FROM eligible)
+         UNION ALL SELECT 'reasoning_traces', count(*) FROM reasoning_traces WHERE run_id IN (SELECT id FROM eligible)
+         UNION ALL SELECT 'invocation_attempts', count(*) FROM invocation_attempts WHERE run_id IN (SELECT id FROM eligible)
+         UNION ALL SELECT 'output_files', count(*) FROM output_files WHERE run_id IN (SELECT id FROM eligible)
+         UNION ALL SELECT 'bytes', COALESCE(sum(bytes), 0)::bigint FROM output_files WHERE run_id IN (SELECT id FROM eligible)"
+    )))
+    .bind(preview.account_id)
+    .bind(cutoff)
+    .fetch_all(&mut *conn)
+    .await?;
+    for (key, n) in counts {
+        if key == "eligible" {
+            preview.eligible_owners = n;
+        } else if key == "bytes" {
+            preview.bytes = n;
+        } else if let Some(reason) = RetainReason::ALL.iter().find(|r| r.as_str() == key) {
+            preview.retained.insert(*reason, n);
+        } else if let Some(table) = DETAIL_TABLES.iter().find(|t| **t == key) {
+            preview.rows.insert(table, n);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fl1_args_round_trip_and_refuse_unknown_fields() {
+        let args = Args::first(Uuid::nil(), "2026-12-01T03:00:00Z".parse().unwrap());
+        let json = serde_json::to_value(&args).unwrap();
+        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
+        let mut bad = json;
+        bad["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Args>(bad).is_err());
+    }
+
+    #[test]
+    fn ex3_files_outside_the_root_are_never_removed() {
+        let dir = std::env::temp_dir();
+        for path in ["../etc/passwd", "/etc/passwd", "a/../../b"] {
+            assert!(remove_under(&dir, path).is_err(), "{path}");
+        }
+    }
+}
