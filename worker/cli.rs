@@ -6,6 +6,8 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
 
+use sexton_jobs::prune_execution_details::{self, Preview};
+
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
 use crate::{db, demo, tick, worker};
@@ -39,6 +41,15 @@ pub enum Command {
         #[arg(long, value_name = "RFC3339")]
         at: Option<DateTime<Utc>>,
         /// Print one JSON object: {"slot": "...", "outcome": "enqueued" | "duplicate"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What each job would remove now, by reason and table, deleting nothing.
+    Preview {
+        /// Only this account.
+        #[arg(long, value_name = "ID")]
+        account: Option<uuid::Uuid>,
+        /// Print JSON: one object per account.
         #[arg(long)]
         json: bool,
     },
@@ -97,6 +108,17 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Preview { account, json } => {
+            let pool = db::connect(&settings.database).await?;
+            let mut conn = pool.acquire().await?;
+            let previews = prune_execution_details::preview(&mut conn, Utc::now(), account).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&previews)?);
+            } else {
+                print_preview(&previews);
+            }
+            Ok(())
+        }
         Command::Seed {
             scale,
             seed: random_seed,
@@ -131,5 +153,29 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo { scale } => demo::run(&settings, scale).await,
+    }
+}
+
+fn print_preview(previews: &[Preview]) {
+    println!("PruneExecutionDetails");
+    for p in previews {
+        let Some(cutoff) = p.cutoff else {
+            println!("  account {}: retention disabled", p.account_id);
+            continue;
+        };
+        println!(
+            "  account {} ({} days, cutoff {}): {} owners eligible, {} bytes of output files",
+            p.account_id,
+            p.retention_days.unwrap_or_default(),
+            cutoff.to_rfc3339(),
+            p.eligible_owners,
+            p.bytes
+        );
+        for (reason, n) in &p.retained {
+            println!("    retained {:<24} {n:>10}", reason.as_str());
+        }
+        for (table, n) in &p.rows {
+            println!("    rows     {table:<24} {n:>10}");
+        }
     }
 }
