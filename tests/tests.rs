@@ -1,3 +1,4 @@
 // One integration binary; each module proves a group of rules against a real PostgreSQL.
 mod common;
+mod execution_details;
 mod foundation;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fixture;
+
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;

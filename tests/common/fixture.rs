@@ -1,0 +1,194 @@
+//! Platform rows written with plain SQL, as the platform (and acceptance tests) would.
+
+use std::path::Path;
+
+use chrono::{DateTime, Duration, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub fn at(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+}
+
+/// The moment every test pass starts at.
+pub fn pass_start() -> DateTime<Utc> {
+    at("2026-12-01T03:00:00Z")
+}
+
+pub fn days_before_pass(days: f64) -> DateTime<Utc> {
+    pass_start() - Duration::seconds((days * 86_400.0) as i64)
+}
+
+pub async fn account(pool: &PgPool, days: Option<i32>) -> Uuid {
+    sqlx::query_scalar(
+        "INSERT INTO accounts (name, execution_details_retention_days) VALUES ('t', $1) RETURNING id",
+    )
+    .bind(days)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+pub async fn conversation(pool: &PgPool, account: Uuid) -> Uuid {
+    sqlx::query_scalar("INSERT INTO conversations (account_id) VALUES ($1) RETURNING id")
+        .bind(account)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A run to insert; `completed_at` etc. as the case needs.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub account: Uuid,
+    pub conversation: Option<Uuid>,
+    pub kind: &'static str,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub delivered_at: Option<DateTime<Utc>>,
+    pub terminal_at: Option<DateTime<Utc>>,
+    pub settled_at: Option<DateTime<Utc>>,
+    pub parent: Option<Uuid>,
+    /// Put the run on this turn as another (regenerated) variant instead of a new turn.
+    pub turn: Option<Uuid>,
+}
+
+impl RunSpec {
+    /// A completed conversation run, `days` before the pass.
+    pub fn conversation(account: Uuid, conversation: Uuid, days: f64) -> Self {
+        Self {
+            account,
+            conversation: Some(conversation),
+            kind: "conversation",
+            completed_at: Some(days_before_pass(days)),
+            delivered_at: Some(days_before_pass(days)),
+            terminal_at: None,
+            settled_at: None,
+            parent: None,
+            turn: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    pub id: Uuid,
+    pub variant: Option<Uuid>,
+    pub turn: Option<Uuid>,
+}
+
+/// Inserts a run with a turn and variant (for conversation runs), one row in each of the seven
+/// detail tables and an output file on disk under `output_root`.
+pub async fn run(pool: &PgPool, output_root: &Path, spec: RunSpec) -> Run {
+    let (turn, variant) = match spec.conversation {
+        Some(conversation) if spec.parent.is_none() => {
+            let turn = match spec.turn {
+                Some(turn) => turn,
+                None => sqlx::query_scalar(
+                    "INSERT INTO turns (conversation_id, position)
+                     SELECT $1, count(*) FROM turns WHERE conversation_id = $1 RETURNING id",
+                )
+                .bind(conversation)
+                .fetch_one(pool)
+                .await
+                .unwrap(),
+            };
+            let variant: Uuid = sqlx::query_scalar(
+                "INSERT INTO variants (turn_id, prompt, requested_model, final_content, selected)
+                 VALUES ($1, 'the question', 'atlas-large', 'the answer', true) RETURNING id",
+            )
+            .bind(turn)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (Some(turn), Some(variant))
+        }
+        _ => (None, None),
+    };
+    let id: Uuid = sqlx::query_scalar(
+        "INSERT INTO runs (account_id, conversation_id, variant_id, parent_run_id, kind, status,
+                           requested_model, terminal_model, completed_at, delivered_at,
+                           terminal_at, settled_at)
+         VALUES ($1, $2, $3, $4, $5, 'completed', 'atlas-large', 'atlas-small', $6, $7, $8, $9)
+         RETURNING id",
+    )
+    .bind(spec.account)
+    .bind(spec.conversation)
+    .bind(variant)
+    .bind(spec.parent)
+    .bind(spec.kind)
+    .bind(spec.completed_at)
+    .bind(spec.delivered_at)
+    .bind(spec.terminal_at)
+    .bind(spec.settled_at)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let task: Uuid = sqlx::query_scalar(
+        "INSERT INTO run_tasks (run_id, name, input, output) VALUES ($1, 'root', '{\"q\":1}', '{\"a\":2}') RETURNING id",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let relative = format!("{}/{id}/out.bin", spec.account);
+    for statement in [
+        "INSERT INTO run_task_edges (run_id, from_task_id, to_task_id) VALUES ($1, $2, $2)",
+        "INSERT INTO tool_results (run_id, task_id, tool_name, body) VALUES ($1, $2, 'search', 'results')",
+    ] {
+        sqlx::query(statement)
+            .bind(id)
+            .bind(task)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    for statement in [
+        "INSERT INTO sealed_requests (run_id, provider, request, response) VALUES ($1, 'p', '{}', '{}')",
+        "INSERT INTO reasoning_traces (run_id, content) VALUES ($1, 'because')",
+        "INSERT INTO invocation_attempts (run_id, attempt, status) VALUES ($1, 1, 'succeeded')",
+    ] {
+        sqlx::query(statement).bind(id).execute(pool).await.unwrap();
+    }
+    sqlx::query("INSERT INTO output_files (run_id, relative_path, bytes) VALUES ($1, $2, 5)")
+        .bind(id)
+        .bind(&relative)
+        .execute(pool)
+        .await
+        .unwrap();
+    let path = output_root.join(&relative);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, b"bytes").unwrap();
+    Run { id, variant, turn }
+}
+
+/// Rows of the run in each of the seven detail tables.
+pub async fn detail_rows(pool: &PgPool, run: Uuid) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM run_tasks WHERE run_id = $1)
+              + (SELECT count(*) FROM run_task_edges WHERE run_id = $1)
+              + (SELECT count(*) FROM tool_results WHERE run_id = $1)
+              + (SELECT count(*) FROM sealed_requests WHERE run_id = $1)
+              + (SELECT count(*) FROM reasoning_traces WHERE run_id = $1)
+              + (SELECT count(*) FROM invocation_attempts WHERE run_id = $1)
+              + (SELECT count(*) FROM output_files WHERE run_id = $1)",
+    )
+    .bind(run)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Whether the run still has all its detail (7 rows from the fixture, more if the case added).
+pub async fn has_detail(pool: &PgPool, run: Uuid) -> bool {
+    detail_rows(pool, run).await >= 7
+}
+
+pub async fn is_pruned(pool: &PgPool, run: Uuid) -> bool {
+    let pruned: Option<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT details_pruned_at FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    pruned.is_some()
+}

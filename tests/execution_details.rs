@@ -1,0 +1,800 @@
+//! PruneExecutionDetails (SPEC §2): EX-1 … EX-8, hop by hop against a real PostgreSQL.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sexton_jobs::clock::ManualClock;
+use sexton_jobs::prune_execution_details::{
+    self as job, Args, HopOutcome, HopReport, HopSettings, RetainReason,
+};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::common;
+use crate::common::fixture::{self, RunSpec, days_before_pass, pass_start};
+
+struct Env {
+    pool: PgPool,
+    /// Holds the file roots for as long as the test runs.
+    _dir: tempfile::TempDir,
+    clock: ManualClock,
+    settings: HopSettings,
+}
+
+impl Env {
+    async fn new(pool: PgPool) -> Self {
+        common::migrate(&pool).await;
+        let dir = tempfile::tempdir().unwrap();
+        let settings = HopSettings {
+            window_size: 500,
+            budget: Duration::from_secs(600),
+            owner_lock_timeout: Duration::from_millis(200),
+            output_root: dir.path().join("outputs"),
+        };
+        Self {
+            pool,
+            _dir: dir,
+            clock: ManualClock::new(pass_start()),
+            settings,
+        }
+    }
+
+    async fn run(&self, spec: RunSpec) -> fixture::Run {
+        fixture::run(&self.pool, &self.settings.output_root, spec).await
+    }
+
+    async fn hop(&self, args: &Args) -> HopReport {
+        job::run(&self.pool, &self.clock, &self.settings, args)
+            .await
+            .unwrap()
+    }
+
+    /// A whole nightly pass for one account, hop after hop; returns every hop's report.
+    async fn pass(&self, account: Uuid) -> Vec<HopReport> {
+        let mut args = Args::first(account, pass_start());
+        let mut reports = Vec::new();
+        loop {
+            let report = self.hop(&args).await;
+            let next = report.next.clone();
+            reports.push(report);
+            match next {
+                Some(next) => args = next,
+                None => return reports,
+            }
+        }
+    }
+
+    fn output_file(&self, account: Uuid, run: Uuid) -> std::path::PathBuf {
+        self.settings
+            .output_root
+            .join(format!("{account}/{run}/out.bin"))
+    }
+}
+
+fn retained(reports: &[HopReport], reason: RetainReason) -> u32 {
+    reports
+        .iter()
+        .map(|r| r.retained.get(&reason).copied().unwrap_or_default())
+        .sum()
+}
+
+#[sqlx::test]
+async fn ex1_default_window_is_90_days(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account: Uuid = sqlx::query_scalar("INSERT INTO accounts DEFAULT VALUES RETURNING id")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let old = env
+        .run(RunSpec::conversation(account, conversation, 90.5))
+        .await;
+    let recent = env
+        .run(RunSpec::conversation(account, conversation, 89.5))
+        .await;
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, old.id).await);
+    assert_eq!(fixture::detail_rows(&env.pool, old.id).await, 0);
+    assert!(!fixture::is_pruned(&env.pool, recent.id).await);
+    assert!(fixture::has_detail(&env.pool, recent.id).await);
+}
+
+#[sqlx::test]
+async fn ex1_custom_window(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let old = env
+        .run(RunSpec::conversation(account, conversation, 31.0))
+        .await;
+    let recent = env
+        .run(RunSpec::conversation(account, conversation, 29.0))
+        .await;
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, old.id).await);
+    assert!(fixture::has_detail(&env.pool, recent.id).await);
+}
+
+#[sqlx::test]
+async fn ex1_disabled_mid_pass_the_next_hop_prunes_nothing_and_ends_the_pass(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.window_size = 1;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let mut runs = Vec::new();
+    for days in [100.0, 90.0, 80.0] {
+        runs.push(
+            env.run(RunSpec::conversation(account, conversation, days))
+                .await,
+        );
+    }
+    let first = env.hop(&Args::first(account, pass_start())).await;
+    assert_eq!(first.pruned, 1);
+    sqlx::query("UPDATE accounts SET execution_details_retention_days = NULL WHERE id = $1")
+        .bind(account)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let second = env.hop(first.next.as_ref().unwrap()).await;
+    assert_eq!(second.outcome, HopOutcome::Disabled);
+    assert!(second.next.is_none(), "the pass ends");
+    assert_eq!(second.pruned, 0);
+    assert!(fixture::is_pruned(&env.pool, runs[0].id).await);
+    for run in &runs[1..] {
+        assert!(fixture::has_detail(&env.pool, run.id).await);
+    }
+}
+
+#[sqlx::test]
+async fn ex1_window_raised_mid_pass_nothing_newer_than_the_stricter_bound_goes(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.window_size = 1;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let oldest = env
+        .run(RunSpec::conversation(account, conversation, 100.0))
+        .await;
+    let middle = env
+        .run(RunSpec::conversation(account, conversation, 60.0))
+        .await;
+    let newest = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    let first = env.hop(&Args::first(account, pass_start())).await;
+    assert_eq!(first.pruned, 1);
+    sqlx::query("UPDATE accounts SET execution_details_retention_days = 90 WHERE id = $1")
+        .bind(account)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let mut next = first.next;
+    while let Some(args) = next {
+        next = env.hop(&args).await.next;
+    }
+    assert!(fixture::is_pruned(&env.pool, oldest.id).await);
+    assert!(fixture::has_detail(&env.pool, middle.id).await);
+    assert!(fixture::has_detail(&env.pool, newest.id).await);
+}
+
+#[sqlx::test]
+async fn ex1_raising_or_disabling_restores_nothing_and_does_not_fail(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let run = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    env.pass(account).await;
+    for days in [Some(365), None] {
+        sqlx::query("UPDATE accounts SET execution_details_retention_days = $2 WHERE id = $1")
+            .bind(account)
+            .bind(days)
+            .execute(&env.pool)
+            .await
+            .unwrap();
+        env.pass(account).await;
+        assert!(fixture::is_pruned(&env.pool, run.id).await);
+        assert_eq!(fixture::detail_rows(&env.pool, run.id).await, 0);
+    }
+}
+
+#[sqlx::test]
+async fn ex2_conversation_runs_age_from_completed_at_not_delivered_at(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let mut spec = RunSpec::conversation(account, conversation, 5.0);
+    spec.delivered_at = Some(days_before_pass(200.0));
+    let late = env.run(spec).await;
+    let mut spec = RunSpec::conversation(account, conversation, 0.0);
+    spec.completed_at = None;
+    let unfinished = env.run(spec).await;
+    env.pass(account).await;
+    assert!(fixture::has_detail(&env.pool, late.id).await);
+    assert!(fixture::has_detail(&env.pool, unfinished.id).await);
+}
+
+#[sqlx::test]
+async fn ex2_direct_replies_age_from_terminal_at_once_settled(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let reply = |terminal: f64, settled: Option<f64>| RunSpec {
+        kind: "direct_reply",
+        completed_at: Some(days_before_pass(200.0)),
+        terminal_at: Some(days_before_pass(terminal)),
+        settled_at: settled.map(days_before_pass),
+        ..RunSpec::conversation(account, conversation, 0.0)
+    };
+    let unsettled = env.run(reply(100.0, None)).await;
+    let settled_old = env.run(reply(100.0, Some(99.0))).await;
+    let settled_late = env.run(reply(100.0, Some(1.0))).await;
+    let settled_recent = env.run(reply(10.0, Some(9.0))).await;
+    env.pass(account).await;
+    assert!(fixture::has_detail(&env.pool, unsettled.id).await);
+    assert!(fixture::is_pruned(&env.pool, settled_old.id).await);
+    assert!(fixture::is_pruned(&env.pool, settled_late.id).await);
+    assert!(fixture::has_detail(&env.pool, settled_recent.id).await);
+}
+
+#[sqlx::test]
+async fn ex2_standalone_and_inference_runs_are_never_touched(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let mut untouched = Vec::new();
+    for kind in ["standalone", "inference"] {
+        let spec = RunSpec {
+            kind,
+            conversation: None,
+            terminal_at: Some(days_before_pass(300.0)),
+            settled_at: Some(days_before_pass(300.0)),
+            ..RunSpec::conversation(account, conversation, 300.0)
+        };
+        untouched.push(env.run(spec).await);
+    }
+    // A conversation-kind run without a conversation is not an owner either.
+    let spec = RunSpec {
+        conversation: None,
+        ..RunSpec::conversation(account, conversation, 300.0)
+    };
+    untouched.push(env.run(spec).await);
+    env.pass(account).await;
+    for run in untouched {
+        assert!(fixture::has_detail(&env.pool, run.id).await);
+        assert!(!fixture::is_pruned(&env.pool, run.id).await);
+    }
+}
+
+#[sqlx::test]
+async fn ex2_regenerated_candidates_and_delegated_children_age_on_their_own(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let original = env
+        .run(RunSpec::conversation(account, conversation, 60.0))
+        .await;
+    let regenerated = env
+        .run(RunSpec {
+            turn: original.turn,
+            ..RunSpec::conversation(account, conversation, 10.0)
+        })
+        .await;
+    let parent = env
+        .run(RunSpec::conversation(account, conversation, 5.0))
+        .await;
+    let child = env
+        .run(RunSpec {
+            parent: Some(parent.id),
+            ..RunSpec::conversation(account, conversation, 45.0)
+        })
+        .await;
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, original.id).await);
+    assert!(fixture::has_detail(&env.pool, regenerated.id).await);
+    assert!(fixture::is_pruned(&env.pool, child.id).await);
+    assert!(fixture::has_detail(&env.pool, parent.id).await);
+}
+
+/// Everything EX-4 keeps, as text, for one account.
+async fn kept_dump(pool: &PgPool, account: Uuid) -> String {
+    sqlx::query_scalar(
+        "SELECT concat_ws('|',
+            (SELECT string_agg(to_jsonb(r) - 'details_pruned_at' - 'runner_effects' #>> '{}', ',' ORDER BY id)
+               FROM runs r WHERE account_id = $1),
+            (SELECT string_agg(concat_ws(':', v.id, v.prompt, v.requested_model, v.final_content, v.selected), ',' ORDER BY v.id)
+               FROM variants v JOIN turns t ON t.id = v.turn_id JOIN conversations c ON c.id = t.conversation_id
+               WHERE c.account_id = $1),
+            (SELECT string_agg(to_jsonb(t) #>> '{}', ',' ORDER BY t.id) FROM turns t
+               JOIN conversations c ON c.id = t.conversation_id WHERE c.account_id = $1),
+            (SELECT string_agg(to_jsonb(f) #>> '{}', ',' ORDER BY f.id) FROM follow_ups f
+               JOIN variants v ON v.id = f.variant_id JOIN turns t ON t.id = v.turn_id
+               JOIN conversations c ON c.id = t.conversation_id WHERE c.account_id = $1),
+            (SELECT string_agg(to_jsonb(f) #>> '{}', ',' ORDER BY id) FROM fragments f WHERE account_id = $1),
+            (SELECT string_agg(to_jsonb(u) #>> '{}', ',' ORDER BY id) FROM usage_records u WHERE account_id = $1),
+            (SELECT string_agg(to_jsonb(c) #>> '{}', ',' ORDER BY id) FROM conversations c WHERE account_id = $1),
+            (SELECT string_agg(to_jsonb(e) #>> '{}', ',' ORDER BY e.id) FROM conversation_events e
+               JOIN conversations c ON c.id = e.conversation_id WHERE c.account_id = $1))",
+    )
+    .bind(account)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Two accounts with identical data; returns (account, conversation, run).
+async fn account_with_history(env: &Env) -> (Uuid, Uuid, fixture::Run) {
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    sqlx::query(
+        "UPDATE conversations SET usage_summary = '{\"tokens\": 1200, \"cost_micros\": 3600}' WHERE id = $1",
+    )
+    .bind(conversation)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let run = env
+        .run(RunSpec::conversation(account, conversation, 45.0))
+        .await;
+    let fragment: Uuid = sqlx::query_scalar(
+        "INSERT INTO fragments (account_id, content) VALUES ($1, 'kept text') RETURNING id",
+    )
+    .bind(account)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO follow_ups (variant_id, position, landed_at, body) VALUES ($1, 0, now(), $2)",
+    )
+    .bind(run.variant)
+    .bind(json!({"fragments": [{"fragment_id": fragment, "upload_binding": null}]}))
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO usage_records (account_id, run_id, conversation_id, tokens, cost_micros) VALUES ($1, $2, $3, 1200, 3600)")
+        .bind(account)
+        .bind(run.id)
+        .bind(conversation)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO conversation_events (conversation_id, run_id, kind, payload) VALUES ($1, $2, 'run.completed', '{\"preview\": \"x\"}')")
+        .bind(conversation)
+        .bind(run.id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    (account, conversation, run)
+}
+
+#[sqlx::test]
+async fn ex3_ex4_detail_goes_markers_are_set_and_everything_else_stays(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let (account, _, run) = account_with_history(&env).await;
+    let (other, _, other_run) = account_with_history(&env).await;
+    let kept_before = kept_dump(&env.pool, account).await;
+    let other_before = kept_dump(&env.pool, other).await;
+    let file = env.output_file(account, run.id);
+    assert!(file.is_file());
+
+    let reports = env.pass(account).await;
+    assert_eq!(reports.iter().map(|r| r.pruned).sum::<u32>(), 1);
+
+    assert_eq!(fixture::detail_rows(&env.pool, run.id).await, 0);
+    assert!(!file.exists(), "the owned output file is deleted");
+    let expected =
+        json!({"status": "unavailable", "runners": [], "reason": "execution_details_pruned"});
+    let (run_at, run_effects): (Option<DateTime<Utc>>, serde_json::Value) =
+        sqlx::query_as("SELECT details_pruned_at, runner_effects FROM runs WHERE id = $1")
+            .bind(run.id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    let (variant_at, variant_effects): (Option<DateTime<Utc>>, serde_json::Value) =
+        sqlx::query_as("SELECT details_pruned_at, runner_effects FROM variants WHERE id = $1")
+            .bind(run.variant)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        run_at,
+        Some(pass_start()),
+        "marked with the job clock's now"
+    );
+    assert_eq!(variant_at, Some(pass_start()));
+    assert_eq!(run_effects, expected);
+    assert_eq!(variant_effects, expected);
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM sexton.pending_file_deletions")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 0, "no file deletion left behind");
+
+    assert_eq!(kept_dump(&env.pool, account).await, kept_before, "EX-4");
+    assert_eq!(kept_dump(&env.pool, other).await, other_before);
+    assert!(
+        fixture::has_detail(&env.pool, other_run.id).await,
+        "another account is untouched"
+    );
+    assert!(env.output_file(other, other_run.id).is_file());
+}
+
+#[sqlx::test]
+async fn ex5_each_blocker_holds_its_run_back_until_it_resolves(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let old = RunSpec::conversation(account, conversation, 50.0);
+    let attempt = env.run(old.clone()).await;
+    sqlx::query(
+        "INSERT INTO invocation_attempts (run_id, attempt, status) VALUES ($1, 2, 'running')",
+    )
+    .bind(attempt.id)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let receipt = env.run(old.clone()).await;
+    sqlx::query("INSERT INTO settlement_receipts (run_id, status) VALUES ($1, 'pending')")
+        .bind(receipt.id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let delegating = env.run(old.clone()).await;
+    sqlx::query("INSERT INTO delegations (parent_run_id, status) VALUES ($1, 'outstanding')")
+        .bind(delegating.id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let source = env.run(old.clone()).await;
+    let assembling = env
+        .run(RunSpec::conversation(account, conversation, 1.0))
+        .await;
+    let request: Uuid = sqlx::query_scalar(
+        "INSERT INTO history_requests (conversation_id, run_id, sealed_at) VALUES ($1, $2, NULL) RETURNING id",
+    )
+    .bind(conversation)
+    .bind(assembling.id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO history_request_sources (history_request_id, source_run_id) VALUES ($1, $2)",
+    )
+    .bind(request)
+    .bind(source.id)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+
+    let reports = env.pass(account).await;
+    for (run, reason) in [
+        (attempt, RetainReason::PendingWork),
+        (receipt, RetainReason::PendingSettlement),
+        (delegating, RetainReason::OutstandingDelegation),
+        (source, RetainReason::ActiveHistoryRequest),
+    ] {
+        assert!(fixture::has_detail(&env.pool, run.id).await, "{reason:?}");
+        assert!(!fixture::is_pruned(&env.pool, run.id).await, "{reason:?}");
+        assert_eq!(retained(&reports, reason), 1, "{reason:?} counted");
+    }
+
+    // The blockers resolve; the next nightly pass starts over and prunes them all.
+    for statement in [
+        "UPDATE invocation_attempts SET status = 'succeeded' WHERE status = 'running'",
+        "UPDATE settlement_receipts SET status = 'settled', settled_at = now()",
+        "UPDATE delegations SET status = 'returned'",
+        "UPDATE history_requests SET sealed_at = now()",
+    ] {
+        sqlx::query(statement).execute(&env.pool).await.unwrap();
+    }
+    env.pass(account).await;
+    for run in [attempt, receipt, delegating, source] {
+        assert!(fixture::is_pruned(&env.pool, run.id).await);
+        assert_eq!(fixture::detail_rows(&env.pool, run.id).await, 0);
+    }
+}
+
+#[sqlx::test]
+async fn ex5_a_source_inherited_through_a_fork_is_held_back(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let source_conversation = fixture::conversation(&env.pool, account).await;
+    let inherited = env
+        .run(RunSpec::conversation(account, source_conversation, 50.0))
+        .await;
+    let fork: Uuid = sqlx::query_scalar(
+        "INSERT INTO conversations (account_id, forked_from_conversation_id, forked_at_position)
+         VALUES ($1, $2, 1) RETURNING id",
+    )
+    .bind(account)
+    .bind(source_conversation)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    let first_round = env.run(RunSpec::conversation(account, fork, 0.5)).await;
+    let request: Uuid = sqlx::query_scalar(
+        "INSERT INTO history_requests (conversation_id, run_id, sealed_at) VALUES ($1, $2, NULL) RETURNING id",
+    )
+    .bind(fork)
+    .bind(first_round.id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO history_request_sources (history_request_id, source_run_id) VALUES ($1, $2)",
+    )
+    .bind(request)
+    .bind(inherited.id)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let reports = env.pass(account).await;
+    assert!(fixture::has_detail(&env.pool, inherited.id).await);
+    assert_eq!(retained(&reports, RetainReason::ActiveHistoryRequest), 1);
+}
+
+#[sqlx::test]
+async fn ex5_a_sealed_history_request_holds_nothing_back(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let source = env
+        .run(RunSpec::conversation(account, conversation, 50.0))
+        .await;
+    let later = env
+        .run(RunSpec::conversation(account, conversation, 1.0))
+        .await;
+    let request: Uuid = sqlx::query_scalar(
+        "INSERT INTO history_requests (conversation_id, run_id, sealed_at) VALUES ($1, $2, now()) RETURNING id",
+    )
+    .bind(conversation)
+    .bind(later.id)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO history_request_sources (history_request_id, source_run_id) VALUES ($1, $2)",
+    )
+    .bind(request)
+    .bind(source.id)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, source.id).await);
+}
+
+#[sqlx::test]
+async fn ex6_a_conversation_held_busy_is_skipped_not_waited_on(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let busy_conversation = fixture::conversation(&env.pool, account).await;
+    let free_conversation = fixture::conversation(&env.pool, account).await;
+    let busy = env
+        .run(RunSpec::conversation(account, busy_conversation, 50.0))
+        .await;
+    let free = env
+        .run(RunSpec::conversation(account, free_conversation, 40.0))
+        .await;
+    let mut writer = env.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(busy_conversation)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let reports = env.pass(account).await;
+    assert_eq!(retained(&reports, RetainReason::Busy), 1);
+    assert!(fixture::has_detail(&env.pool, busy.id).await);
+    assert!(
+        fixture::is_pruned(&env.pool, free.id).await,
+        "the pass goes on"
+    );
+    writer.rollback().await.unwrap();
+    env.pass(account).await;
+    assert!(
+        fixture::is_pruned(&env.pool, busy.id).await,
+        "revisited next pass"
+    );
+}
+
+#[sqlx::test]
+async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.owner_lock_timeout = Duration::from_secs(30);
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let run = env
+        .run(RunSpec::conversation(account, conversation, 50.0))
+        .await;
+    // The writer takes the conversation lock (platform order), then the hop reads its window
+    // and queues behind the lock; the writer adds pending work and commits.
+    let mut writer = env.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(conversation)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let hop = {
+        let (pool, clock, settings) = (env.pool.clone(), env.clock.clone(), env.settings.clone());
+        tokio::spawn(async move {
+            job::run(
+                &pool,
+                &clock,
+                &settings,
+                &Args::first(account, pass_start()),
+            )
+            .await
+            .unwrap()
+        })
+    };
+    wait_for_lock_waiter(&env.pool).await;
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(run.id)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO invocation_attempts (run_id, attempt, status) VALUES ($1, 2, 'pending')",
+    )
+    .bind(run.id)
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    writer.commit().await.unwrap();
+    let report = hop.await.unwrap();
+    assert_eq!(report.retained.get(&RetainReason::PendingWork), Some(&1));
+    assert!(fixture::has_detail(&env.pool, run.id).await);
+    assert!(!fixture::is_pruned(&env.pool, run.id).await);
+}
+
+/// Waits until some session of this database is blocked on a lock.
+async fn wait_for_lock_waiter(pool: &PgPool) {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[sqlx::test]
+async fn ex7_a_backlog_takes_several_hops_with_the_right_cursors(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.window_size = 3;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    for days in [40.0, 41.0, 42.0, 43.0, 44.0, 45.0, 46.0] {
+        env.run(RunSpec::conversation(account, conversation, days))
+            .await;
+    }
+    let ordered: Vec<(DateTime<Utc>, Uuid)> = sqlx::query_as(
+        "SELECT completed_at, id FROM runs WHERE account_id = $1 ORDER BY completed_at, id",
+    )
+    .bind(account)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let reports = env.pass(account).await;
+    let per_hop: Vec<u32> = reports.iter().map(|r| r.pruned).collect();
+    assert_eq!(per_hop, [3, 3, 1]);
+    let cursors: Vec<(DateTime<Utc>, Uuid)> = reports
+        .iter()
+        .filter_map(|r| r.next.as_ref())
+        .map(|n| {
+            let c = n.cursor.unwrap();
+            (c.age, c.run_id)
+        })
+        .collect();
+    assert_eq!(cursors, [ordered[2], ordered[5]]);
+    let cutoffs: Vec<_> = reports
+        .iter()
+        .filter_map(|r| r.next.as_ref())
+        .map(|n| n.cutoff)
+        .collect();
+    let expected = Some(pass_start() - chrono::Duration::days(30));
+    assert!(cutoffs.iter().all(|c| *c == expected), "{cutoffs:?}");
+    assert_eq!(reports.last().unwrap().outcome, HopOutcome::Finished);
+}
+
+#[sqlx::test]
+async fn ex7_the_cutoff_is_fixed_at_pass_start(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.window_size = 1;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let old = env
+        .run(RunSpec::conversation(account, conversation, 31.0))
+        .await;
+    let old_too = env
+        .run(RunSpec::conversation(account, conversation, 30.5))
+        .await;
+    let almost = env
+        .run(RunSpec::conversation(account, conversation, 29.5))
+        .await;
+    let first = env.hop(&Args::first(account, pass_start())).await;
+    // Two days pass during the pass: `almost` is now past the window, but waits for next night.
+    env.clock.advance(chrono::Duration::days(2));
+    let mut next = first.next;
+    while let Some(args) = next {
+        next = env.hop(&args).await.next;
+    }
+    assert!(fixture::is_pruned(&env.pool, old.id).await);
+    assert!(fixture::is_pruned(&env.pool, old_too.id).await);
+    assert!(fixture::has_detail(&env.pool, almost.id).await);
+}
+
+#[sqlx::test]
+async fn ex8_the_same_hop_twice_gives_the_same_end_state(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    for days in [35.0, 50.0, 10.0] {
+        env.run(RunSpec::conversation(account, conversation, days))
+            .await;
+    }
+    let state = "SELECT string_agg(concat_ws(':', r.id, r.details_pruned_at, r.runner_effects,
+                     (SELECT count(*) FROM run_tasks WHERE run_id = r.id),
+                     (SELECT count(*) FROM output_files WHERE run_id = r.id)), ',' ORDER BY r.id)
+                 FROM runs r";
+    let args = Args::first(account, pass_start());
+    let first = env.hop(&args).await;
+    let after_first: String = sqlx::query_scalar(state)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    let second = env.hop(&args).await;
+    let after_second: String = sqlx::query_scalar(state)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(first.pruned, 2);
+    assert_eq!(second.pruned, 0);
+    assert_eq!(after_first, after_second);
+}
+
+#[sqlx::test]
+async fn er4_an_account_deleted_mid_pass_ends_it_quietly(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.window_size = 1;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    for days in [50.0, 40.0] {
+        env.run(RunSpec::conversation(account, conversation, days))
+            .await;
+    }
+    let first = env.hop(&Args::first(account, pass_start())).await;
+    sqlx::query("DELETE FROM accounts WHERE id = $1")
+        .bind(account)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let second = env.hop(first.next.as_ref().unwrap()).await;
+    assert_eq!(second.outcome, HopOutcome::AccountGone);
+    assert!(second.next.is_none());
+}
+
+#[sqlx::test]
+async fn ex3_a_file_recorded_before_a_crash_is_deleted_by_the_next_hop(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let leftover = env.settings.output_root.join("left/over.bin");
+    std::fs::create_dir_all(leftover.parent().unwrap()).unwrap();
+    std::fs::write(&leftover, b"x").unwrap();
+    // What a worker killed between commit and unlink leaves behind.
+    sqlx::query("INSERT INTO sexton.pending_file_deletions (account_id, relative_path) VALUES ($1, 'left/over.bin')")
+        .bind(account)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let report = env.hop(&Args::first(account, pass_start())).await;
+    assert!(!leftover.exists());
+    assert_eq!(report.files_deleted, 1);
+}
