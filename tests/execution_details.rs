@@ -798,3 +798,199 @@ async fn ex3_a_file_recorded_before_a_crash_is_deleted_by_the_next_hop(pool: PgP
     assert!(!leftover.exists());
     assert_eq!(report.files_deleted, 1);
 }
+
+/// Many old owners over a few conversations, for the concurrency cases.
+async fn many_owners(
+    env: &Env,
+    conversations: usize,
+    per_conversation: usize,
+) -> (Uuid, Vec<Uuid>) {
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let mut ids = Vec::new();
+    for _ in 0..conversations {
+        let conversation = fixture::conversation(&env.pool, account).await;
+        ids.push(conversation);
+        for i in 0..per_conversation {
+            env.run(RunSpec::conversation(
+                account,
+                conversation,
+                40.0 + i as f64,
+            ))
+            .await;
+        }
+    }
+    (account, ids)
+}
+
+/// Runs a whole pass in the background.
+fn spawn_pass(env: &Env, account: Uuid) -> tokio::task::JoinHandle<u32> {
+    let (pool, clock, settings) = (env.pool.clone(), env.clock.clone(), env.settings.clone());
+    tokio::spawn(async move {
+        let mut args = Args::first(account, pass_start());
+        let mut pruned = 0;
+        loop {
+            let report = job::run(&pool, &clock, &settings, &args).await.unwrap();
+            pruned += report.pruned;
+            match report.next {
+                Some(next) => args = next,
+                None => return pruned,
+            }
+        }
+    })
+}
+
+#[sqlx::test]
+async fn ex6_a_reader_that_locks_the_conversation_sees_owners_whole_or_pruned(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.window_size = 10;
+    let (account, conversations) = many_owners(&env, 8, 15).await;
+    let pass = spawn_pass(&env, account);
+    let mut reads = 0;
+    let mut seen_pruned = 0;
+    let mut seen_whole = 0;
+    while !pass.is_finished() || reads == 0 {
+        let conversation = conversations[reads % conversations.len()];
+        let mut tx = env.pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR SHARE")
+            .bind(conversation)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        // Several statements, as a materializing reader would issue them.
+        let runs: Vec<(Uuid, Option<DateTime<Utc>>, Option<serde_json::Value>)> = sqlx::query_as(
+            "SELECT id, details_pruned_at, runner_effects FROM runs WHERE conversation_id = $1",
+        )
+        .bind(conversation)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        for (run, pruned_at, effects) in runs {
+            let rows: i64 = sqlx::query_scalar(
+                "SELECT (SELECT count(*) FROM run_tasks WHERE run_id = $1)
+                      + (SELECT count(*) FROM run_task_edges WHERE run_id = $1)
+                      + (SELECT count(*) FROM tool_results WHERE run_id = $1)
+                      + (SELECT count(*) FROM sealed_requests WHERE run_id = $1)
+                      + (SELECT count(*) FROM reasoning_traces WHERE run_id = $1)
+                      + (SELECT count(*) FROM invocation_attempts WHERE run_id = $1)
+                      + (SELECT count(*) FROM output_files WHERE run_id = $1)",
+            )
+            .bind(run)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+            match pruned_at {
+                Some(_) => {
+                    assert_eq!(rows, 0, "a pruned owner with detail left");
+                    assert_eq!(effects, Some(job::pruned_runner_effects()));
+                    seen_pruned += 1;
+                }
+                None => {
+                    assert_eq!(rows, 7, "an unpruned owner missing detail");
+                    seen_whole += 1;
+                }
+            }
+        }
+        tx.commit().await.unwrap();
+        reads += 1;
+    }
+    assert_eq!(pass.await.unwrap(), 120);
+    assert!(seen_pruned + seen_whole > 0);
+}
+
+#[sqlx::test]
+async fn ex6_no_deadlock_with_a_writer_using_the_same_lock_order(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.window_size = 10;
+    env.settings.owner_lock_timeout = Duration::from_secs(10);
+    let (account, conversations) = many_owners(&env, 6, 10).await;
+    let pass = spawn_pass(&env, account);
+    let mut writes = 0;
+    while !pass.is_finished() || writes == 0 {
+        let conversation = conversations[writes % conversations.len()];
+        let mut tx = env.pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+            .bind(conversation)
+            .execute(&mut *tx)
+            .await
+            .expect("writer: conversation lock");
+        let runs: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM runs WHERE conversation_id = $1 ORDER BY id FOR UPDATE",
+        )
+        .bind(conversation)
+        .fetch_all(&mut *tx)
+        .await
+        .expect("writer: run locks");
+        sqlx::query("INSERT INTO conversation_events (conversation_id, run_id, kind) VALUES ($1, $2, 'materialized')")
+            .bind(conversation)
+            .bind(runs[writes % runs.len()])
+            .execute(&mut *tx)
+            .await
+            .expect("writer: insert");
+        tx.commit().await.expect("writer: commit");
+        writes += 1;
+    }
+    assert_eq!(pass.await.unwrap(), 60, "every owner pruned, no hop failed");
+}
+
+#[sqlx::test]
+async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_window(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.window_size = 5;
+    let (account, conversations) = many_owners(&env, 4, 12).await;
+    let pass = spawn_pass(&env, account);
+    let mut reads = 0;
+    while !pass.is_finished() || reads == 0 {
+        let conversation = conversations[reads % conversations.len()];
+        // 1. Assemble the fixed window without locks: markers first, then each run's detail.
+        let markers: Vec<(Uuid, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT id, details_pruned_at FROM runs WHERE conversation_id = $1 ORDER BY id",
+        )
+        .bind(conversation)
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
+        let mut window = Vec::new();
+        for (run, pruned_at) in &markers {
+            let tasks: i64 = sqlx::query_scalar(
+                "SELECT (SELECT count(*) FROM run_tasks WHERE run_id = $1)
+                      + (SELECT count(*) FROM tool_results WHERE run_id = $1)",
+            )
+            .bind(run)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+            window.push((*run, pruned_at.is_none(), tasks));
+        }
+        // 2. Verify the markers; 3. if retention committed meanwhile, rebuild from retained text.
+        let now: Vec<(Uuid, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT id, details_pruned_at FROM runs WHERE conversation_id = $1 ORDER BY id",
+        )
+        .bind(conversation)
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
+        if now != markers {
+            let text: Vec<(Uuid, String)> = sqlx::query_as(
+                "SELECT r.id, v.prompt || ' ' || v.final_content FROM runs r
+                 JOIN variants v ON v.id = r.variant_id WHERE r.conversation_id = $1 ORDER BY r.id",
+            )
+            .bind(conversation)
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
+            assert!(
+                text.iter().all(|(_, t)| t == "the question the answer"),
+                "retained text survives"
+            );
+            window = text.iter().map(|(id, _)| (*id, false, 0)).collect();
+        }
+        // The sealed window never holds a run whose detail was read half-removed.
+        for (run, with_detail, tasks) in &window {
+            if *with_detail {
+                assert_eq!(*tasks, 2, "run {run} assembled with partial detail");
+            }
+        }
+        reads += 1;
+    }
+    assert_eq!(pass.await.unwrap(), 48);
+}
