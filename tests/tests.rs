@@ -1,4 +1,5 @@
 // One integration binary; each module proves a group of rules against a real PostgreSQL.
 mod common;
+mod crash;
 mod execution_details;
 mod foundation;
