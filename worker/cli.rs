@@ -6,11 +6,11 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
 
-use sexton_jobs::prune_execution_details::{self, Preview};
+use sexton_jobs::prune_execution_details;
 
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
-use crate::{db, demo, tick, worker};
+use crate::{db, demo, execution_details, tick, worker};
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -115,7 +115,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&previews)?);
             } else {
-                print_preview(&previews);
+                execution_details::print_preview(&previews);
             }
             Ok(())
         }
@@ -153,29 +153,5 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo { scale } => demo::run(&settings, scale).await,
-    }
-}
-
-fn print_preview(previews: &[Preview]) {
-    println!("PruneExecutionDetails");
-    for p in previews {
-        let Some(cutoff) = p.cutoff else {
-            println!("  account {}: retention disabled", p.account_id);
-            continue;
-        };
-        println!(
-            "  account {} ({} days, cutoff {}): {} owners eligible, {} bytes of output files",
-            p.account_id,
-            p.retention_days.unwrap_or_default(),
-            cutoff.to_rfc3339(),
-            p.eligible_owners,
-            p.bytes
-        );
-        for (reason, n) in &p.retained {
-            println!("    retained {:<24} {n:>10}", reason.as_str());
-        }
-        for (table, n) in &p.rows {
-            println!("    rows     {table:<24} {n:>10}");
-        }
     }
 }

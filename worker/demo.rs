@@ -9,7 +9,9 @@ use chrono::Utc;
 
 use crate::config::{PathSettings, Settings};
 use crate::seed::{SeedOptions, seed};
-use crate::{db, queue, tick, worker};
+use sexton_jobs::prune_execution_details;
+
+use crate::{db, execution_details, queue, tick, worker};
 
 /// Every table of SPEC §1, in the order the report lists them.
 pub const TABLES: &[&str] = &[
@@ -106,6 +108,12 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     );
 
     let before = snapshot(&pool, &settings.paths).await?;
+    println!("\nwhat the pass will do (sexton preview):");
+    let mut conn = pool.acquire().await?;
+    execution_details::print_preview(
+        &prune_execution_details::preview(&mut conn, now, None).await?,
+    );
+    drop(conn);
     let ticked = tick::tick(&pool, &settings, now).await?;
     println!(
         "\nnightly slot {}: {}",

@@ -2,7 +2,7 @@
 //! derived from the pass and hop number, so a retried hop never forks the chain (EX-7, EX-8).
 
 use chrono::{DateTime, Utc};
-use sexton_jobs::prune_execution_details::{self as job, Args, HopReport, HopSettings};
+use sexton_jobs::prune_execution_details::{self as job, Args, HopReport, HopSettings, Preview};
 use tracing::Instrument as _;
 use uuid::Uuid;
 
@@ -58,6 +58,7 @@ pub async fn hop(ctx: &JobContext, args: Args) -> Result<HopReport, JobFailure> 
         outcome = tracing::field::Empty,
     );
     async {
+        let started = std::time::Instant::now();
         let report = job::run(
             &ctx.pool,
             ctx.clock.as_ref(),
@@ -78,10 +79,40 @@ pub async fn hop(ctx: &JobContext, args: Args) -> Result<HopReport, JobFailure> 
             retained = report.retained.values().sum::<u32>(),
             files_deleted = report.files_deleted,
             bytes = report.bytes_reclaimed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
             "hop done"
         );
         Ok(report)
     }
     .instrument(span)
     .await
+}
+
+/// Prints previews for people (`sexton preview`, `sexton demo`).
+pub fn print_preview(previews: &[Preview]) {
+    println!("PruneExecutionDetails");
+    for p in previews {
+        let Some(cutoff) = p.cutoff else {
+            println!(
+                "  account {} ({}): retention disabled",
+                p.account_name, p.account_id
+            );
+            continue;
+        };
+        println!(
+            "  account {} ({}), {} days, cutoff {}: {} owners eligible, {} bytes of output files",
+            p.account_name,
+            p.account_id,
+            p.retention_days.unwrap_or_default(),
+            cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            p.eligible_owners,
+            p.bytes
+        );
+        for (reason, n) in &p.retained {
+            println!("    retained {:<24} {n:>10}", reason.as_str());
+        }
+        for (table, n) in &p.rows {
+            println!("    rows     {table:<24} {n:>10}");
+        }
+    }
 }

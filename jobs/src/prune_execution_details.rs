@@ -537,6 +537,7 @@ fn remove_under(root: &Path, relative: &str) -> std::io::Result<bool> {
 #[derive(Debug, Clone, Serialize)]
 pub struct Preview {
     pub account_id: Uuid,
+    pub account_name: String,
     pub retention_days: Option<i32>,
     pub cutoff: Option<DateTime<Utc>>,
     pub eligible_owners: i64,
@@ -555,17 +556,18 @@ pub async fn preview(
     now: DateTime<Utc>,
     account: Option<Uuid>,
 ) -> Result<Vec<Preview>, Error> {
-    let accounts: Vec<(Uuid, Option<i32>)> = sqlx::query_as(
-        "SELECT id, execution_details_retention_days FROM accounts
+    let accounts: Vec<(Uuid, String, Option<i32>)> = sqlx::query_as(
+        "SELECT id, name, execution_details_retention_days FROM accounts
          WHERE $1::uuid IS NULL OR id = $1 ORDER BY name, id",
     )
     .bind(account)
     .fetch_all(&mut *conn)
     .await?;
     let mut previews = Vec::with_capacity(accounts.len());
-    for (account_id, days) in accounts {
+    for (account_id, account_name, days) in accounts {
         let mut preview = Preview {
             account_id,
+            account_name,
             retention_days: days,
             cutoff: None,
             eligible_owners: 0,
