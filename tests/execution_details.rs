@@ -1,5 +1,6 @@
 //! PruneExecutionDetails (SPEC §2): EX-1 … EX-8, hop by hop against a real PostgreSQL.
 
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -45,9 +46,15 @@ impl Env {
     }
 
     async fn hop(&self, args: &Args) -> HopReport {
-        job::run(&self.pool, &self.clock, &self.settings, args)
-            .await
-            .unwrap()
+        job::run(
+            &self.pool,
+            &self.clock,
+            &self.settings,
+            args,
+            &AtomicBool::new(false),
+        )
+        .await
+        .unwrap()
     }
 
     /// A whole nightly pass for one account, hop after hop; returns every hop's report.
@@ -623,6 +630,7 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
                 &clock,
                 &settings,
                 &Args::first(account, pass_start()),
+                &AtomicBool::new(false),
             )
             .await
             .unwrap()
@@ -829,7 +837,9 @@ fn spawn_pass(env: &Env, account: Uuid) -> tokio::task::JoinHandle<u32> {
         let mut args = Args::first(account, pass_start());
         let mut pruned = 0;
         loop {
-            let report = job::run(&pool, &clock, &settings, &args).await.unwrap();
+            let report = job::run(&pool, &clock, &settings, &args, &AtomicBool::new(false))
+                .await
+                .unwrap();
             pruned += report.pruned;
             match report.next {
                 Some(next) => args = next,

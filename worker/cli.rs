@@ -94,8 +94,12 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Worker { exit_when_idle } => {
-            let pool = db::connect(&settings.database).await?;
-            worker::run(&settings, pool, exit_when_idle).await
+            let mode = if exit_when_idle {
+                worker::Mode::UntilIdle
+            } else {
+                worker::Mode::Fleet
+            };
+            worker::run(&settings, mode).await
         }
         Command::Tick { at, json } => {
             let pool = db::connect(&settings.database).await?;

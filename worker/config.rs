@@ -26,7 +26,14 @@ pub struct Settings {
     pub schedule: ScheduleSettings,
     pub queue: QueueSettings,
     pub execution_details: ExecutionDetailsSettings,
+    pub http: HttpSettings,
     pub log: LogSettings,
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    pub listen: std::net::SocketAddr,
+    pub refresh_interval: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -42,6 +49,7 @@ pub struct DatabaseSettings {
     pub acquire_timeout: Duration,
     pub statement_timeout: Duration,
     pub lock_timeout: Duration,
+    pub connect_attempts: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +65,7 @@ pub struct PathSettings {
 pub struct ScheduleSettings {
     pub cron: cron::Schedule,
     pub timezone: chrono_tz::Tz,
+    pub catch_up: chrono::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -69,6 +78,7 @@ pub struct QueueSettings {
     pub missed_heartbeats: u32,
     pub max_attempts: u32,
     pub retry_backoff: Duration,
+    pub shutdown_grace: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +203,14 @@ struct RawSettings {
     schedule: RawSchedule,
     queue: RawQueue,
     execution_details: RawExecutionDetails,
+    http: RawHttp,
     log: RawLog,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawHttp {
+    listen: Raw<String>,
+    refresh_interval_ms: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,6 +226,7 @@ struct RawDatabase {
     acquire_timeout_ms: Raw<i64>,
     statement_timeout_ms: Raw<i64>,
     lock_timeout_ms: Raw<i64>,
+    connect_attempts: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -224,6 +242,7 @@ struct RawPaths {
 struct RawSchedule {
     cron: Raw<String>,
     timezone: Raw<String>,
+    catch_up_hours: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -235,6 +254,7 @@ struct RawQueue {
     missed_heartbeats: Raw<i64>,
     max_attempts: Raw<i64>,
     retry_backoff_ms: Raw<i64>,
+    shutdown_grace_ms: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -345,6 +365,12 @@ impl RawSettings {
         let acquire_timeout = c.millis("database.acquire_timeout_ms", &d.acquire_timeout_ms);
         let statement_timeout = c.millis("database.statement_timeout_ms", &d.statement_timeout_ms);
         let lock_timeout = c.millis("database.lock_timeout_ms", &d.lock_timeout_ms);
+        let connect_attempts = c.int(
+            "database.connect_attempts",
+            &d.connect_attempts,
+            1..=1000,
+            "an integer from 1 to 1000",
+        );
         if let (Some(lock), Some(statement)) = (lock_timeout, statement_timeout)
             && lock > statement
         {
@@ -385,6 +411,14 @@ impl RawSettings {
             "an IANA time zone such as \"UTC\" or \"Europe/Berlin\"",
             |s| s.parse().ok(),
         );
+        let catch_up = c
+            .int::<i64>(
+                "schedule.catch_up_hours",
+                &s.catch_up_hours,
+                0..=24 * 30,
+                "a number of hours from 0 to 720",
+            )
+            .map(chrono::Duration::hours);
 
         let q = &self.queue;
         let worker_name = c.parsed(
@@ -419,6 +453,16 @@ impl RawSettings {
             "an integer from 1 to 100",
         );
         let retry_backoff = c.millis("queue.retry_backoff_ms", &q.retry_backoff_ms);
+        let shutdown_grace = c.millis("queue.shutdown_grace_ms", &q.shutdown_grace_ms);
+
+        let h = &self.http;
+        let listen = c.parsed(
+            "http.listen",
+            &h.listen,
+            "a socket address such as \"127.0.0.1:9187\"",
+            |s| s.parse().ok(),
+        );
+        let refresh_interval = c.millis("http.refresh_interval_ms", &h.refresh_interval_ms);
 
         let e = &self.execution_details;
         let window_size = c.int(
@@ -461,6 +505,7 @@ impl RawSettings {
                 acquire_timeout: acquire_timeout?,
                 statement_timeout: statement_timeout?,
                 lock_timeout: lock_timeout?,
+                connect_attempts: connect_attempts?,
             },
             paths: PathSettings {
                 output_root: output_root?,
@@ -472,6 +517,7 @@ impl RawSettings {
             schedule: ScheduleSettings {
                 cron: cron?,
                 timezone: timezone?,
+                catch_up: catch_up?,
             },
             queue: QueueSettings {
                 worker_name: worker_name?,
@@ -481,6 +527,11 @@ impl RawSettings {
                 missed_heartbeats: missed_heartbeats?,
                 max_attempts: max_attempts?,
                 retry_backoff: retry_backoff?,
+                shutdown_grace: shutdown_grace?,
+            },
+            http: HttpSettings {
+                listen: listen?,
+                refresh_interval: refresh_interval?,
             },
             execution_details: ExecutionDetailsSettings {
                 window_size: window_size?,

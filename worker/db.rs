@@ -79,6 +79,29 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, DbError> {
         .map_err(|source| DbError::Connect { target, source })
 }
 
+/// Like [`connect`], retrying with a doubling wait (500 ms up to 10 s) for
+/// `database.connect_attempts` tries, so that a fleet started before its database waits (ER-2).
+///
+/// # Errors
+/// The last [`DbError`] once every attempt failed.
+pub async fn connect_with_retry(settings: &DatabaseSettings) -> Result<PgPool, DbError> {
+    let mut delay = std::time::Duration::from_millis(500);
+    let mut attempt = 1;
+    loop {
+        match connect(settings).await {
+            Ok(pool) => return Ok(pool),
+            Err(err @ DbError::BadUrl(_)) => return Err(err),
+            Err(err) if attempt >= settings.connect_attempts => return Err(err),
+            Err(err) => {
+                tracing::warn!(attempt, of = settings.connect_attempts, error = %err, "database unreachable; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(10));
+                attempt += 1;
+            }
+        }
+    }
+}
+
 /// Applies the queue's schema (schema `apalis`, its own migration table) and then sexton's
 /// migrations. Idempotent.
 ///

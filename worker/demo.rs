@@ -121,7 +121,7 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
         ticked.outcome
     );
     let started = std::time::Instant::now();
-    worker::run(&settings, pool.clone(), true).await?;
+    worker::run(&settings, worker::Mode::UntilIdle).await?;
     let elapsed = started.elapsed();
     let after = snapshot(&pool, &settings.paths).await?;
     let jobs = queue::counts(&pool).await?;

@@ -2,12 +2,13 @@
 //! derived from the pass and hop number, so a retried hop never forks the chain (EX-7, EX-8).
 
 use chrono::{DateTime, Utc};
-use sexton_jobs::prune_execution_details::{self as job, Args, HopReport, HopSettings, Preview};
+use sexton_jobs::prune_execution_details::{self as job, Args, HopSettings, Preview};
 use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::queue::{self, PushOptions, PushOutcome, Queue, QueueError};
+use crate::telemetry::metrics;
 use crate::worker::{JobContext, JobFailure};
 
 /// The hop limits from configuration.
@@ -43,11 +44,19 @@ pub async fn push_hop(ctx: &JobContext, args: &Args) -> Result<PushOutcome, Queu
     .await
 }
 
-/// Runs one hop and enqueues the next.
+/// Advisory-lock class of execution-details hops: with the account, at most one hop per
+/// account runs at a time across the fleet (FL-3).
+const HOP_LOCK_CLASS: i32 = 0x5e77_0001;
+
+/// How long a hop that found its account busy waits before it is tried again.
+const BUSY_ACCOUNT_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs one hop and enqueues the next. If another hop of the same account is running anywhere
+/// in the fleet, this one is pushed again a little later instead (FL-3).
 ///
 /// # Errors
 /// [`JobFailure::Retryable`] when the database or queue fails; the hop is then run again.
-pub async fn hop(ctx: &JobContext, args: Args) -> Result<HopReport, JobFailure> {
+pub async fn hop(ctx: &JobContext, args: Args) -> Result<(), JobFailure> {
     let span = tracing::info_span!(
         "hop",
         job = Queue::PruneExecutionDetails.job(),
@@ -58,33 +67,85 @@ pub async fn hop(ctx: &JobContext, args: Args) -> Result<HopReport, JobFailure> 
         outcome = tracing::field::Empty,
     );
     async {
+        let retryable = |e: anyhow::Error| JobFailure::Retryable(e);
+        // The lock lives on its own connection: if this process dies, PostgreSQL releases it.
+        let mut lock = ctx.pool.acquire().await.map_err(|e| retryable(e.into()))?;
+        let account_key = args.account_id.to_string();
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext($2))")
+            .bind(HOP_LOCK_CLASS)
+            .bind(&account_key)
+            .fetch_one(&mut *lock)
+            .await
+            .map_err(|e| retryable(e.into()))?;
+        if !locked {
+            tracing::Span::current().record("outcome", "account_busy");
+            tracing::info!("another hop of this account is running; trying again later");
+            defer(ctx, &args).await.map_err(|e| retryable(e.into()))?;
+            return Ok(());
+        }
         let started = std::time::Instant::now();
-        let report = job::run(
+        let result = job::run(
             &ctx.pool,
             ctx.clock.as_ref(),
             &hop_settings(&ctx.settings),
             &args,
+            &ctx.stopping,
         )
-        .await
-        .map_err(|e| JobFailure::Retryable(e.into()))?;
-        if let Some(next) = &report.next {
-            push_hop(ctx, next)
-                .await
-                .map_err(|e| JobFailure::Retryable(e.into()))?;
+        .await;
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext($2))")
+            .bind(HOP_LOCK_CLASS)
+            .bind(&account_key)
+            .execute(&mut *lock)
+            .await;
+        if unlocked.is_err() {
+            // A connection that cannot unlock must not go back to the pool holding the lock.
+            lock.detach();
         }
+        let seconds = started.elapsed().as_secs_f64();
+        let report = match result {
+            Ok(report) => report,
+            Err(err) => {
+                metrics::hop_failed(seconds);
+                return Err(retryable(err.into()));
+            }
+        };
+        if let Some(next) = &report.next {
+            push_hop(ctx, next).await.map_err(|e| retryable(e.into()))?;
+        }
+        metrics::hop(&report, seconds);
         tracing::Span::current().record("outcome", report.outcome.as_str());
         tracing::info!(
             candidates = report.candidates,
             pruned = report.pruned,
             retained = report.retained.values().sum::<u32>(),
             files_deleted = report.files_deleted,
+            file_errors = report.file_errors,
             bytes = report.bytes_reclaimed,
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            elapsed_ms = (seconds * 1000.0) as u64,
             "hop done"
         );
-        Ok(report)
+        Ok(())
     }
     .instrument(span)
+    .await
+}
+
+/// Pushes the same hop again a little later, under a key of its own.
+async fn defer(ctx: &JobContext, args: &Args) -> Result<PushOutcome, QueueError> {
+    queue::push(
+        &ctx.pool,
+        Queue::PruneExecutionDetails,
+        &ctx.settings.queue,
+        args,
+        PushOptions {
+            idempotency_key: Some(format!(
+                "{}:deferred:{}",
+                hop_key(args.account_id, args.pass_started_at, args.hop),
+                Uuid::new_v4()
+            )),
+            run_after: Some(BUSY_ACCOUNT_DELAY),
+        },
+    )
     .await
 }
 

@@ -55,6 +55,20 @@ pub async fn tick(
     at: DateTime<Utc>,
 ) -> Result<Ticked, TickError> {
     let slot = slot_at(&settings.schedule, at).ok_or(TickError::NoSlot(at))?;
+    let outcome = enqueue_slot(pool, settings, slot).await?;
+    Ok(Ticked { slot, outcome })
+}
+
+/// Enqueues one slot, or finds it already enqueued: the one path of the schedule, catch-up and
+/// `sexton tick` (FL-2).
+///
+/// # Errors
+/// [`QueueError`] when the queue refuses the job.
+pub async fn enqueue_slot(
+    pool: &PgPool,
+    settings: &Settings,
+    slot: DateTime<Utc>,
+) -> Result<PushOutcome, QueueError> {
     let payload = NightlySlot { version: V1, slot };
     let outcome = queue::push(
         pool,
@@ -68,7 +82,7 @@ pub async fn tick(
     )
     .await?;
     tracing::info!(slot = %slot.to_rfc3339(), %outcome, "nightly slot");
-    Ok(Ticked { slot, outcome })
+    Ok(outcome)
 }
 
 /// Why a slot could not be enqueued.
@@ -110,6 +124,7 @@ mod tests {
         let schedule = ScheduleSettings {
             cron: parse_cron("0 3 * * *").unwrap(),
             timezone: chrono_tz::UTC,
+            catch_up: chrono::Duration::hours(24),
         };
         assert_eq!(
             slot_at(&schedule, at("2026-12-01T03:00:00Z")),
@@ -130,6 +145,7 @@ mod tests {
         let schedule = ScheduleSettings {
             cron: parse_cron("0 3 * * *").unwrap(),
             timezone: chrono_tz::Europe::Berlin,
+            catch_up: chrono::Duration::hours(24),
         };
         assert_eq!(
             slot_at(&schedule, at("2026-12-01T12:00:00Z")),

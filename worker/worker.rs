@@ -1,6 +1,7 @@
 //! A fleet member (`sexton worker`): one apalis worker per queue under one monitor, until a
 //! signal, a dead worker, or — with `--exit-when-idle` — an empty queue.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,13 +13,18 @@ use apalis::prelude::{
 use apalis_postgres::Pubsub;
 use serde::de::DeserializeOwned;
 use sexton_jobs::clock::{SharedClock, SystemClock};
+use sexton_jobs::prune_execution_details;
 use sqlx::PgPool;
+use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::config::Settings;
 use crate::execution_details;
+use crate::http::{self, Health};
 use crate::queue::{self, Queue};
+use crate::telemetry::metrics;
 use crate::tick::{self, NightlySlot};
+use crate::{db, schedule};
 
 /// What every handler gets: the pool, the settings and the clock.
 #[derive(Clone)]
@@ -26,6 +32,8 @@ pub struct JobContext {
     pub pool: PgPool,
     pub settings: Arc<Settings>,
     pub clock: SharedClock,
+    /// Raised on SIGTERM/SIGINT: hops stop taking owners and hand over (FL-5).
+    pub stopping: Arc<AtomicBool>,
 }
 
 /// What a failed job asks the queue to do.
@@ -61,12 +69,17 @@ async fn settle(
     outcome: Result<(), JobFailure>,
 ) -> Result<(), BoxDynError> {
     match outcome {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            metrics::job_run(queue.job(), "succeeded");
+            Ok(())
+        }
         Err(err @ JobFailure::BadPayload { .. }) => {
+            metrics::job_run(queue.job(), "rejected");
             tracing::error!(queue = queue.name(), error = %err, "job payload rejected; kept for inspection");
             Err(AbortError::new(err).into())
         }
         Err(JobFailure::Retryable(err)) => {
+            metrics::job_run(queue.job(), "failed");
             let current = attempt.current();
             tracing::warn!(
                 queue = queue.name(),
@@ -107,7 +120,7 @@ async fn handle(
             Err(err) => Err(err),
         },
         Queue::PruneExecutionDetails => match decode(*queue, payload) {
-            Ok(args) => execution_details::hop(ctx, args).await.map(drop),
+            Ok(args) => execution_details::hop(ctx, args).await,
             Err(err) => Err(err),
         },
     };
@@ -125,22 +138,105 @@ pub fn worker_name(settings: &Settings) -> String {
     format!("sexton-{host}-{}", std::process::id())
 }
 
-/// Runs this process as a fleet member until SIGTERM/SIGINT, or until idle if asked.
+/// How a worker runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A fleet member: schedule, HTTP endpoints, queue consumers until SIGTERM/SIGINT.
+    Fleet,
+    /// A one-shot run: queue consumers only, until no job is pending or running.
+    UntilIdle,
+}
+
+/// Runs this process as a fleet member until SIGTERM/SIGINT, or until idle.
 ///
 /// # Errors
-/// A worker that died (its error is reported), or the queue could not be read.
-pub async fn run(settings: &Settings, pool: PgPool, exit_when_idle: bool) -> anyhow::Result<()> {
+/// The database stayed unreachable at start, the HTTP address cannot be bound, or a queue
+/// worker died.
+pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
+    let settings = Arc::new(settings.clone());
+    let health = Arc::new(Health::default());
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = match mode {
+        Mode::Fleet => {
+            let listener = TcpListener::bind(settings.http.listen)
+                .await
+                .with_context(|| {
+                    format!("http.listen: cannot listen on {}", settings.http.listen)
+                })?;
+            tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+            let serve = http::serve(listener, metrics::install(), health.clone(), async {
+                let _ = http_stopped.await;
+            });
+            Some(tokio::spawn(serve))
+        }
+        Mode::UntilIdle => None,
+    };
+
+    let pool = db::connect_with_retry(&settings.database).await?;
+    health.connected(&pool);
     let ctx = JobContext {
         pool: pool.clone(),
-        settings: Arc::new(settings.clone()),
+        settings: settings.clone(),
         clock: Arc::new(SystemClock),
+        stopping: Arc::default(),
     };
-    let name = worker_name(settings);
-    let poll = settings.queue.poll_interval;
-    let concurrency = settings.queue.concurrency;
+    let background = match mode {
+        Mode::Fleet => vec![
+            tokio::spawn(schedule::run(
+                pool.clone(),
+                settings.clone(),
+                ctx.clock.clone(),
+            )),
+            tokio::spawn(refresh_gauges(ctx.clone())),
+        ],
+        Mode::UntilIdle => Vec::new(),
+    };
+
+    let name = worker_name(&settings);
     let died: Arc<Mutex<Option<String>>> = Arc::default();
     let death = Arc::new(Notify::new());
+    let monitor = monitor(&ctx, &name, died.clone(), death.clone());
 
+    tracing::info!(worker = %name, queues = Queue::ALL.len(), "worker started");
+    health.consuming(true);
+    let stopping = ctx.stopping.clone();
+    let stop = async move {
+        let result = tokio::select! {
+            signal = shutdown_signal() => signal,
+            idle = wait_until_idle(&pool), if mode == Mode::UntilIdle => idle,
+            () = death.notified() => Ok(()),
+        };
+        // Running hops finish the owner in hand and hand the rest over (FL-5).
+        stopping.store(true, Ordering::Relaxed);
+        result
+    };
+    let outcome = monitor.run_with_signal(stop).await;
+    health.consuming(false);
+    for task in background {
+        task.abort();
+    }
+    let _ = http_stop.send(());
+    if let Some(http) = http {
+        http.await??;
+    }
+    outcome.context("the worker monitor failed")?;
+    if let Some(death) = died.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        bail!("a queue worker stopped: {death}");
+    }
+    tracing::info!(worker = %name, "worker stopped");
+    Ok(())
+}
+
+/// One apalis worker per queue under one monitor, which stops claiming on shutdown and waits
+/// up to the grace for running jobs (FL-5).
+fn monitor(
+    ctx: &JobContext,
+    name: &str,
+    died: Arc<Mutex<Option<String>>>,
+    death: Arc<Notify>,
+) -> Monitor {
+    let poll = ctx.settings.queue.poll_interval;
+    let concurrency = ctx.settings.queue.concurrency;
     let mut monitor = Monitor::new();
     for queue in Queue::ALL {
         let ctx = ctx.clone();
@@ -161,34 +257,29 @@ pub async fn run(settings: &Settings, pool: PgPool, exit_when_idle: bool) -> any
                 .build(handle)
         });
     }
-    let monitor = {
-        let died = died.clone();
-        let death = death.clone();
-        monitor.should_restart(move |worker, err| {
+    monitor
+        .should_restart(move |worker, err| {
             *died.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some(format!("{}: {err}", worker.name()));
             death.notify_one();
             false
         })
-    };
+        .shutdown_timeout(ctx.settings.queue.shutdown_grace)
+}
 
-    tracing::info!(worker = %name, queues = Queue::ALL.len(), "worker started");
-    let stop = async move {
-        tokio::select! {
-            signal = shutdown_signal() => signal,
-            idle = wait_until_idle(&pool), if exit_when_idle => idle,
-            () = death.notified() => Ok(()),
+/// Keeps the queue and backlog gauges current (OP-3).
+async fn refresh_gauges(ctx: JobContext) {
+    loop {
+        match queue::counts(&ctx.pool).await {
+            Ok(counts) => metrics::queue(&counts),
+            Err(err) => tracing::warn!(error = %err, "could not count queue jobs"),
         }
-    };
-    monitor
-        .run_with_signal(stop)
-        .await
-        .context("the worker monitor failed")?;
-    if let Some(death) = died.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        bail!("a queue worker stopped: {death}");
+        match prune_execution_details::backlog_seconds(&ctx.pool, ctx.clock.now()).await {
+            Ok(seconds) => metrics::backlog(metrics::EXECUTION_DETAILS, seconds),
+            Err(err) => tracing::warn!(error = %err, "could not measure the backlog"),
+        }
+        tokio::time::sleep(ctx.settings.http.refresh_interval).await;
     }
-    tracing::info!(worker = %name, "worker stopped");
-    Ok(())
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -190,7 +191,8 @@ pub enum Error {
     Database(#[from] sqlx::Error),
 }
 
-/// Runs one hop.
+/// Runs one hop. When `stop` is raised (shutdown, FL-5) the hop finishes the owner in hand,
+/// takes no more, and hands the rest of its window to the next hop.
 ///
 /// # Errors
 /// [`Error::Database`] when the database fails; nothing is half-done, and the hop can be run
@@ -200,6 +202,7 @@ pub async fn run(
     clock: &dyn Clock,
     settings: &HopSettings,
     args: &Args,
+    stop: &AtomicBool,
 ) -> Result<HopReport, Error> {
     let started = Instant::now();
     let mut report = HopReport {
@@ -268,7 +271,7 @@ pub async fn run(
     let mut cursor = args.cursor;
     let mut out_of_budget = false;
     for (run_id, conversation_id, age) in &window {
-        if started.elapsed() >= settings.budget {
+        if started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed) {
             out_of_budget = true;
             break;
         }
@@ -531,6 +534,38 @@ fn remove_under(root: &Path, relative: &str) -> std::io::Result<bool> {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(err) => Err(err),
     }
+}
+
+/// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
+/// nothing eligible waits): the backlog an operator watches grow or shrink (OP-3).
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
+    let seconds: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT max(EXTRACT(EPOCH FROM (c.cutoff - o.age)))::float8
+         FROM (SELECT id, $1 - make_interval(days => execution_details_retention_days) AS cutoff
+               FROM accounts WHERE execution_details_retention_days IS NOT NULL) c
+         CROSS JOIN LATERAL (
+             SELECT {AGE} AS age FROM runs r
+             WHERE r.account_id = c.id AND r.details_pruned_at IS NULL
+               AND r.conversation_id IS NOT NULL AND r.kind IN ('conversation', 'direct_reply')
+               AND {AGE} < c.cutoff
+               AND NOT EXISTS (SELECT 1 FROM invocation_attempts
+                               WHERE run_id = r.id AND status IN ('pending', 'running'))
+               AND NOT EXISTS (SELECT 1 FROM settlement_receipts
+                               WHERE run_id = r.id AND status = 'pending')
+               AND NOT EXISTS (SELECT 1 FROM delegations
+                               WHERE parent_run_id = r.id AND status = 'outstanding')
+               AND NOT EXISTS (SELECT 1 FROM history_request_sources s
+                               JOIN history_requests h ON h.id = s.history_request_id
+                               WHERE s.source_run_id = r.id AND h.sealed_at IS NULL)
+             ORDER BY {AGE}, r.id LIMIT 1) o"
+    )))
+    .bind(now)
+    .fetch_one(pool)
+    .await?;
+    Ok(seconds.unwrap_or(0.0).max(0.0))
 }
 
 /// What a pass would do for one account now, deleting nothing (`sexton preview`).

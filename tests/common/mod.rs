@@ -66,6 +66,10 @@ pub fn sexton(database_url: &str, dir: &Path) -> Command {
         .env("SEXTON_QUEUE__POLL_INTERVAL_MS", "100")
         .env("SEXTON_QUEUE__RETRY_BACKOFF_MS", "50")
         .env("SEXTON_LOG__LEVEL", "info,sqlx=warn")
+        // Tests fire slots themselves; a fleet member must not catch up on, or reach, a real one.
+        .env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "0")
+        .env("SEXTON_SCHEDULE__CRON", "0 0 29 2 *")
+        .env("SEXTON_HTTP__LISTEN", "127.0.0.1:0")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd

@@ -1,4 +1,7 @@
-//! Logs (OP-4): structured tracing to stderr, as text for people or JSON for pipelines.
+//! Telemetry: logs (OP-4), structured tracing to stderr as text for people or JSON for
+//! pipelines; and metrics (OP-3).
+
+pub mod metrics;
 
 use tracing_subscriber::EnvFilter;
 

@@ -1,0 +1,117 @@
+//! Metrics (OP-3): the Prometheus series that dashboards and alerts rely on. Names and labels
+//! are a contract; labels are low-cardinality (job, table, reason, outcome, state), never an id.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sexton_jobs::prune_execution_details::{HopReport, RetainReason};
+
+use crate::queue::QueueCounts;
+
+/// The job label of PruneExecutionDetails.
+pub const EXECUTION_DETAILS: &str = "prune_execution_details";
+
+/// Installs the global recorder once; later calls return the same handle.
+///
+/// # Panics
+/// Never in practice: the bucket list is a valid constant.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("sexton_hop_duration_seconds".into()),
+                    &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0],
+                )
+                .expect("hop duration buckets are valid")
+                .install_recorder()
+                .expect("the metrics recorder is installed once");
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(
+        "sexton_owners_pruned_total",
+        "Owners whose expired data was removed."
+    );
+    describe_counter!(
+        "sexton_owners_retained_total",
+        "Owners left in place this pass, by reason; revisited on the next pass."
+    );
+    describe_counter!("sexton_rows_deleted_total", "Rows deleted, by table.");
+    describe_counter!("sexton_bytes_reclaimed_total", "Bytes of files deleted.");
+    describe_counter!("sexton_hops_total", "Hops run, by outcome.");
+    describe_histogram!("sexton_hop_duration_seconds", "Duration of one hop.");
+    describe_counter!("sexton_job_runs_total", "Queue jobs run, by outcome.");
+    describe_gauge!(
+        "sexton_last_success_timestamp_seconds",
+        "When a job last completed a pass successfully (Unix seconds)."
+    );
+    describe_counter!(
+        "sexton_schedule_slots_total",
+        "Nightly slots pushed by this process: enqueued, duplicate or caught_up."
+    );
+    describe_gauge!("sexton_queue_jobs", "Jobs in sexton's queues, by state.");
+    describe_gauge!(
+        "sexton_backlog_seconds",
+        "How far past its cutoff the oldest eligible item is."
+    );
+}
+
+/// One hop of PruneExecutionDetails.
+pub fn hop(report: &HopReport, seconds: f64) {
+    let job = EXECUTION_DETAILS;
+    counter!("sexton_owners_pruned_total", "job" => job).increment(report.pruned.into());
+    for reason in RetainReason::ALL {
+        let n = report.retained.get(&reason).copied().unwrap_or_default();
+        counter!("sexton_owners_retained_total", "job" => job, "reason" => reason.as_str())
+            .increment(n.into());
+    }
+    for (table, rows) in &report.rows {
+        counter!("sexton_rows_deleted_total", "job" => job, "table" => *table).increment(*rows);
+    }
+    counter!("sexton_bytes_reclaimed_total", "job" => job).increment(report.bytes_reclaimed);
+    counter!("sexton_hops_total", "job" => job, "outcome" => report.outcome.as_str()).increment(1);
+    histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
+    if report.next.is_none() {
+        gauge!("sexton_last_success_timestamp_seconds", "job" => job)
+            .set(chrono::Utc::now().timestamp() as f64);
+    }
+}
+
+/// A hop that failed (it will be retried).
+pub fn hop_failed(seconds: f64) {
+    let job = EXECUTION_DETAILS;
+    counter!("sexton_hops_total", "job" => job, "outcome" => "failed").increment(1);
+    histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
+}
+
+/// A queue job's end: `succeeded`, `failed` (retried) or `rejected` (bad payload).
+pub fn job_run(job: &'static str, outcome: &'static str) {
+    counter!("sexton_job_runs_total", "job" => job, "outcome" => outcome).increment(1);
+}
+
+/// A slot this process pushed: `enqueued`, `duplicate` or `caught_up`.
+pub fn slot(outcome: &'static str) {
+    counter!("sexton_schedule_slots_total", "outcome" => outcome).increment(1);
+}
+
+/// The queue's jobs by state.
+pub fn queue(counts: &QueueCounts) {
+    for (state, n) in [
+        ("pending", counts.pending),
+        ("running", counts.running),
+        ("done", counts.done),
+        ("failed", counts.failed),
+    ] {
+        gauge!("sexton_queue_jobs", "state" => state).set(n as f64);
+    }
+}
+
+/// The execution-details backlog in seconds.
+pub fn backlog(job: &'static str, seconds: f64) {
+    gauge!("sexton_backlog_seconds", "job" => job).set(seconds);
+}
