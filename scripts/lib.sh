@@ -26,6 +26,18 @@ ensure_postgres() {
   fi
 }
 
+# Prometheus and promtool (Debian's prometheus package), for the alert-rule checks and the
+# scrape test: installed if missing.
+ensure_prometheus() {
+  if ! command -v promtool >/dev/null 2>&1 || [ ! -x /usr/bin/prometheus ]; then
+    echo "installing Prometheus (Debian package prometheus)..." >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
+}
+
 # Runs "$@" with PG* variables and DATABASE_URL pointing at a fresh cluster that is dropped after.
 # Durability is traded for speed: the cluster is thrown away anyway.
 with_throwaway_postgres() {

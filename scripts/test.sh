@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite against a throw-away local PostgreSQL (a fresh database per test), plus the
-# formatting and lint gates. Installs PostgreSQL if it is missing.
+# formatting and lint gates and the Prometheus alert rules. Installs PostgreSQL and Prometheus if
+# they are missing.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(repo_root)"
 ensure_cargo
 ensure_postgres
+ensure_prometheus
+promtool check rules deploy/prometheus/alerts.yml
+(cd deploy/prometheus && promtool test rules alerts_test.yml)
 cargo fmt --all -- --check
 cargo clippy --quiet --workspace --all-targets -- -D warnings
 cargo build --quiet --workspace --all-targets
 with_throwaway_postgres cargo test --workspace "$@"
+# ER-2 stops and restarts its PostgreSQL, so it runs alone, on a cluster of its own.
+with_throwaway_postgres cargo test --test tests -- --ignored er2_

@@ -2,4 +2,5 @@
 mod common;
 mod crash;
 mod execution_details;
+mod fleet;
 mod foundation;

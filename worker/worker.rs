@@ -1,11 +1,11 @@
 //! A fleet member (`sexton worker`): one apalis worker per queue under one monitor, until a
 //! signal, a dead worker, or — with `--exit-when-idle` — an empty queue.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{
     AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, Strategy, WorkerBuilder,
@@ -16,7 +16,6 @@ use sexton_jobs::clock::{SharedClock, SystemClock};
 use sexton_jobs::prune_execution_details;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 
 use crate::config::Settings;
 use crate::execution_details;
@@ -193,9 +192,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     };
 
     let name = worker_name(&settings);
-    let died: Arc<Mutex<Option<String>>> = Arc::default();
-    let death = Arc::new(Notify::new());
-    let monitor = monitor(&ctx, &name, died.clone(), death.clone());
+    let monitor = monitor(&ctx, &name);
 
     tracing::info!(worker = %name, queues = Queue::ALL.len(), "worker started");
     health.consuming(true);
@@ -204,7 +201,6 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
         let result = tokio::select! {
             signal = shutdown_signal() => signal,
             idle = wait_until_idle(&pool), if mode == Mode::UntilIdle => idle,
-            () = death.notified() => Ok(()),
         };
         // Running hops finish the owner in hand and hand the rest over (FL-5).
         stopping.store(true, Ordering::Relaxed);
@@ -220,34 +216,32 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
         http.await??;
     }
     outcome.context("the worker monitor failed")?;
-    if let Some(death) = died.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        bail!("a queue worker stopped: {death}");
-    }
     tracing::info!(worker = %name, "worker stopped");
     Ok(())
 }
 
 /// One apalis worker per queue under one monitor, which stops claiming on shutdown and waits
 /// up to the grace for running jobs (FL-5).
-fn monitor(
-    ctx: &JobContext,
-    name: &str,
-    died: Arc<Mutex<Option<String>>>,
-    death: Arc<Notify>,
-) -> Monitor {
+fn monitor(ctx: &JobContext, name: &str) -> Monitor {
     let poll = ctx.settings.queue.poll_interval;
     let concurrency = ctx.settings.queue.concurrency;
     let mut monitor = Monitor::new();
     for queue in Queue::ALL {
         let ctx = ctx.clone();
         let worker = format!("{name}.{}", queue.job());
-        monitor = monitor.register(move |_restarts| {
+        monitor = monitor.register(move |restarts| {
             let backend = queue::storage(&ctx.pool, queue, &ctx.settings.queue).poll_with_strategy(
                 Strategy::new()
                     .stream(Pubsub::new(ctx.pool.clone(), queue.name().to_owned()))
                     .interval(poll),
             );
-            WorkerBuilder::new(worker.clone())
+            // A restarted worker takes a new name, so that the jobs its predecessor held are
+            // seen as orphans and rescued (a live name never has its own jobs rescued).
+            let name = match restarts {
+                0 => worker.clone(),
+                n => format!("{worker}.r{n}"),
+            };
+            WorkerBuilder::new(name)
                 .backend(backend)
                 .data(QueueWorker {
                     ctx: ctx.clone(),
@@ -257,12 +251,13 @@ fn monitor(
                 .build(handle)
         });
     }
+    // A worker stops when its backend fails (the database went away, ER-2): start it again.
+    // While the database is down each start waits out the pool's acquire timeout, which paces
+    // the restarts.
     monitor
-        .should_restart(move |worker, err| {
-            *died.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some(format!("{}: {err}", worker.name()));
-            death.notify_one();
-            false
+        .should_restart(|worker, err| {
+            tracing::warn!(worker = %worker.name(), restarts = worker.restarts(), error = %err, "queue worker failed; restarting it");
+            true
         })
         .shutdown_timeout(ctx.settings.queue.shutdown_grace)
 }

@@ -192,3 +192,10 @@ pub async fn is_pruned(pool: &PgPool, run: Uuid) -> bool {
             .unwrap();
     pruned.is_some()
 }
+
+pub async fn is_pruned_any(pool: &PgPool) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM runs WHERE details_pruned_at IS NOT NULL)")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}

@@ -1,0 +1,669 @@
+//! The fleet (SPEC §5, OP-3, ER-2): real worker processes on one database.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sexton::config::{ScheduleSettings, parse_cron};
+use sexton::queue::{self, PushOutcome};
+use sexton::seed::{SeedOptions, seed};
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::common::fixture::{self, RunSpec, pass_start};
+use crate::common::{self, audit};
+
+/// A worker process whose log lines are collected as they come.
+struct Proc {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let stderr = child.stderr.take().unwrap();
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+
+    fn logged(&self, needle: &str) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    /// Waits until a log line contains `needle` (a hang guard bounds the wait).
+    async fn wait_for_log(&self, needle: &str) {
+        poll_until(Duration::from_secs(60), || async { self.logged(needle) }).await;
+    }
+
+    fn sigterm(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    async fn stop(mut self) -> Vec<String> {
+        self.sigterm();
+        let status = common::wait(&mut self.child, Duration::from_secs(60)).await;
+        assert!(status.success(), "worker exited with {status}");
+        // Let the reader task drain what is left.
+        tokio::task::yield_now().await;
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+/// Re-checks `condition` until it holds; panics after `limit` (a hang guard, not a timing test).
+async fn poll_until<F, Fut>(limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn fleet_worker(url: &str, dir: &std::path::Path) -> Command {
+    let mut cmd = common::sexton(url, dir);
+    cmd.arg("worker")
+        .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "500")
+        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "2")
+        .env("SEXTON_QUEUE__SHUTDOWN_GRACE_MS", "5000");
+    cmd
+}
+
+async fn wait_until_idle(pool: &PgPool) {
+    poll_until(Duration::from_secs(180), || async {
+        queue::counts(pool).await.unwrap().idle()
+    })
+    .await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP/1.0 GET: status and body, or None if nothing answers.
+async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+#[sqlx::test]
+async fn fl6_every_connection_carries_statement_and_lock_timeouts(pool: PgPool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(dir.path());
+    settings.database.statement_timeout = Duration::from_millis(1234);
+    settings.database.lock_timeout = Duration::from_millis(567);
+    settings.database.max_connections = 3;
+    let sexton_pool = sexton::db::connect(&settings.database).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut conn = sexton_pool.acquire().await.unwrap();
+        let statement: String = sqlx::query_scalar("SHOW statement_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let lock: String = sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!((statement.as_str(), lock.as_str()), ("1234ms", "567ms"));
+        held.push(conn);
+    }
+    let fourth = tokio::time::timeout(Duration::from_millis(200), sexton_pool.acquire()).await;
+    assert!(
+        fourth.is_err(),
+        "the pool never grows past database.max_connections"
+    );
+    drop(held);
+    drop(pool);
+}
+
+#[sqlx::test]
+async fn fl2_each_slot_is_enqueued_exactly_once_across_the_fleet(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let workers: Vec<Proc> = (0..3)
+        .map(|_| Proc::spawn(fleet_worker(&url, dir.path())))
+        .collect();
+    for worker in &workers {
+        worker.wait_for_log("worker started").await;
+    }
+    let slots: Vec<DateTime<Utc>> = (0..50)
+        .map(|day| pass_start() + chrono::Duration::days(day))
+        .collect();
+
+    // Three `sexton tick` processes and this process fire every slot at once.
+    let mut tickers = Vec::new();
+    for _ in 0..3 {
+        let (url, dir, slots) = (url.clone(), dir.path().to_owned(), slots.clone());
+        tickers.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for slot in slots {
+                let out = common::sexton(&url, &dir)
+                    .env("SEXTON_SCHEDULE__CRON", "0 3 * * *")
+                    .args(["tick", "--json", "--at", &slot.to_rfc3339()])
+                    .output()
+                    .await
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                outcomes.push((
+                    v["slot"].as_str().unwrap().to_owned(),
+                    v["outcome"].as_str().unwrap().to_owned(),
+                ));
+            }
+            outcomes
+        }));
+    }
+    let mut enqueued: BTreeMap<String, usize> = BTreeMap::new();
+    for slot in &slots {
+        let outcome = sexton::tick::enqueue_slot(&pool, &settings, *slot)
+            .await
+            .unwrap();
+        if outcome == PushOutcome::Enqueued {
+            *enqueued
+                .entry(slot.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .or_default() += 1;
+        }
+    }
+    for ticker in tickers {
+        for (slot, outcome) in ticker.await.unwrap() {
+            assert!(outcome == "enqueued" || outcome == "duplicate", "{outcome}");
+            if outcome == "enqueued" {
+                let slot: DateTime<Utc> = slot.parse().unwrap();
+                *enqueued
+                    .entry(slot.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                    .or_default() += 1;
+            }
+        }
+    }
+    // The clock steps backwards: the same slots again, newest first.
+    for slot in slots.iter().rev() {
+        let outcome = sexton::tick::enqueue_slot(&pool, &settings, *slot)
+            .await
+            .unwrap();
+        assert_eq!(outcome, PushOutcome::Duplicate);
+    }
+    assert_eq!(enqueued.len(), 50);
+    assert!(enqueued.values().all(|n| *n == 1), "{enqueued:?}");
+    let jobs: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT idempotency_key, count(*) FROM apalis.jobs WHERE job_type = 'sexton.nightly' GROUP BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(jobs.len(), 50);
+    assert!(jobs.iter().all(|(_, n)| *n == 1));
+    wait_until_idle(&pool).await;
+    let names: BTreeSet<String> =
+        sqlx::query_scalar("SELECT id FROM apalis.workers WHERE worker_type = 'sexton.nightly'")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert_eq!(names.len(), 3, "three distinct worker names: {names:?}");
+    for worker in workers {
+        worker.stop().await;
+    }
+}
+
+#[sqlx::test]
+async fn fl2_a_fleet_started_late_catches_up_only_the_latest_missed_slot_once(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = common::database_url(&pool).await;
+    let schedule = ScheduleSettings {
+        cron: parse_cron("0 * * * *").unwrap(),
+        timezone: chrono_tz::UTC,
+        catch_up: chrono::Duration::hours(3),
+    };
+    let started = Utc::now();
+    let latest = sexton::tick::slot_at(&schedule, started).unwrap();
+    let workers: Vec<Proc> = (0..3)
+        .map(|_| {
+            let mut cmd = fleet_worker(&url, dir.path());
+            cmd.env("SEXTON_SCHEDULE__CRON", "0 * * * *")
+                .env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "3");
+            Proc::spawn(cmd)
+        })
+        .collect();
+    for worker in &workers {
+        worker
+            .wait_for_log("catch-up of the last missed slot")
+            .await;
+    }
+    for worker in workers {
+        worker.stop().await;
+    }
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT idempotency_key FROM apalis.jobs WHERE job_type = 'sexton.nightly'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let key = |slot: DateTime<Utc>| format!("nightly:{}", slot.to_rfc3339());
+    assert_eq!(
+        keys.iter().filter(|k| **k == key(latest)).count(),
+        1,
+        "{keys:?}"
+    );
+    for missed in 1..=2 {
+        let older = key(latest - chrono::Duration::hours(missed));
+        assert!(
+            !keys.contains(&older),
+            "an older missed slot was backfilled: {keys:?}"
+        );
+    }
+    // Only the latest slot, or the next one if the hour turned during the test.
+    let next = key(latest + chrono::Duration::hours(1));
+    assert!(
+        keys.iter().all(|k| *k == key(latest) || *k == next),
+        "{keys:?}"
+    );
+}
+
+/// When a hop held its account: from lock to unlock.
+type Interval = (DateTime<Utc>, DateTime<Utc>);
+
+/// Hop intervals per account, from the workers' JSON logs.
+fn hop_intervals(lines: &[String]) -> BTreeMap<String, Vec<Interval>> {
+    let mut intervals: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for line in lines {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if event["message"] != "hop done" {
+            continue;
+        }
+        let end: DateTime<Utc> = event["timestamp"].as_str().unwrap().parse().unwrap();
+        let elapsed = chrono::Duration::milliseconds(event["elapsed_ms"].as_i64().unwrap());
+        let account = event["span"]["account"].as_str().unwrap().to_owned();
+        intervals
+            .entry(account)
+            .or_default()
+            .push((end - elapsed, end));
+    }
+    intervals
+}
+
+#[sqlx::test]
+async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let options = SeedOptions {
+        scale: 1,
+        seed: 5,
+        now: pass_start(),
+        show_progress: false,
+    };
+    seed(&pool, &settings.paths, &options).await.unwrap();
+    let before = audit::snapshot(&pool, pass_start()).await;
+    let url = common::database_url(&pool).await;
+    let workers: Vec<Proc> = (0..3)
+        .map(|_| {
+            let mut cmd = fleet_worker(&url, dir.path());
+            cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "20")
+                .env("SEXTON_LOG__FORMAT", "json");
+            Proc::spawn(cmd)
+        })
+        .collect();
+    // Two passes at once for every account: yesterday's slot and today's.
+    for slot in [pass_start() - chrono::Duration::days(1), pass_start()] {
+        sexton::tick::tick(&pool, &settings, slot).await.unwrap();
+    }
+    wait_until_idle(&pool).await;
+    let mut lines = Vec::new();
+    for worker in workers {
+        lines.extend(worker.stop().await);
+    }
+    let intervals = hop_intervals(&lines);
+    assert_eq!(intervals.len(), 4, "hops of every account were logged");
+    for (account, mut hops) in intervals {
+        hops.sort();
+        for pair in hops.windows(2) {
+            assert!(
+                pair[1].0 >= pair[0].1,
+                "account {account}: hops overlap: {pair:?}"
+            );
+        }
+    }
+    audit::verify(&pool, &settings.paths.output_root, &before, true).await;
+}
+
+#[sqlx::test]
+async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let run = fixture::run(
+        &pool,
+        &settings.paths.output_root,
+        RunSpec::conversation(account, conversation, 50.0),
+    )
+    .await;
+    let url = common::database_url(&pool).await;
+
+    // The hop of worker A waits on a conversation the platform holds; A dies meanwhile.
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(conversation)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let mut a = fleet_worker(&url, dir.path());
+    a.env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
+    let mut a = Proc::spawn(a);
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    poll_until(Duration::from_secs(60), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        waiting > 0
+    })
+    .await;
+    a.child.start_kill().unwrap();
+    a.child.wait().await.unwrap();
+    writer.rollback().await.unwrap();
+
+    // B rescues it within heartbeat_interval x missed_heartbeats (1 s) plus a poll.
+    let b = Proc::spawn(fleet_worker(&url, dir.path()));
+    let done = "SELECT lock_by FROM apalis.jobs
+                WHERE job_type = 'sexton.prune_execution_details' AND status = 'Done'";
+    poll_until(Duration::from_secs(20), || async {
+        sqlx::query_scalar::<_, String>(done)
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    assert!(fixture::is_pruned(&pool, run.id).await);
+    let lock_by: String = sqlx::query_scalar(done).fetch_one(&pool).await.unwrap();
+    assert!(
+        lock_by.contains(&format!("-{}.", b.pid())),
+        "rescued by B, got {lock_by}"
+    );
+    b.stop().await;
+}
+
+#[sqlx::test]
+async fn fl5_sigterm_mid_pass_exits_within_the_grace_and_the_pass_resumes(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let options = SeedOptions {
+        scale: 1,
+        seed: 6,
+        now: pass_start(),
+        show_progress: false,
+    };
+    seed(&pool, &settings.paths, &options).await.unwrap();
+    let before = audit::snapshot(&pool, pass_start()).await;
+    let url = common::database_url(&pool).await;
+    let mut cmd = fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "50");
+    let mut worker = Proc::spawn(cmd);
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    poll_until(Duration::from_secs(60), || async {
+        audit::pruned_count(&pool).await > 0
+    })
+    .await;
+    worker.sigterm();
+    // Grace is 5 s; the hang guard allows start-up noise on a loaded machine.
+    let status = common::wait(&mut worker.child, Duration::from_secs(15)).await;
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    assert!(
+        (audit::pruned_count(&pool).await as usize) < before.eligible.len(),
+        "stopped mid-pass"
+    );
+    audit::verify(&pool, &settings.paths.output_root, &before, false).await;
+
+    let mut rest = common::sexton(&url, dir.path())
+        .args(["worker", "--exit-when-idle"])
+        .spawn()
+        .unwrap();
+    assert!(
+        common::wait(&mut rest, Duration::from_secs(120))
+            .await
+            .success()
+    );
+    audit::verify(&pool, &settings.paths.output_root, &before, true).await;
+}
+
+#[sqlx::test]
+async fn op3_a_real_prometheus_scrapes_the_contract_series(pool: PgPool) {
+    common::migrate(&pool).await;
+    let prometheus = std::path::Path::new("/usr/bin/prometheus");
+    assert!(
+        prometheus.exists(),
+        "Debian's prometheus package is needed (scripts/test.sh installs it)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    for days in [40.0, 50.0] {
+        fixture::run(
+            &pool,
+            &settings.paths.output_root,
+            RunSpec::conversation(account, conversation, days),
+        )
+        .await;
+    }
+    let url = common::database_url(&pool).await;
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let mut cmd = fleet_worker(&url, dir.path());
+    // The worker's own schedule catches up on the last hourly slot and runs the pass.
+    cmd.env("SEXTON_HTTP__LISTEN", &address)
+        .env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "200")
+        .env("SEXTON_SCHEDULE__CRON", "0 * * * *")
+        .env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "2");
+    let worker = Proc::spawn(cmd);
+    worker.wait_for_log("worker started").await;
+    poll_until(Duration::from_secs(60), || async {
+        fixture::is_pruned_any(&pool).await
+    })
+    .await;
+    assert_eq!(http_get(&address, "/healthz").await.map(|r| r.0), Some(200));
+    assert_eq!(http_get(&address, "/readyz").await.map(|r| r.0), Some(200));
+
+    let prom_port = free_port();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: sexton\n    static_configs:\n      - targets: ['{address}']\n"
+        ),
+    )
+    .unwrap();
+    let mut server = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let expected = [
+        "sexton_owners_pruned_total",
+        "sexton_owners_retained_total",
+        "sexton_rows_deleted_total",
+        "sexton_bytes_reclaimed_total",
+        "sexton_hops_total",
+        "sexton_hop_duration_seconds_bucket",
+        "sexton_job_runs_total",
+        "sexton_last_success_timestamp_seconds",
+        "sexton_schedule_slots_total",
+        "sexton_queue_jobs",
+        "sexton_backlog_seconds",
+    ];
+    let prom = format!("127.0.0.1:{prom_port}");
+    poll_until(Duration::from_secs(90), || async {
+        let Some((200, body)) = http_get(&prom, "/api/v1/label/__name__/values").await else {
+            return false;
+        };
+        expected
+            .iter()
+            .all(|name| body.contains(&format!("\"{name}\"")))
+    })
+    .await;
+    server.start_kill().unwrap();
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn er2_a_database_down_at_start_is_retried_with_readyz_false_then_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let closed = free_port();
+    let mut cmd = common::sexton(
+        &format!("postgres://sexton:x@127.0.0.1:{closed}/platform"),
+        dir.path(),
+    );
+    cmd.arg("worker")
+        .env("SEXTON_HTTP__LISTEN", &address)
+        .env("SEXTON_DATABASE__CONNECT_ATTEMPTS", "4")
+        .env("SEXTON_DATABASE__ACQUIRE_TIMEOUT_MS", "500");
+    let mut worker = Proc::spawn(cmd);
+    poll_until(Duration::from_secs(30), || async {
+        http_get(&address, "/healthz").await.is_some()
+    })
+    .await;
+    assert_eq!(http_get(&address, "/readyz").await.map(|r| r.0), Some(503));
+    let status = common::wait(&mut worker.child, Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(1));
+    tokio::task::yield_now().await;
+    assert!(
+        worker.logged("database unreachable; retrying"),
+        "retries are logged"
+    );
+    assert!(
+        worker.logged(&format!(
+            "could not connect to PostgreSQL at 127.0.0.1:{closed}/platform"
+        )),
+        "a clear final error: {:?}",
+        worker.lines.lock().unwrap()
+    );
+}
+
+/// Needs a PostgreSQL cluster of its own, which it stops and starts: run by scripts/test.sh
+/// in a separate throw-away cluster (`cargo test -- --ignored er2_`).
+#[sqlx::test]
+#[ignore = "stops its PostgreSQL cluster; scripts/test.sh runs it alone"]
+async fn er2_postgresql_restarted_mid_pass_the_worker_recovers_and_the_pass_completes(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let options = SeedOptions {
+        scale: 1,
+        seed: 9,
+        now: pass_start(),
+        show_progress: false,
+    };
+    seed(&pool, &settings.paths, &options).await.unwrap();
+    let before = audit::snapshot(&pool, pass_start()).await;
+    let url = common::database_url(&pool).await;
+    let mut cmd = fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "20")
+        .env("SEXTON_DATABASE__ACQUIRE_TIMEOUT_MS", "1000")
+        .env("SEXTON_QUEUE__RETRY_BACKOFF_MS", "500")
+        .env("SEXTON_QUEUE__MAX_ATTEMPTS", "20");
+    let mut worker = Proc::spawn(cmd);
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    poll_until(Duration::from_secs(60), || async {
+        audit::pruned_count(&pool).await > 0
+    })
+    .await;
+
+    let version = std::env::var("PGVERSION").expect("PGVERSION from pg_virtualenv");
+    let ctl = |action: &str| {
+        let status = std::process::Command::new("pg_ctlcluster")
+            .args([version.as_str(), "regress", action, "-m", "fast"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "pg_ctlcluster {action}");
+    };
+    ctl("stop");
+    // The outage outlasts the pool's acquire timeout (1 s) several times over.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    ctl("start");
+    assert!(
+        worker.child.try_wait().unwrap().is_none(),
+        "the worker survived the outage"
+    );
+    poll_until(Duration::from_secs(180), || async {
+        match queue::counts(&pool).await {
+            Ok(counts) => counts.idle() && counts.done > 0,
+            Err(_) => false,
+        }
+    })
+    .await;
+    worker.stop().await;
+    audit::verify(&pool, &settings.paths.output_root, &before, true).await;
+}
