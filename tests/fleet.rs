@@ -308,7 +308,7 @@ async fn fl2_a_fleet_started_late_catches_up_only_the_latest_missed_slot_once(po
     );
 }
 
-/// When a hop held its account: from lock to unlock.
+/// When a hop held its account's lock: from taking it to releasing it.
 type Interval = (DateTime<Utc>, DateTime<Utc>);
 
 /// Hop intervals per account, from the workers' JSON logs.
@@ -321,13 +321,12 @@ fn hop_intervals(lines: &[String]) -> BTreeMap<String, Vec<Interval>> {
         if event["message"] != "hop done" {
             continue;
         }
-        let end: DateTime<Utc> = event["timestamp"].as_str().unwrap().parse().unwrap();
-        let elapsed = chrono::Duration::milliseconds(event["elapsed_ms"].as_i64().unwrap());
+        let at = |field: &str| -> DateTime<Utc> { event[field].as_str().unwrap().parse().unwrap() };
         let account = event["span"]["account"].as_str().unwrap().to_owned();
         intervals
             .entry(account)
             .or_default()
-            .push((end - elapsed, end));
+            .push((at("locked_at"), at("unlocked_at")));
     }
     intervals
 }

@@ -83,6 +83,7 @@ pub async fn hop(ctx: &JobContext, args: Args) -> Result<(), JobFailure> {
             defer(ctx, &args).await.map_err(|e| retryable(e.into()))?;
             return Ok(());
         }
+        let locked_at = chrono::Utc::now();
         let started = std::time::Instant::now();
         let result = job::run(
             &ctx.pool,
@@ -97,6 +98,7 @@ pub async fn hop(ctx: &JobContext, args: Args) -> Result<(), JobFailure> {
             .bind(&account_key)
             .execute(&mut *lock)
             .await;
+        let unlocked_at = chrono::Utc::now();
         if unlocked.is_err() {
             // A connection that cannot unlock must not go back to the pool holding the lock.
             lock.detach();
@@ -122,6 +124,8 @@ pub async fn hop(ctx: &JobContext, args: Args) -> Result<(), JobFailure> {
             file_errors = report.file_errors,
             bytes = report.bytes_reclaimed,
             elapsed_ms = (seconds * 1000.0) as u64,
+            locked_at = %locked_at.to_rfc3339(),
+            unlocked_at = %unlocked_at.to_rfc3339(),
             "hop done"
         );
         Ok(())
