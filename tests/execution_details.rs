@@ -875,19 +875,7 @@ async fn ex6_a_reader_that_locks_the_conversation_sees_owners_whole_or_pruned(po
         .await
         .unwrap();
         for (run, pruned_at, effects) in runs {
-            let rows: i64 = sqlx::query_scalar(
-                "SELECT (SELECT count(*) FROM run_tasks WHERE run_id = $1)
-                      + (SELECT count(*) FROM run_task_edges WHERE run_id = $1)
-                      + (SELECT count(*) FROM tool_results WHERE run_id = $1)
-                      + (SELECT count(*) FROM sealed_requests WHERE run_id = $1)
-                      + (SELECT count(*) FROM reasoning_traces WHERE run_id = $1)
-                      + (SELECT count(*) FROM invocation_attempts WHERE run_id = $1)
-                      + (SELECT count(*) FROM output_files WHERE run_id = $1)",
-            )
-            .bind(run)
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+            let rows = fixture::detail_rows(&mut *tx, run).await;
             match pruned_at {
                 Some(_) => {
                     assert_eq!(rows, 0, "a pruned owner with detail left");

@@ -31,15 +31,26 @@ fn hop_key(account_id: Uuid, pass_started_at: DateTime<Utc>, hop: u32) -> String
 /// # Errors
 /// [`QueueError`] when the queue refuses the job.
 pub async fn push_hop(ctx: &JobContext, args: &Args) -> Result<PushOutcome, QueueError> {
+    let key = hop_key(args.account_id, args.pass_started_at, args.hop);
+    push(ctx, args, key, None).await
+}
+
+async fn push(
+    ctx: &JobContext,
+    args: &Args,
+    idempotency_key: String,
+    run_after: Option<std::time::Duration>,
+) -> Result<PushOutcome, QueueError> {
+    let options = PushOptions {
+        idempotency_key: Some(idempotency_key),
+        run_after,
+    };
     queue::push(
         &ctx.pool,
         Queue::PruneExecutionDetails,
         &ctx.settings.queue,
         args,
-        PushOptions {
-            idempotency_key: Some(hop_key(args.account_id, args.pass_started_at, args.hop)),
-            ..PushOptions::default()
-        },
+        options,
     )
     .await
 }
@@ -136,21 +147,9 @@ pub async fn hop(ctx: &JobContext, args: Args) -> Result<(), JobFailure> {
 
 /// Pushes the same hop again a little later, under a key of its own.
 async fn defer(ctx: &JobContext, args: &Args) -> Result<PushOutcome, QueueError> {
-    queue::push(
-        &ctx.pool,
-        Queue::PruneExecutionDetails,
-        &ctx.settings.queue,
-        args,
-        PushOptions {
-            idempotency_key: Some(format!(
-                "{}:deferred:{}",
-                hop_key(args.account_id, args.pass_started_at, args.hop),
-                Uuid::new_v4()
-            )),
-            run_after: Some(BUSY_ACCOUNT_DELAY),
-        },
-    )
-    .await
+    let key = hop_key(args.account_id, args.pass_started_at, args.hop);
+    let key = format!("{key}:deferred:{}", Uuid::new_v4());
+    push(ctx, args, key, Some(BUSY_ACCOUNT_DELAY)).await
 }
 
 /// Prints previews for people (`sexton preview`, `sexton demo`).

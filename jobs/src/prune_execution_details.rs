@@ -27,6 +27,44 @@ use crate::payload::V1;
 const AGE: &str = "(CASE WHEN kind = 'conversation' THEN completed_at \
                     WHEN settled_at IS NOT NULL THEN terminal_at END)";
 
+/// A run that is an owner (EX-2) and still holds its detail: the window index's predicate.
+const UNPRUNED_OWNER: &str = "details_pruned_at IS NULL AND conversation_id IS NOT NULL \
+                              AND kind IN ('conversation', 'direct_reply')";
+
+/// What holds an owner back (EX-5), in the order reasons are reported: each an SQL condition
+/// on the run id expression written `{run}`.
+const BLOCKERS: [(RetainReason, &str); 4] = [
+    (
+        RetainReason::PendingWork,
+        "EXISTS (SELECT 1 FROM invocation_attempts \
+                 WHERE run_id = {run} AND status IN ('pending', 'running'))",
+    ),
+    (
+        RetainReason::PendingSettlement,
+        "EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = {run} AND status = 'pending')",
+    ),
+    (
+        RetainReason::OutstandingDelegation,
+        "EXISTS (SELECT 1 FROM delegations \
+                 WHERE parent_run_id = {run} AND status = 'outstanding')",
+    ),
+    (
+        RetainReason::ActiveHistoryRequest,
+        "EXISTS (SELECT 1 FROM history_request_sources s \
+                 JOIN history_requests h ON h.id = s.history_request_id \
+                 WHERE s.source_run_id = {run} AND h.sealed_at IS NULL)",
+    ),
+];
+
+/// The blockers' conditions on the run id expression `run`, each rendered by `render`.
+fn blockers(run: &str, render: impl Fn(RetainReason, String) -> String, separator: &str) -> String {
+    BLOCKERS
+        .iter()
+        .map(|(reason, sql)| render(*reason, sql.replace("{run}", run)))
+        .collect::<Vec<_>>()
+        .join(separator)
+}
+
 /// A cursor position before every real age (PostgreSQL cannot take chrono's minimum).
 const BEFORE_ANY_AGE: DateTime<Utc> = match DateTime::from_timestamp(-30_610_224_000, 0) {
     Some(at) => at,
@@ -249,9 +287,7 @@ pub async fn run(
     let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT id, conversation_id, {AGE} AS age FROM runs
          WHERE account_id = $1
-           AND details_pruned_at IS NULL
-           AND conversation_id IS NOT NULL
-           AND kind IN ('conversation', 'direct_reply')
+           AND {UNPRUNED_OWNER}
            AND {AGE} < $2
            AND ({AGE}, id) > ($3, $4)
          ORDER BY {AGE}, id
@@ -380,18 +416,15 @@ async fn prune_owner(
                          AND {AGE} < $3
                          AND {AGE} < $4 - make_interval(days => a.execution_details_retention_days),
                          false) AS eligible,
-                EXISTS (SELECT 1 FROM invocation_attempts
-                        WHERE run_id = r.id AND status IN ('pending', 'running')) AS pending_work,
-                EXISTS (SELECT 1 FROM settlement_receipts
-                        WHERE run_id = r.id AND status = 'pending') AS pending_settlement,
-                EXISTS (SELECT 1 FROM delegations
-                        WHERE parent_run_id = r.id AND status = 'outstanding') AS outstanding_delegation,
-                EXISTS (SELECT 1 FROM history_request_sources s
-                        JOIN history_requests h ON h.id = s.history_request_id
-                        WHERE s.source_run_id = r.id AND h.sealed_at IS NULL) AS active_history_request
+                {}
          FROM runs r JOIN accounts a ON a.id = r.account_id
          WHERE r.id = $1 AND r.account_id = $5
-         FOR UPDATE OF r"
+         FOR UPDATE OF r",
+        blockers(
+            "r.id",
+            |reason, sql| format!("{sql} AS {}", reason.as_str()),
+            ",\n"
+        )
     )))
     .bind(owner.run_id)
     .bind(owner.conversation_id)
@@ -548,19 +581,10 @@ pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, E
                FROM accounts WHERE execution_details_retention_days IS NOT NULL) c
          CROSS JOIN LATERAL (
              SELECT {AGE} AS age FROM runs r
-             WHERE r.account_id = c.id AND r.details_pruned_at IS NULL
-               AND r.conversation_id IS NOT NULL AND r.kind IN ('conversation', 'direct_reply')
-               AND {AGE} < c.cutoff
-               AND NOT EXISTS (SELECT 1 FROM invocation_attempts
-                               WHERE run_id = r.id AND status IN ('pending', 'running'))
-               AND NOT EXISTS (SELECT 1 FROM settlement_receipts
-                               WHERE run_id = r.id AND status = 'pending')
-               AND NOT EXISTS (SELECT 1 FROM delegations
-                               WHERE parent_run_id = r.id AND status = 'outstanding')
-               AND NOT EXISTS (SELECT 1 FROM history_request_sources s
-                               JOIN history_requests h ON h.id = s.history_request_id
-                               WHERE s.source_run_id = r.id AND h.sealed_at IS NULL)
-             ORDER BY {AGE}, r.id LIMIT 1) o"
+             WHERE r.account_id = c.id AND {UNPRUNED_OWNER} AND {AGE} < c.cutoff
+               AND {}
+             ORDER BY {AGE}, r.id LIMIT 1) o",
+        blockers("r.id", |_, sql| format!("NOT {sql}"), " AND ")
     )))
     .bind(now)
     .fetch_one(pool)
@@ -628,21 +652,9 @@ async fn fill_preview(
     let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH candidates AS (
              SELECT id FROM runs
-             WHERE account_id = $1 AND details_pruned_at IS NULL
-               AND conversation_id IS NOT NULL
-               AND kind IN ('conversation', 'direct_reply') AND {AGE} < $2),
+             WHERE account_id = $1 AND {UNPRUNED_OWNER} AND {AGE} < $2),
          classified AS (
-             SELECT c.id, CASE
-                 WHEN EXISTS (SELECT 1 FROM invocation_attempts
-                              WHERE run_id = c.id AND status IN ('pending', 'running')) THEN 'pending_work'
-                 WHEN EXISTS (SELECT 1 FROM settlement_receipts
-                              WHERE run_id = c.id AND status = 'pending') THEN 'pending_settlement'
-                 WHEN EXISTS (SELECT 1 FROM delegations
-                              WHERE parent_run_id = c.id AND status = 'outstanding') THEN 'outstanding_delegation'
-                 WHEN EXISTS (SELECT 1 FROM history_request_sources s
-                              JOIN history_requests h ON h.id = s.history_request_id
-                              WHERE s.source_run_id = c.id AND h.sealed_at IS NULL) THEN 'active_history_request'
-                 ELSE 'eligible' END AS class
+             SELECT c.id, CASE {} ELSE 'eligible' END AS class
              FROM candidates c),
          eligible AS (SELECT id FROM classified WHERE class = 'eligible')
          SELECT class, count(*) FROM classified GROUP BY class
@@ -653,7 +665,8 @@ async fn fill_preview(
          UNION ALL SELECT 'reasoning_traces', count(*) FROM reasoning_traces WHERE run_id IN (SELECT id FROM eligible)
          UNION ALL SELECT 'invocation_attempts', count(*) FROM invocation_attempts WHERE run_id IN (SELECT id FROM eligible)
          UNION ALL SELECT 'output_files', count(*) FROM output_files WHERE run_id IN (SELECT id FROM eligible)
-         UNION ALL SELECT 'bytes', COALESCE(sum(bytes), 0)::bigint FROM output_files WHERE run_id IN (SELECT id FROM eligible)"
+         UNION ALL SELECT 'bytes', COALESCE(sum(bytes), 0)::bigint FROM output_files WHERE run_id IN (SELECT id FROM eligible)",
+        blockers("c.id", |reason, sql| format!("WHEN {sql} THEN '{}'", reason.as_str()), " ")
     )))
     .bind(preview.account_id)
     .bind(cutoff)

@@ -162,7 +162,7 @@ pub async fn run(pool: &PgPool, output_root: &Path, spec: RunSpec) -> Run {
 }
 
 /// Rows of the run in each of the seven detail tables.
-pub async fn detail_rows(pool: &PgPool, run: Uuid) -> i64 {
+pub async fn detail_rows<'e>(db: impl sqlx::PgExecutor<'e>, run: Uuid) -> i64 {
     sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM run_tasks WHERE run_id = $1)
               + (SELECT count(*) FROM run_task_edges WHERE run_id = $1)
@@ -173,7 +173,7 @@ pub async fn detail_rows(pool: &PgPool, run: Uuid) -> i64 {
               + (SELECT count(*) FROM output_files WHERE run_id = $1)",
     )
     .bind(run)
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
     .unwrap()
 }
