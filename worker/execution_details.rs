@@ -135,6 +135,7 @@ pub async fn hop(ctx: &JobContext, args: Args) -> Result<(), JobFailure> {
             file_errors = report.file_errors,
             bytes = report.bytes_reclaimed,
             elapsed_ms = (seconds * 1000.0) as u64,
+            owner_ms = (report.owner_seconds * 1000.0) as u64,
             locked_at = %locked_at.to_rfc3339(),
             unlocked_at = %unlocked_at.to_rfc3339(),
             "hop done"

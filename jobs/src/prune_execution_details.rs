@@ -218,8 +218,8 @@ pub struct HopReport {
     pub file_errors: u64,
     /// The next hop, if the pass goes on.
     pub next: Option<Args>,
-    /// How far past the cutoff the oldest candidate of this window was (0 when none).
-    pub backlog_seconds: f64,
+    /// Time spent inside owners' transactions, from begin to commit or rollback.
+    pub owner_seconds: f64,
 }
 
 /// Why a hop failed; every variant is transient and the hop is retried (EX-8).
@@ -253,7 +253,7 @@ pub async fn run(
         bytes_reclaimed: 0,
         file_errors: 0,
         next: None,
-        backlog_seconds: 0.0,
+        owner_seconds: 0.0,
     };
     // Files of owners pruned by an earlier hop that died between commit and unlink.
     drain_file_deletions(pool, &settings.output_root, args.account_id, &mut report).await?;
@@ -300,9 +300,6 @@ pub async fn run(
     .bind(i64::from(settings.window_size))
     .fetch_all(pool)
     .await?;
-    if let Some((_, _, oldest)) = window.first() {
-        report.backlog_seconds = (bound - *oldest).num_milliseconds().max(0) as f64 / 1000.0;
-    }
 
     let mut cursor = args.cursor;
     let mut out_of_budget = false;
@@ -317,7 +314,11 @@ pub async fn run(
             run_id: *run_id,
             conversation_id: *conversation_id,
         };
-        match prune_owner(pool, clock, settings, &owner, bound, args.pass_started_at).await? {
+        let owner_started = Instant::now();
+        let outcome =
+            prune_owner(pool, clock, settings, &owner, bound, args.pass_started_at).await?;
+        report.owner_seconds += owner_started.elapsed().as_secs_f64();
+        match outcome {
             OwnerOutcome::Pruned { rows, files } => {
                 report.pruned += 1;
                 for (table, n) in DETAIL_TABLES.iter().zip(rows) {
