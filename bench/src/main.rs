@@ -1,0 +1,603 @@
+//! The benchmark of SPEC §8, run by a person with `bash bench/run.sh` (never by the tests).
+//!
+//! For each scale it seeds one template database with `sexton seed`, then on identical copies
+//! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners three ways —
+//! sexton (tick and a worker through the queue, default settings), the raw floor (batched
+//! `DELETE … WHERE run_id = ANY($1)`, 500 owners per transaction, no checks) and the naive
+//! delete (one `DELETE` per table over all owners) — while an application writer runs at a
+//! fixed rate. It prints a markdown table and writes it, with the raw figures as JSON, to
+//! `bench/results/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
+use clap::Parser;
+use serde::Serialize;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Row};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use uuid::Uuid;
+
+#[derive(Debug, Parser)]
+struct Cli {
+    /// Seed scales to measure (`sexton seed --scale`).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    scales: Vec<u64>,
+    /// The sexton binary (a release build).
+    #[arg(long, default_value = "target/release/sexton")]
+    sexton: PathBuf,
+    /// Application writer transactions per second.
+    #[arg(long, default_value_t = 50)]
+    writer_rate: u32,
+    /// How long the writer's idle baseline runs.
+    #[arg(long, default_value_t = 10)]
+    baseline_seconds: u64,
+    /// Where the markdown table and JSON go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Scratch directory for the file roots.
+    #[arg(long, default_value = "/tmp/sexton-bench")]
+    scratch: PathBuf,
+}
+
+/// The moment the data is seeded relative to and the pass starts at.
+fn pass_start() -> DateTime<Utc> {
+    "2026-12-01T03:00:00Z".parse().expect("a valid constant")
+}
+
+/// Owners a complete pass prunes (EX-1, EX-2, EX-5), as in the tests' audit.
+const ELIGIBLE: &str = "INSERT INTO bench_owners (id)
+    SELECT r.id FROM runs r JOIN accounts a ON a.id = r.account_id
+    WHERE r.conversation_id IS NOT NULL AND r.kind IN ('conversation', 'direct_reply')
+      AND r.details_pruned_at IS NULL
+      AND (CASE WHEN r.kind = 'conversation' THEN r.completed_at
+                WHEN r.settled_at IS NOT NULL THEN r.terminal_at END)
+          < $1 - make_interval(days => a.execution_details_retention_days)
+      AND NOT EXISTS (SELECT 1 FROM invocation_attempts WHERE run_id = r.id AND status IN ('pending', 'running'))
+      AND NOT EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = r.id AND status = 'pending')
+      AND NOT EXISTS (SELECT 1 FROM delegations WHERE parent_run_id = r.id AND status = 'outstanding')
+      AND NOT EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id
+                      WHERE s.source_run_id = r.id AND h.sealed_at IS NULL)";
+
+const DETAIL_TABLES: [&str; 7] = [
+    "run_task_edges",
+    "run_tasks",
+    "tool_results",
+    "sealed_requests",
+    "reasoning_traces",
+    "invocation_attempts",
+    "output_files",
+];
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Latency {
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    samples: usize,
+}
+
+impl Latency {
+    fn of(mut ms: Vec<f64>) -> Self {
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            if ms.is_empty() {
+                0.0
+            } else {
+                ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1]
+            }
+        };
+        Self {
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            max_ms: ms.last().copied().unwrap_or(0.0),
+            samples: ms.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Method {
+    name: &'static str,
+    seconds: f64,
+    owners_per_s: f64,
+    rows_per_s: f64,
+    writer: Latency,
+    longest_transaction_ms: f64,
+    /// sexton only: hop durations, peak RSS, and where the time went.
+    hop: Option<Latency>,
+    peak_rss_kb: Option<u64>,
+    share_outside_owner_transactions: Option<f64>,
+    share_outside_hops: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Scale {
+    scale: u64,
+    runs: i64,
+    owners: i64,
+    detail_rows: i64,
+    seed_seconds: f64,
+    idle_writer: Latency,
+    methods: Vec<Method>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let base = PgConnectOptions::new();
+    let admin = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(base.clone())
+        .await?;
+    let mut results = Vec::new();
+    for &scale in &cli.scales {
+        results.push(measure_scale(&cli, &admin, &base, scale).await?);
+        write_results(&cli, &results)?;
+    }
+    println!("{}", markdown(&results));
+    Ok(())
+}
+
+async fn measure_scale(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    scale: u64,
+) -> anyhow::Result<Scale> {
+    let template = format!("bench_template_{scale}");
+    let files = cli.scratch.join(format!("files-{scale}"));
+    recreate(admin, &template, None).await?;
+    let _ = std::fs::remove_dir_all(&files);
+    eprintln!("scale {scale}: seeding");
+    let started = Instant::now();
+    sexton(cli, &template, &files, &["migrate"])
+        .status()
+        .await?;
+    let seeded = sexton(
+        cli,
+        &template,
+        &files,
+        &[
+            "seed",
+            "--json",
+            "--scale",
+            &scale.to_string(),
+            "--now",
+            &pass_start().to_rfc3339(),
+        ],
+    )
+    .status()
+    .await?;
+    if !seeded.success() {
+        bail!("seeding scale {scale} failed");
+    }
+    let seed_seconds = started.elapsed().as_secs_f64();
+    let pool = connect(base, &template, "bench").await?;
+    sqlx::query("CREATE TABLE bench_owners (id uuid PRIMARY KEY)")
+        .execute(&pool)
+        .await?;
+    sqlx::query(ELIGIBLE)
+        .bind(pass_start())
+        .execute(&pool)
+        .await?;
+    sqlx::query("ANALYZE").execute(&pool).await?;
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&pool)
+        .await?;
+    let owners: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_owners")
+        .fetch_one(&pool)
+        .await?;
+    let detail_rows = detail_rows(&pool).await?;
+    let targets = writer_targets(&pool).await?;
+    pool.close().await;
+
+    eprintln!(
+        "scale {scale}: {runs} runs, {owners} owners, {detail_rows} detail rows; idle writer baseline"
+    );
+    let idle_db = format!("bench_idle_{scale}");
+    recreate(admin, &idle_db, Some(&template)).await?;
+    let pool = connect(base, &idle_db, "bench-writer").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn(write_at_rate(
+        pool.clone(),
+        targets.clone(),
+        cli.writer_rate,
+        stop.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(cli.baseline_seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let idle_writer = Latency::of(writer.await??);
+    pool.close().await;
+    drop_db(admin, &idle_db).await?;
+
+    let mut methods = Vec::new();
+    for name in ["sexton", "raw", "naive"] {
+        eprintln!("scale {scale}: {name}");
+        let db = format!("bench_{name}_{scale}");
+        recreate(admin, &db, Some(&template)).await?;
+        let run_files = cli.scratch.join(format!("run-{scale}"));
+        let _ = std::fs::remove_dir_all(&run_files);
+        copy_dir(&files, &run_files)?;
+        let writer_pool = connect(base, &db, "bench-writer").await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = tokio::spawn(write_at_rate(
+            writer_pool.clone(),
+            targets.clone(),
+            cli.writer_rate,
+            stop.clone(),
+        ));
+        let sampler = tokio::spawn(longest_transaction(
+            connect(base, &db, "bench-sampler").await?,
+            stop.clone(),
+        ));
+        let started = Instant::now();
+        let mut method = match name {
+            "sexton" => run_sexton(cli, &db, &run_files).await?,
+            "raw" => run_raw(base, &db).await?,
+            _ => run_naive(base, &db).await?,
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        let writer = Latency::of(writer.await??);
+        let longest = sampler.await??;
+        let check = connect(base, &db, "bench").await?;
+        let left: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM run_tasks WHERE run_id IN (SELECT id FROM bench_owners))
+                  + (SELECT count(*) FROM tool_results WHERE run_id IN (SELECT id FROM bench_owners))",
+        )
+        .fetch_one(&check)
+        .await?;
+        if left > 0 {
+            bail!("{name} left {left} detail rows of the owners at scale {scale}");
+        }
+        check.close().await;
+        writer_pool.close().await;
+        method.seconds = seconds;
+        method.owners_per_s = owners as f64 / seconds;
+        method.rows_per_s = detail_rows as f64 / seconds;
+        method.writer = writer;
+        method.longest_transaction_ms = longest;
+        methods.push(method);
+        drop_db(admin, &db).await?;
+        let _ = std::fs::remove_dir_all(&run_files);
+    }
+    drop_db(admin, &template).await?;
+    let _ = std::fs::remove_dir_all(&files);
+    Ok(Scale {
+        scale,
+        runs,
+        owners,
+        detail_rows,
+        seed_seconds,
+        idle_writer,
+        methods,
+    })
+}
+
+fn method(name: &'static str) -> Method {
+    Method {
+        name,
+        seconds: 0.0,
+        owners_per_s: 0.0,
+        rows_per_s: 0.0,
+        writer: Latency::of(Vec::new()),
+        longest_transaction_ms: 0.0,
+        hop: None,
+        peak_rss_kb: None,
+        share_outside_owner_transactions: None,
+        share_outside_hops: None,
+    }
+}
+
+/// The environment of a sexton process on database `db` with file roots under `files`.
+fn sexton_env(db: &str, files: &Path) -> Vec<(String, std::ffi::OsString)> {
+    let mut env = vec![("PGDATABASE".to_owned(), db.into())];
+    for (setting, dir) in [
+        ("OUTPUT_ROOT", "outputs"),
+        ("ATTACHMENTS_ROOT", "attachments"),
+        ("ARTIFACTS_ROOT", "artifacts"),
+        ("SESSIONS_ROOT", "sessions"),
+        ("TRACES_ROOT", "traces"),
+    ] {
+        env.push((format!("SEXTON_PATHS__{setting}"), files.join(dir).into()));
+    }
+    env
+}
+
+fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&cli.sexton);
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .envs(sexton_env(db, files))
+        .stdout(Stdio::null());
+    cmd
+}
+
+/// sexton as an operator runs it: a tick, then one worker through the queue until idle.
+async fn run_sexton(cli: &Cli, db: &str, files: &Path) -> anyhow::Result<Method> {
+    let tick = sexton(
+        cli,
+        db,
+        files,
+        &["tick", "--at", &pass_start().to_rfc3339()],
+    )
+    .status()
+    .await?;
+    if !tick.success() {
+        bail!("sexton tick failed");
+    }
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new("/usr/bin/time")
+        .args(["-f", "max_rss_kb=%M"])
+        .arg(&cli.sexton)
+        .args(["worker", "--exit-when-idle"])
+        .env_remove("DATABASE_URL")
+        .envs(sexton_env(db, files))
+        .env("SEXTON_LOG__FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("/usr/bin/time (Debian package time) runs the worker")?;
+    let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let (mut hops, mut hop_s, mut owner_s, mut rss) = (Vec::new(), 0.0, 0.0, None);
+    while let Some(line) = lines.next_line().await? {
+        if let Some(kb) = line.strip_prefix("max_rss_kb=") {
+            rss = kb.trim().parse().ok();
+            continue;
+        }
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if event["message"] == "hop done" {
+            let ms = event["elapsed_ms"].as_f64().unwrap_or(0.0);
+            hops.push(ms);
+            hop_s += ms / 1000.0;
+            owner_s += event["owner_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+        }
+    }
+    if !child.wait().await?.success() {
+        bail!("the sexton worker failed");
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let concurrency = 2.0;
+    let mut m = method("sexton");
+    m.hop = Some(Latency::of(hops));
+    m.peak_rss_kb = rss;
+    m.share_outside_owner_transactions = Some(1.0 - owner_s / (wall * concurrency));
+    m.share_outside_hops = Some(1.0 - hop_s / (wall * concurrency));
+    Ok(m)
+}
+
+/// The floor: batched deletes of the same owners, 500 per transaction, no checks.
+async fn run_raw(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
+    let pool = connect(base, db, "bench-raw").await?;
+    let owners: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_owners ORDER BY id")
+        .fetch_all(&pool)
+        .await?;
+    for batch in owners.chunks(500) {
+        let mut tx = pool.begin().await?;
+        for table in DETAIL_TABLES {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM {table} WHERE run_id = ANY($1)"
+            )))
+            .bind(batch)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+    }
+    pool.close().await;
+    Ok(method("raw"))
+}
+
+/// The naive delete: one statement per table over every owner.
+async fn run_naive(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
+    let pool = connect(base, db, "bench-naive").await?;
+    for table in DETAIL_TABLES {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {table} WHERE run_id IN (SELECT id FROM bench_owners)"
+        )))
+        .execute(&pool)
+        .await?;
+    }
+    pool.close().await;
+    Ok(method("naive"))
+}
+
+/// (conversation, run) pairs the writer materializes into: old owners and recent runs alike.
+async fn writer_targets(pool: &PgPool) -> anyhow::Result<Vec<(Uuid, Uuid)>> {
+    let rows = sqlx::query(
+        "(SELECT r.conversation_id, r.id FROM runs r JOIN bench_owners o ON o.id = r.id ORDER BY r.id LIMIT 100)
+         UNION ALL
+         (SELECT conversation_id, id FROM runs WHERE conversation_id IS NOT NULL
+            AND id NOT IN (SELECT id FROM bench_owners) ORDER BY id LIMIT 100)",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The application writer (materialization and convergence) at a fixed rate: lock the
+/// conversation, then a run, update it, insert detail, commit. Returns each latency in ms.
+async fn write_at_rate(
+    pool: PgPool,
+    targets: Vec<(Uuid, Uuid)>,
+    rate: u32,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Vec<f64>> {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut latencies = Vec::new();
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let (conversation, run) = targets[i % targets.len()];
+        i += 1;
+        let started = Instant::now();
+        let mut tx = pool.begin().await?;
+        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+            .bind(conversation)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+            .bind(run)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE runs SET requested_model = requested_model WHERE id = $1")
+            .bind(run)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO conversation_events (conversation_id, run_id, kind) VALUES ($1, $2, 'materialized')")
+            .bind(conversation)
+            .bind(run)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(latencies)
+}
+
+/// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity.
+async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Result<f64> {
+    let mut longest: f64 = 0.0;
+    while !stop.load(Ordering::Relaxed) {
+        let ms: Option<f64> = sqlx::query_scalar(
+            "SELECT max(EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1000)::float8
+             FROM pg_stat_activity
+             WHERE datname = current_database() AND xact_start IS NOT NULL
+               AND application_name IN ('sexton', 'bench-raw', 'bench-naive')",
+        )
+        .fetch_one(&pool)
+        .await?;
+        longest = longest.max(ms.unwrap_or(0.0));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pool.close().await;
+    Ok(longest)
+}
+
+async fn detail_rows(pool: &PgPool) -> anyhow::Result<i64> {
+    let mut total = 0;
+    for table in DETAIL_TABLES {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE run_id IN (SELECT id FROM bench_owners)"
+        )))
+        .fetch_one(pool)
+        .await?;
+        total += n;
+    }
+    Ok(total)
+}
+
+async fn connect(base: &PgConnectOptions, db: &str, application: &str) -> anyhow::Result<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(base.clone().database(db).application_name(application))
+        .await?)
+}
+
+async fn recreate(admin: &PgPool, db: &str, template: Option<&str>) -> anyhow::Result<()> {
+    drop_db(admin, db).await?;
+    let sql = match template {
+        Some(t) => format!("CREATE DATABASE {db} TEMPLATE {t}"),
+        None => format!("CREATE DATABASE {db}"),
+    };
+    sqlx::query(sqlx::AssertSqlSafe(sql)).execute(admin).await?;
+    Ok(())
+}
+
+async fn drop_db(admin: &PgPool, db: &str) -> anyhow::Result<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
+    )))
+    .execute(admin)
+    .await?;
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()?;
+    if !status.success() {
+        bail!("copying {} failed", from.display());
+    }
+    Ok(())
+}
+
+fn write_results(cli: &Cli, results: &[Scale]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&cli.out)?;
+    let machine = format!(
+        "{} cores, {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(
+                |c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
+                    .split(':')
+                    .nth(1)
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned())
+            )
+            .unwrap_or_default()
+    );
+    let json = serde_json::json!({
+        "measured_at": Utc::now().to_rfc3339(),
+        "machine": machine,
+        "scales": results,
+    });
+    std::fs::write(
+        cli.out.join("latest.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    std::fs::write(
+        cli.out.join("latest.md"),
+        format!(
+            "Measured {} on {machine}.\n\n{}",
+            Utc::now().format("%Y-%m-%d"),
+            markdown(results)
+        ),
+    )?;
+    Ok(())
+}
+
+fn markdown(results: &[Scale]) -> String {
+    let mut md = String::from(
+        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | writer p50 / p99 / max ms (idle) | longest tx ms | hop median / p99 ms | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in results {
+        let rate = |name: &str| {
+            s.methods
+                .iter()
+                .find(|m| m.name == name)
+                .map_or(0.0, |m| m.owners_per_s)
+        };
+        for m in &s.methods {
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.0} | {} | {} | {} | {} |\n",
+                s.scale, s.runs, s.owners, s.detail_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
+                m.owners_per_s / rate("raw"), m.owners_per_s / rate("naive"),
+                m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
+                s.idle_writer.p50_ms, s.idle_writer.p99_ms, s.idle_writer.max_ms,
+                m.longest_transaction_ms,
+                m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
+                m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
+                m.share_outside_owner_transactions.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
+                m.share_outside_hops.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
+            ));
+        }
+    }
+    md
+}
