@@ -10,6 +10,7 @@ cd "$(repo_root)"
 ensure_cargo
 ensure_postgres
 command -v /usr/bin/time >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq time >/dev/null; }
-cargo build --release --quiet --bin sexton -p sexton-bench
+cargo build --release --quiet -p sexton --bin sexton
+cargo build --release --quiet -p sexton-bench
 pg_virtualenv -o shared_buffers=512MB -o max_wal_size=4GB -o max_connections=100 \
   target/release/sexton-bench "$@"

@@ -392,8 +392,11 @@ async fn prune_owner(
     pass_started_at: DateTime<Utc>,
 ) -> Result<OwnerOutcome, Error> {
     let mut tx = pool.begin().await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SET LOCAL lock_timeout = {}",
+    // The owner's commit need not wait for its WAL flush: no file is unlinked before a
+    // synchronous commit made it durable (see `drain_file_deletions`). A database crash may
+    // undo the last few prunes — rows and their file records together — never half of one.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL lock_timeout = {}; SET LOCAL synchronous_commit = off",
         settings.owner_lock_timeout.as_millis().max(1)
     )))
     .execute(&mut *tx)
@@ -532,6 +535,10 @@ async fn drain_file_deletions(
         if batch.is_empty() {
             return Ok(());
         }
+        // Durability barrier: this synchronous commit flushes the WAL past the (asynchronous)
+        // commits of the owners these files belong to, so a file goes only once its owner's
+        // prune can no longer be undone by a database crash.
+        sqlx::query("SELECT txid_current()").execute(pool).await?;
         let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
         for (_, relative) in &batch {
             match remove_under(root, relative) {
