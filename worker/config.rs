@@ -39,6 +39,7 @@ pub struct HttpSettings {
 #[derive(Debug, Clone)]
 pub struct ExecutionDetailsSettings {
     pub window_size: u32,
+    pub owners_per_transaction: u32,
     pub hop_budget: Duration,
     pub owner_lock_timeout: Duration,
 }
@@ -216,6 +217,7 @@ struct RawHttp {
 #[derive(Debug, Deserialize)]
 struct RawExecutionDetails {
     window_size: Raw<i64>,
+    owners_per_transaction: Raw<i64>,
     hop_budget_ms: Raw<i64>,
     owner_lock_timeout_ms: Raw<i64>,
 }
@@ -471,6 +473,12 @@ impl RawSettings {
             1..=100_000,
             "an integer from 1 to 100000",
         );
+        let owners_per_transaction = c.int(
+            "execution_details.owners_per_transaction",
+            &e.owners_per_transaction,
+            1..=10_000,
+            "an integer from 1 to 10000",
+        );
         let hop_budget = c.millis("execution_details.hop_budget_ms", &e.hop_budget_ms);
         let owner_lock_timeout = c.millis(
             "execution_details.owner_lock_timeout_ms",
@@ -535,6 +543,7 @@ impl RawSettings {
             },
             execution_details: ExecutionDetailsSettings {
                 window_size: window_size?,
+                owners_per_transaction: owners_per_transaction?,
                 hop_budget: hop_budget?,
                 owner_lock_timeout: owner_lock_timeout?,
             },

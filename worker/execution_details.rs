@@ -15,6 +15,7 @@ use crate::worker::{JobContext, JobFailure};
 pub fn hop_settings(settings: &Settings) -> HopSettings {
     HopSettings {
         window_size: settings.execution_details.window_size,
+        owners_per_transaction: settings.execution_details.owners_per_transaction,
         budget: settings.execution_details.hop_budget,
         owner_lock_timeout: settings.execution_details.owner_lock_timeout,
         output_root: settings.paths.output_root.clone(),

@@ -130,6 +130,8 @@ pub struct Cursor {
 pub struct HopSettings {
     /// Candidates read per hop.
     pub window_size: u32,
+    /// Owners taken together through one transaction; a busy one is retried alone.
+    pub owners_per_transaction: u32,
     /// Time after which a hop stops taking new owners and hands over to the next hop.
     pub budget: Duration,
     /// Longest wait for an owner's conversation or run lock before it is skipped as busy.
@@ -222,6 +224,28 @@ pub struct HopReport {
     pub owner_seconds: f64,
 }
 
+impl HopReport {
+    fn record(&mut self, outcome: OwnerOutcome) {
+        match outcome {
+            OwnerOutcome::Pruned { rows, files } => {
+                self.pruned += 1;
+                self.add_rows(rows, files);
+            }
+            OwnerOutcome::Retained(reason) => {
+                *self.retained.entry(reason).or_default() += 1;
+            }
+            OwnerOutcome::Gone => {}
+        }
+    }
+
+    fn add_rows(&mut self, rows: [u64; 7], bytes: u64) {
+        for (table, n) in DETAIL_TABLES.iter().zip(rows) {
+            *self.rows.entry(table).or_default() += n;
+        }
+        self.bytes_reclaimed += bytes;
+    }
+}
+
 /// Why a hop failed; every variant is transient and the hop is retried (EX-8).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -303,38 +327,41 @@ pub async fn run(
 
     let mut cursor = args.cursor;
     let mut out_of_budget = false;
-    for (run_id, conversation_id, age) in &window {
+    let per_transaction = settings.owners_per_transaction.max(1) as usize;
+    for chunk in window.chunks(per_transaction) {
         if started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed) {
             out_of_budget = true;
             break;
         }
-        report.candidates += 1;
-        let owner = Owner {
-            account_id: args.account_id,
-            run_id: *run_id,
-            conversation_id: *conversation_id,
+        let owners: Vec<Owner> = chunk
+            .iter()
+            .map(|(run_id, conversation_id, _)| Owner {
+                account_id: args.account_id,
+                run_id: *run_id,
+                conversation_id: *conversation_id,
+            })
+            .collect();
+        let chunk_started = Instant::now();
+        let pass = Pass {
+            clock,
+            settings,
+            bound,
+            pass_started_at: args.pass_started_at,
         };
-        let owner_started = Instant::now();
-        let outcome =
-            prune_owner(pool, clock, settings, &owner, bound, args.pass_started_at).await?;
-        report.owner_seconds += owner_started.elapsed().as_secs_f64();
-        match outcome {
-            OwnerOutcome::Pruned { rows, files } => {
-                report.pruned += 1;
-                for (table, n) in DETAIL_TABLES.iter().zip(rows) {
-                    *report.rows.entry(table).or_default() += n;
-                }
-                report.bytes_reclaimed += files;
-            }
-            OwnerOutcome::Retained(reason) => {
-                *report.retained.entry(reason).or_default() += 1;
-            }
-            OwnerOutcome::Gone => {}
+        // Together first; whoever could not be locked at once goes alone, with a bounded wait.
+        let alone = prune_together(pool, &pass, &owners, &mut report).await?;
+        for owner in alone {
+            let outcome = prune_owner(pool, &pass, &owner).await?;
+            report.record(outcome);
         }
-        cursor = Some(Cursor {
-            age: *age,
-            run_id: *run_id,
-        });
+        report.owner_seconds += chunk_started.elapsed().as_secs_f64();
+        report.candidates += chunk.len() as u32;
+        if let Some((run_id, _, age)) = chunk.last() {
+            cursor = Some(Cursor {
+                age: *age,
+                run_id: *run_id,
+            });
+        }
     }
     drain_file_deletions(pool, &settings.output_root, args.account_id, &mut report).await?;
 
@@ -353,6 +380,7 @@ pub async fn run(
     Ok(report)
 }
 
+#[derive(Debug, Clone, Copy)]
 struct Owner {
     account_id: Uuid,
     run_id: Uuid,
@@ -370,9 +398,19 @@ enum OwnerOutcome {
     Gone,
 }
 
+/// What every owner of a hop is judged against.
+struct Pass<'a> {
+    clock: &'a dyn Clock,
+    settings: &'a HopSettings,
+    /// The stricter of the carried cutoff and the current setting.
+    bound: DateTime<Utc>,
+    pass_started_at: DateTime<Utc>,
+}
+
 /// What the re-check under lock found.
 #[derive(sqlx::FromRow)]
 struct Recheck {
+    id: Uuid,
     variant_id: Option<Uuid>,
     pruned: bool,
     eligible: bool,
@@ -382,26 +420,134 @@ struct Recheck {
     active_history_request: bool,
 }
 
-/// One owner in one transaction, under the platform's lock order (EX-6).
-async fn prune_owner(
-    pool: &PgPool,
-    clock: &dyn Clock,
-    settings: &HopSettings,
-    owner: &Owner,
-    bound: DateTime<Utc>,
-    pass_started_at: DateTime<Utc>,
-) -> Result<OwnerOutcome, Error> {
+impl Recheck {
+    /// `None` when the owner is to be pruned now.
+    fn retained(&self) -> Option<OwnerOutcome> {
+        let reason = if self.pruned {
+            return Some(OwnerOutcome::Gone);
+        } else if !self.eligible {
+            RetainReason::NotEligible
+        } else if self.pending_work {
+            RetainReason::PendingWork
+        } else if self.pending_settlement {
+            RetainReason::PendingSettlement
+        } else if self.outstanding_delegation {
+            RetainReason::OutstandingDelegation
+        } else if self.active_history_request {
+            RetainReason::ActiveHistoryRequest
+        } else {
+            return None;
+        };
+        Some(OwnerOutcome::Retained(reason))
+    }
+}
+
+/// The re-check of EX-1, EX-2 and EX-5 under lock, for `runs r JOIN accounts a`, with the
+/// conversation the run must still belong to written as `conversation`; $3 is the bound and $4
+/// the pass start.
+fn recheck_columns(conversation: &str) -> String {
+    format!(
+        "r.id, r.variant_id,
+         r.details_pruned_at IS NOT NULL AS pruned,
+         COALESCE(r.conversation_id = {conversation}
+                  AND r.kind IN ('conversation', 'direct_reply')
+                  AND {AGE} < $3
+                  AND {AGE} < $4 - make_interval(days => a.execution_details_retention_days),
+                  false) AS eligible,
+         {}",
+        blockers(
+            "r.id",
+            |reason, sql| format!("{sql} AS {}", reason.as_str()),
+            ",\n"
+        )
+    )
+}
+
+/// Starts an owner transaction: bounded lock waits, and a commit that need not wait for its
+/// WAL flush — no file is unlinked before a synchronous commit made it durable (see
+/// `drain_file_deletions`), so a database crash may undo the last few prunes, rows and file
+/// records together, never half of one.
+async fn begin<'c>(pool: &PgPool, pass: &Pass<'_>) -> Result<Transaction<'c, Postgres>, Error> {
     let mut tx = pool.begin().await?;
-    // The owner's commit need not wait for its WAL flush: no file is unlinked before a
-    // synchronous commit made it durable (see `drain_file_deletions`). A database crash may
-    // undo the last few prunes — rows and their file records together — never half of one.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "SET LOCAL lock_timeout = {}; SET LOCAL synchronous_commit = off",
-        settings.owner_lock_timeout.as_millis().max(1)
+        pass.settings.owner_lock_timeout.as_millis().max(1)
     )))
     .execute(&mut *tx)
     .await?;
+    Ok(tx)
+}
 
+/// Several owners in one transaction, under the platform's lock order (EX-6): their
+/// conversations first, in id order, then their runs, in id order — each taken only if free at
+/// once (SKIP LOCKED), so this transaction never waits on a writer. Returns the owners it could
+/// not lock, to be taken alone.
+async fn prune_together(
+    pool: &PgPool,
+    pass: &Pass<'_>,
+    owners: &[Owner],
+    report: &mut HopReport,
+) -> Result<Vec<Owner>, Error> {
+    let mut tx = begin(pool, pass).await?;
+    let conversations: Vec<Uuid> = owners.iter().map(|o| o.conversation_id).collect();
+    let locked: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM conversations WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED",
+    )
+    .bind(&conversations)
+    .fetch_all(&mut *tx)
+    .await?;
+    let (runs, expected): (Vec<Uuid>, Vec<Uuid>) = owners
+        .iter()
+        .filter(|o| locked.contains(&o.conversation_id))
+        .map(|o| (o.run_id, o.conversation_id))
+        .unzip();
+    let rechecks: Vec<Recheck> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {}
+         FROM unnest($1::uuid[], $2::uuid[]) AS c (run_id, conversation_id)
+         JOIN runs r ON r.id = c.run_id
+         JOIN accounts a ON a.id = r.account_id
+         WHERE r.account_id = $5
+         ORDER BY r.id
+         FOR UPDATE OF r SKIP LOCKED",
+        recheck_columns("c.conversation_id")
+    )))
+    .bind(&runs)
+    .bind(&expected)
+    .bind(pass.bound)
+    .bind(pass.pass_started_at)
+    .bind(owners.first().map(|o| o.account_id))
+    .fetch_all(&mut *tx)
+    .await?;
+
+    let mut prune = Vec::new();
+    let mut variants = Vec::new();
+    for recheck in &rechecks {
+        match recheck.retained() {
+            Some(outcome) => report.record(outcome),
+            None => {
+                prune.push(recheck.id);
+                variants.extend(recheck.variant_id);
+            }
+        }
+    }
+    if !prune.is_empty() {
+        let (rows, bytes) =
+            delete_detail(&mut tx, pass.clock, owners[0].account_id, &prune, &variants).await?;
+        report.pruned += prune.len() as u32;
+        report.add_rows(rows, bytes);
+    }
+    tx.commit().await?;
+    Ok(owners
+        .iter()
+        .filter(|o| !rechecks.iter().any(|r| r.id == o.run_id))
+        .copied()
+        .collect())
+}
+
+/// One owner in one transaction, under the platform's lock order (EX-6), waiting for each
+/// lock at most `owner_lock_timeout`.
+async fn prune_owner(pool: &PgPool, pass: &Pass<'_>, owner: &Owner) -> Result<OwnerOutcome, Error> {
+    let mut tx = begin(pool, pass).await?;
     // The conversation first, then the run: the order every platform writer uses.
     let locked = sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
         .bind(owner.conversation_id)
@@ -413,27 +559,15 @@ async fn prune_owner(
         Some(Some(_)) => {}
     }
     let recheck = sqlx::query_as::<_, Recheck>(sqlx::AssertSqlSafe(format!(
-        "SELECT r.variant_id,
-                r.details_pruned_at IS NOT NULL AS pruned,
-                COALESCE(r.conversation_id = $2
-                         AND r.kind IN ('conversation', 'direct_reply')
-                         AND {AGE} < $3
-                         AND {AGE} < $4 - make_interval(days => a.execution_details_retention_days),
-                         false) AS eligible,
-                {}
-         FROM runs r JOIN accounts a ON a.id = r.account_id
+        "SELECT {} FROM runs r JOIN accounts a ON a.id = r.account_id
          WHERE r.id = $1 AND r.account_id = $5
          FOR UPDATE OF r",
-        blockers(
-            "r.id",
-            |reason, sql| format!("{sql} AS {}", reason.as_str()),
-            ",\n"
-        )
+        recheck_columns("$2")
     )))
     .bind(owner.run_id)
     .bind(owner.conversation_id)
-    .bind(bound)
-    .bind(pass_started_at)
+    .bind(pass.bound)
+    .bind(pass.pass_started_at)
     .bind(owner.account_id)
     .fetch_optional(&mut *tx)
     .await;
@@ -442,63 +576,57 @@ async fn prune_owner(
         Some(None) => return Ok(OwnerOutcome::Gone),
         Some(Some(recheck)) => recheck,
     };
-    let reason = if recheck.pruned {
-        return Ok(OwnerOutcome::Gone);
-    } else if !recheck.eligible {
-        Some(RetainReason::NotEligible)
-    } else if recheck.pending_work {
-        Some(RetainReason::PendingWork)
-    } else if recheck.pending_settlement {
-        Some(RetainReason::PendingSettlement)
-    } else if recheck.outstanding_delegation {
-        Some(RetainReason::OutstandingDelegation)
-    } else if recheck.active_history_request {
-        Some(RetainReason::ActiveHistoryRequest)
-    } else {
-        None
-    };
-    if let Some(reason) = reason {
+    if let Some(outcome) = recheck.retained() {
         tx.rollback().await?;
-        return Ok(OwnerOutcome::Retained(reason));
+        return Ok(outcome);
     }
-
-    let (rows, files) = delete_detail(&mut tx, clock, owner, recheck.variant_id).await?;
+    let variants: Vec<Uuid> = recheck.variant_id.into_iter().collect();
+    let (rows, files) = delete_detail(
+        &mut tx,
+        pass.clock,
+        owner.account_id,
+        &[owner.run_id],
+        &variants,
+    )
+    .await?;
     tx.commit().await?;
     Ok(OwnerOutcome::Pruned { rows, files })
 }
 
-/// Deletes the run's detail, records its files for deletion and sets the markers on run and
-/// variant, in one statement inside the owner's transaction (EX-3, EX-9).
+/// Deletes the runs' detail, records their files for deletion and sets the markers on runs and
+/// variants, in one statement inside the owners' transaction (EX-3, EX-9).
 async fn delete_detail(
     tx: &mut Transaction<'_, Postgres>,
     clock: &dyn Clock,
-    owner: &Owner,
-    variant_id: Option<Uuid>,
+    account_id: Uuid,
+    runs: &[Uuid],
+    variants: &[Uuid],
 ) -> Result<([u64; 7], u64), Error> {
     let row: (i64, i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
-        "WITH edges AS (DELETE FROM run_task_edges WHERE run_id = $1 RETURNING 1),
-              tasks AS (DELETE FROM run_tasks WHERE run_id = $1 RETURNING 1),
-              tools AS (DELETE FROM tool_results WHERE run_id = $1 RETURNING 1),
-              sealed AS (DELETE FROM sealed_requests WHERE run_id = $1 RETURNING 1),
-              reasoning AS (DELETE FROM reasoning_traces WHERE run_id = $1 RETURNING 1),
-              attempts AS (DELETE FROM invocation_attempts WHERE run_id = $1 RETURNING 1),
-              files AS (DELETE FROM output_files WHERE run_id = $1 RETURNING relative_path, bytes),
+        "WITH edges AS (DELETE FROM run_task_edges WHERE run_id = ANY($1) RETURNING 1),
+              tasks AS (DELETE FROM run_tasks WHERE run_id = ANY($1) RETURNING 1),
+              tools AS (DELETE FROM tool_results WHERE run_id = ANY($1) RETURNING 1),
+              sealed AS (DELETE FROM sealed_requests WHERE run_id = ANY($1) RETURNING 1),
+              reasoning AS (DELETE FROM reasoning_traces WHERE run_id = ANY($1) RETURNING 1),
+              attempts AS (DELETE FROM invocation_attempts WHERE run_id = ANY($1) RETURNING 1),
+              files AS (DELETE FROM output_files WHERE run_id = ANY($1)
+                        RETURNING relative_path, bytes),
               pending AS (INSERT INTO sexton.pending_file_deletions (account_id, relative_path)
                           SELECT $2, relative_path FROM files),
               run AS (UPDATE runs SET details_pruned_at = $3, runner_effects = $4
-                      WHERE id = $1),
+                      WHERE id = ANY($1)),
               variant AS (UPDATE variants SET details_pruned_at = $3, runner_effects = $4
-                          WHERE id = $5)
+                          WHERE id = ANY($5))
          SELECT (SELECT count(*) FROM edges), (SELECT count(*) FROM tasks),
                 (SELECT count(*) FROM tools), (SELECT count(*) FROM sealed),
                 (SELECT count(*) FROM reasoning), (SELECT count(*) FROM attempts),
                 (SELECT count(*) FROM files), (SELECT COALESCE(sum(bytes), 0)::bigint FROM files)",
     )
-    .bind(owner.run_id)
-    .bind(owner.account_id)
+    .bind(runs)
+    .bind(account_id)
     .bind(clock.now())
     .bind(pruned_runner_effects())
-    .bind(variant_id)
+    .bind(variants)
     .fetch_one(&mut **tx)
     .await?;
     let rows = [row.0, row.1, row.2, row.3, row.4, row.5, row.6].map(|n| n.max(0) as u64);
