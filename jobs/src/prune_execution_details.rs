@@ -651,14 +651,15 @@ async fn drain_file_deletions(
     account_id: Uuid,
     report: &mut HopReport,
 ) -> Result<(), Error> {
+    // No transaction is held while files are unlinked: one hop per account runs at a time
+    // (FL-3), and a file unlinked twice is simply already gone.
     loop {
-        let mut tx = pool.begin().await?;
         let batch: Vec<(i64, String)> = sqlx::query_as(
             "SELECT id, relative_path FROM sexton.pending_file_deletions
-             WHERE account_id = $1 ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED",
+             WHERE account_id = $1 ORDER BY id LIMIT 500",
         )
         .bind(account_id)
-        .fetch_all(&mut *tx)
+        .fetch_all(pool)
         .await?;
         if batch.is_empty() {
             return Ok(());
@@ -680,9 +681,8 @@ async fn drain_file_deletions(
         }
         sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
             .bind(&ids)
-            .execute(&mut *tx)
+            .execute(pool)
             .await?;
-        tx.commit().await?;
     }
 }
 
