@@ -1,8 +1,6 @@
 //! Shared test helpers: settings with file roots in a temp dir, the queue's schema on the test's
 //! fresh database, and the `sexton` binary pointed at that database.
 
-#![allow(dead_code)]
-
 pub mod audit;
 pub mod fixture;
 
