@@ -18,6 +18,7 @@ use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use clap::Parser;
 use serde::Serialize;
+use sexton_jobs::prune_execution_details::DETAIL_TABLES;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -63,16 +64,6 @@ const ELIGIBLE: &str = "INSERT INTO bench_owners (id)
       AND NOT EXISTS (SELECT 1 FROM delegations WHERE parent_run_id = r.id AND status = 'outstanding')
       AND NOT EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id
                       WHERE s.source_run_id = r.id AND h.sealed_at IS NULL)";
-
-const DETAIL_TABLES: [&str; 7] = [
-    "run_task_edges",
-    "run_tasks",
-    "tool_results",
-    "sealed_requests",
-    "reasoning_traces",
-    "invocation_attempts",
-    "output_files",
-];
 
 #[derive(Debug, Clone, Copy, Serialize)]
 struct Latency {
