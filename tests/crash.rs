@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use sexton::seed::{SeedOptions, seed};
 use sqlx::PgPool;
 
 use crate::common::fixture::pass_start;
@@ -28,17 +27,12 @@ pub fn worker(url: &str, dir: &std::path::Path, exit_when_idle: bool) -> tokio::
 async fn ex8_workers_killed_with_sigkill_mid_pass_lose_nothing_and_the_pass_completes(
     pool: PgPool,
 ) {
-    common::migrate(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
-    let settings = common::settings(dir.path());
-    let options = SeedOptions {
-        scale: 1,
-        seed: 3,
-        now: pass_start(),
-        show_progress: false,
-    };
-    seed(&pool, &settings.paths, &options).await.unwrap();
-    let before = audit::snapshot(&pool, pass_start()).await;
+    let common::Backlog {
+        dir,
+        settings,
+        before,
+        url,
+    } = common::seeded_backlog(&pool, 3).await;
     assert!(
         before.eligible.len() > 500,
         "a backlog worth killing workers over"
@@ -47,7 +41,6 @@ async fn ex8_workers_killed_with_sigkill_mid_pass_lose_nothing_and_the_pass_comp
         .await
         .unwrap();
 
-    let url = common::database_url(&pool).await;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
     let mut kills_mid_pass = 0;
     for _ in 0..20 {

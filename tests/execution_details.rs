@@ -637,7 +637,7 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
             .unwrap()
         })
     };
-    wait_for_lock_waiter(&env.pool).await;
+    common::wait_for_lock_waiter(&env.pool).await;
     sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
         .bind(run.id)
         .execute(&mut *writer)
@@ -655,23 +655,6 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
     assert_eq!(report.retained.get(&RetainReason::PendingWork), Some(&1));
     assert!(fixture::has_detail(&env.pool, run.id).await);
     assert!(!fixture::is_pruned(&env.pool, run.id).await);
-}
-
-/// Waits until some session of this database is blocked on a lock.
-async fn wait_for_lock_waiter(pool: &PgPool) {
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
 }
 
 #[sqlx::test]

@@ -8,7 +8,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sexton::config::{ScheduleSettings, parse_cron};
 use sexton::queue::{self, PushOutcome};
-use sexton::seed::{SeedOptions, seed};
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
@@ -333,18 +332,12 @@ fn hop_intervals(lines: &[String]) -> BTreeMap<String, Vec<Interval>> {
 
 #[sqlx::test]
 async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
-    common::migrate(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
-    let settings = common::settings(dir.path());
-    let options = SeedOptions {
-        scale: 1,
-        seed: 5,
-        now: pass_start(),
-        show_progress: false,
-    };
-    seed(&pool, &settings.paths, &options).await.unwrap();
-    let before = audit::snapshot(&pool, pass_start()).await;
-    let url = common::database_url(&pool).await;
+    let common::Backlog {
+        dir,
+        settings,
+        before,
+        url,
+    } = common::seeded_backlog(&pool, 5).await;
     let workers: Vec<Proc> = (0..3)
         .map(|_| {
             let mut cmd = fleet_worker(&url, dir.path());
@@ -404,16 +397,7 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
         .unwrap();
-    poll_until(Duration::from_secs(60), || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        waiting > 0
-    })
-    .await;
+    common::wait_for_lock_waiter(&pool).await;
     a.child.start_kill().unwrap();
     a.child.wait().await.unwrap();
     writer.rollback().await.unwrap();
@@ -441,18 +425,12 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
 
 #[sqlx::test]
 async fn fl5_sigterm_mid_pass_exits_within_the_grace_and_the_pass_resumes(pool: PgPool) {
-    common::migrate(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
-    let settings = common::settings(dir.path());
-    let options = SeedOptions {
-        scale: 1,
-        seed: 6,
-        now: pass_start(),
-        show_progress: false,
-    };
-    seed(&pool, &settings.paths, &options).await.unwrap();
-    let before = audit::snapshot(&pool, pass_start()).await;
-    let url = common::database_url(&pool).await;
+    let common::Backlog {
+        dir,
+        settings,
+        before,
+        url,
+    } = common::seeded_backlog(&pool, 6).await;
     let mut cmd = fleet_worker(&url, dir.path());
     cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "50");
     let mut worker = Proc::spawn(cmd);
@@ -614,18 +592,12 @@ async fn er2_a_database_down_at_start_is_retried_with_readyz_false_then_a_clear_
 async fn er2_postgresql_restarted_mid_pass_the_worker_recovers_and_the_pass_completes(
     pool: PgPool,
 ) {
-    common::migrate(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
-    let settings = common::settings(dir.path());
-    let options = SeedOptions {
-        scale: 1,
-        seed: 9,
-        now: pass_start(),
-        show_progress: false,
-    };
-    seed(&pool, &settings.paths, &options).await.unwrap();
-    let before = audit::snapshot(&pool, pass_start()).await;
-    let url = common::database_url(&pool).await;
+    let common::Backlog {
+        dir,
+        settings,
+        before,
+        url,
+    } = common::seeded_backlog(&pool, 9).await;
     let mut cmd = fleet_worker(&url, dir.path());
     cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "20")
         .env("SEXTON_DATABASE__ACQUIRE_TIMEOUT_MS", "1000")

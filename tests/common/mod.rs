@@ -85,3 +85,52 @@ pub async fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatu
         }
     }
 }
+
+/// A seeded backlog (scale 1) on the test's database, with its file roots and the audit's
+/// snapshot: where the process tests start.
+pub struct Backlog {
+    pub dir: tempfile::TempDir,
+    pub settings: Settings,
+    pub before: audit::Before,
+    pub url: String,
+}
+
+pub async fn seeded_backlog(pool: &PgPool, seed: u64) -> Backlog {
+    migrate(pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(dir.path());
+    let options = sexton::seed::SeedOptions {
+        scale: 1,
+        seed,
+        now: fixture::pass_start(),
+        show_progress: false,
+    };
+    sexton::seed::seed(pool, &settings.paths, &options)
+        .await
+        .unwrap();
+    let before = audit::snapshot(pool, fixture::pass_start()).await;
+    let url = database_url(pool).await;
+    Backlog {
+        dir,
+        settings,
+        before,
+        url,
+    }
+}
+
+/// Waits until some session of the test's database is blocked on a lock.
+pub async fn wait_for_lock_waiter(pool: &PgPool) {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
