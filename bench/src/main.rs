@@ -100,6 +100,8 @@ struct Method {
     rows_per_s: f64,
     writer: Latency,
     longest_transaction_ms: f64,
+    /// What the longest transaction was running when last sampled.
+    longest_transaction_query: String,
     /// sexton only: hop durations, peak RSS, and where the time went.
     hop: Option<Latency>,
     peak_rss_kb: Option<u64>,
@@ -208,9 +210,9 @@ async fn measure_scale(
     drop_db(admin, &idle_db).await?;
 
     let mut methods = Vec::new();
-    for name in ["sexton", "raw", "naive"] {
+    for name in ["sexton", "raw", "raw+markers", "naive"] {
         eprintln!("scale {scale}: {name}");
-        let db = format!("bench_{name}_{scale}");
+        let db = format!("bench_{}_{scale}", name.replace('+', "_"));
         recreate(admin, &db, Some(&template)).await?;
         let run_files = cli.scratch.join(format!("run-{scale}"));
         let _ = std::fs::remove_dir_all(&run_files);
@@ -230,7 +232,8 @@ async fn measure_scale(
         let started = Instant::now();
         let mut method = match name {
             "sexton" => run_sexton(cli, &db, &run_files).await?,
-            "raw" => run_raw(base, &db).await?,
+            "raw" => run_raw(base, &db, false).await?,
+            "raw+markers" => run_raw(base, &db, true).await?,
             _ => run_naive(base, &db).await?,
         };
         let seconds = started.elapsed().as_secs_f64();
@@ -253,7 +256,10 @@ async fn measure_scale(
         method.owners_per_s = owners as f64 / seconds;
         method.rows_per_s = detail_rows as f64 / seconds;
         method.writer = writer;
-        method.longest_transaction_ms = longest;
+        (
+            method.longest_transaction_ms,
+            method.longest_transaction_query,
+        ) = longest;
         methods.push(method);
         drop_db(admin, &db).await?;
         let _ = std::fs::remove_dir_all(&run_files);
@@ -279,6 +285,7 @@ fn method(name: &'static str) -> Method {
         rows_per_s: 0.0,
         writer: Latency::of(Vec::new()),
         longest_transaction_ms: 0.0,
+        longest_transaction_query: String::new(),
         hop: None,
         peak_rss_kb: None,
         share_outside_owner_transactions: None,
@@ -365,8 +372,10 @@ async fn run_sexton(cli: &Cli, db: &str, files: &Path) -> anyhow::Result<Method>
     Ok(m)
 }
 
-/// The floor: batched deletes of the same owners, 500 per transaction, no checks.
-async fn run_raw(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
+/// The floor: batched deletes of the same owners, 500 per transaction, no checks. With
+/// `markers`, the batch also sets the runs' and variants' markers, as sexton's end state has
+/// them: the floor of the same end state, to tell the markers' cost from sexton's own.
+async fn run_raw(base: &PgConnectOptions, db: &str, markers: bool) -> anyhow::Result<Method> {
     let pool = connect(base, db, "bench-raw").await?;
     let owners: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_owners ORDER BY id")
         .fetch_all(&pool)
@@ -381,10 +390,22 @@ async fn run_raw(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
             .execute(&mut *tx)
             .await?;
         }
+        if markers {
+            sqlx::query(
+                "WITH r AS (UPDATE runs SET details_pruned_at = now(), runner_effects = $2
+                            WHERE id = ANY($1) RETURNING variant_id)
+                 UPDATE variants SET details_pruned_at = now(), runner_effects = $2
+                 WHERE id IN (SELECT variant_id FROM r)",
+            )
+            .bind(batch)
+            .bind(sexton_jobs::prune_execution_details::pruned_runner_effects())
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
     }
     pool.close().await;
-    Ok(method("raw"))
+    Ok(method(if markers { "raw+markers" } else { "raw" }))
 }
 
 /// The naive delete: one statement per table over every owner.
@@ -456,18 +477,23 @@ async fn write_at_rate(
 }
 
 /// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity.
-async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Result<f64> {
-    let mut longest: f64 = 0.0;
+/// Returns its length in ms and the statement it was running when last seen.
+async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Result<(f64, String)> {
+    let mut longest = (0.0, String::new());
     while !stop.load(Ordering::Relaxed) {
-        let ms: Option<f64> = sqlx::query_scalar(
-            "SELECT max(EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1000)::float8
+        let oldest: Option<(f64, String)> = sqlx::query_as(
+            "SELECT (EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1000)::float8,
+                    left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
              FROM pg_stat_activity
              WHERE datname = current_database() AND xact_start IS NOT NULL
-               AND application_name IN ('sexton', 'bench-raw', 'bench-naive')",
+               AND application_name IN ('sexton', 'bench-raw', 'bench-naive')
+             ORDER BY xact_start LIMIT 1",
         )
-        .fetch_one(&pool)
+        .fetch_optional(&pool)
         .await?;
-        longest = longest.max(ms.unwrap_or(0.0));
+        if let Some(oldest) = oldest.filter(|(ms, _)| *ms > longest.0) {
+            longest = oldest;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     pool.close().await;
