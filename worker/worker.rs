@@ -1,5 +1,6 @@
-//! A fleet member (`sexton worker`): one apalis worker per queue under one monitor, until a
-//! signal, a dead worker, or — with `--exit-when-idle` — an empty queue.
+//! A fleet member (`sexton worker`): the schedule, the HTTP endpoints and one apalis worker per
+//! queue under one monitor, until SIGTERM/SIGINT — or, with `--exit-when-idle`, only the queue
+//! workers, until the queue is empty.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,7 @@ use crate::telemetry::metrics;
 use crate::tick::{self, NightlySlot};
 use crate::{db, schedule};
 
-/// What every handler gets: the pool, the settings and the clock.
+/// What every handler gets: the pool, the settings, the clock and the shutdown flag.
 #[derive(Clone)]
 pub struct JobContext {
     pub pool: PgPool,
@@ -149,8 +150,8 @@ pub enum Mode {
 /// Runs this process as a fleet member until SIGTERM/SIGINT, or until idle.
 ///
 /// # Errors
-/// The database stayed unreachable at start, the HTTP address cannot be bound, or a queue
-/// worker died.
+/// The database stayed unreachable at start, the HTTP address cannot be bound, or the
+/// monitor failed.
 pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     let settings = Arc::new(settings.clone());
     let health = Arc::new(Health::default());
