@@ -638,3 +638,85 @@ async fn er2_postgresql_restarted_mid_pass_the_worker_recovers_and_the_pass_comp
     worker.stop().await;
     audit::verify(&pool, &settings.paths.output_root, &before, true).await;
 }
+
+#[sqlx::test]
+async fn op4_each_hop_is_a_span_with_account_pass_hop_window_and_outcome(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    fixture::run(
+        &pool,
+        &settings.paths.output_root,
+        RunSpec::conversation(account, conversation, 40.0),
+    )
+    .await;
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    let url = common::database_url(&pool).await;
+    let mut cmd = common::sexton(&url, dir.path());
+    cmd.args(["worker", "--exit-when-idle"])
+        .env("SEXTON_LOG__FORMAT", "json")
+        .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "7");
+    let mut worker = Proc::spawn(cmd);
+    assert!(
+        common::wait(&mut worker.child, Duration::from_secs(60))
+            .await
+            .success()
+    );
+    tokio::task::yield_now().await;
+    let lines = worker.lines.lock().unwrap().clone();
+    let hop: serde_json::Value = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["message"] == "hop done")
+        .expect("a structured hop event");
+    let span = &hop["span"];
+    assert_eq!(span["name"], "hop");
+    assert_eq!(span["account"], account.to_string());
+    assert_eq!(span["pass"], pass_start().to_rfc3339());
+    assert_eq!(span["hop"], 0);
+    assert_eq!(span["window"], 7);
+    assert_eq!(span["outcome"], "finished");
+    assert_eq!(hop["pruned"], 1);
+}
+
+#[test]
+fn op5_alert_rules_pass_promtool_and_the_pod_grace_outlasts_the_shutdown_grace() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = root.join("deploy/prometheus");
+    for args in [
+        vec!["check", "rules", "alerts.yml"],
+        vec!["test", "rules", "alerts_test.yml"],
+    ] {
+        let status = std::process::Command::new("promtool")
+            .args(&args)
+            .current_dir(&rules)
+            .status()
+            .expect("promtool (Debian package prometheus; scripts/test.sh installs it)");
+        assert!(status.success(), "promtool {args:?}");
+    }
+    let manifest = std::fs::read_to_string(root.join("deploy/kubernetes/sexton.yaml")).unwrap();
+    let number = |key: &str| -> u64 {
+        let line = manifest
+            .lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap();
+        line.split(['=', ':'])
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let pod_grace_s = number("terminationGracePeriodSeconds");
+    let shutdown_grace_ms = number("shutdown_grace_ms");
+    assert!(
+        shutdown_grace_ms < pod_grace_s * 1000,
+        "FL-5: the pod must outlast the worker's grace ({shutdown_grace_ms} ms vs {pod_grace_s} s)"
+    );
+    assert!(manifest.contains("replicas: 3"));
+    assert!(manifest.contains("path: /readyz") && manifest.contains("path: /healthz"));
+}
