@@ -451,15 +451,7 @@ async fn fl5_sigterm_mid_pass_exits_within_the_grace_and_the_pass_resumes(pool: 
     );
     audit::verify(&pool, &settings.paths.output_root, &before, false).await;
 
-    let mut rest = common::sexton(&url, dir.path())
-        .args(["worker", "--exit-when-idle"])
-        .spawn()
-        .unwrap();
-    assert!(
-        common::wait(&mut rest, Duration::from_secs(120))
-            .await
-            .success()
-    );
+    common::run_until_idle(&pool, dir.path()).await;
     audit::verify(&pool, &settings.paths.output_root, &before, true).await;
 }
 

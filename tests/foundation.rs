@@ -1,7 +1,5 @@
 //! The foundation: schema contract, migrations, configuration, seed data and the queue.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use sexton::queue::{self, PushOptions, PushOutcome, Queue};
 use sexton::seed::{SeedOptions, seed};
@@ -637,13 +635,7 @@ async fn fl1_a_job_on_each_queue_runs_and_the_worker_exits_when_idle(pool: PgPoo
         .unwrap();
         assert_eq!(outcome, PushOutcome::Enqueued);
     }
-    let url = common::database_url(&pool).await;
-    let mut child = common::sexton(&url, dir.path())
-        .args(["worker", "--exit-when-idle"])
-        .spawn()
-        .unwrap();
-    let status = common::wait(&mut child, Duration::from_secs(60)).await;
-    assert!(status.success(), "worker exited with {status}");
+    common::run_until_idle(&pool, dir.path()).await;
     for queue in Queue::ALL {
         let done: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM apalis.jobs WHERE job_type = $1 AND status = 'Done'",
@@ -683,13 +675,7 @@ async fn fl1_a_malformed_payload_fails_its_job_and_the_worker_lives_on(pool: PgP
     )
     .await
     .unwrap();
-    let url = common::database_url(&pool).await;
-    let mut child = common::sexton(&url, dir.path())
-        .args(["worker", "--exit-when-idle"])
-        .spawn()
-        .unwrap();
-    let status = common::wait(&mut child, Duration::from_secs(60)).await;
-    assert!(status.success(), "worker exited with {status}");
+    common::run_until_idle(&pool, dir.path()).await;
     let (status, result): (String, String) = sqlx::query_as(
         "SELECT status, last_result::text FROM apalis.jobs WHERE convert_from(job, 'UTF8')::jsonb ->> 'version' = '99'",
     )

@@ -328,6 +328,13 @@ pub async fn run(
     let mut cursor = args.cursor;
     let mut out_of_budget = false;
     let per_transaction = settings.owners_per_transaction.max(1) as usize;
+    let pass = Pass {
+        account_id: args.account_id,
+        clock,
+        settings,
+        bound,
+        pass_started_at: args.pass_started_at,
+    };
     for chunk in window.chunks(per_transaction) {
         if started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed) {
             out_of_budget = true;
@@ -336,18 +343,11 @@ pub async fn run(
         let owners: Vec<Owner> = chunk
             .iter()
             .map(|(run_id, conversation_id, _)| Owner {
-                account_id: args.account_id,
                 run_id: *run_id,
                 conversation_id: *conversation_id,
             })
             .collect();
         let chunk_started = Instant::now();
-        let pass = Pass {
-            clock,
-            settings,
-            bound,
-            pass_started_at: args.pass_started_at,
-        };
         // Together first; whoever could not be locked at once goes alone, with a bounded wait.
         let alone = prune_together(pool, &pass, &owners, &mut report).await?;
         for owner in alone {
@@ -382,7 +382,6 @@ pub async fn run(
 
 #[derive(Debug, Clone, Copy)]
 struct Owner {
-    account_id: Uuid,
     run_id: Uuid,
     conversation_id: Uuid,
 }
@@ -400,6 +399,7 @@ enum OwnerOutcome {
 
 /// What every owner of a hop is judged against.
 struct Pass<'a> {
+    account_id: Uuid,
     clock: &'a dyn Clock,
     settings: &'a HopSettings,
     /// The stricter of the carried cutoff and the current setting.
@@ -515,7 +515,7 @@ async fn prune_together(
     .bind(&expected)
     .bind(pass.bound)
     .bind(pass.pass_started_at)
-    .bind(owners.first().map(|o| o.account_id))
+    .bind(pass.account_id)
     .fetch_all(&mut *tx)
     .await?;
 
@@ -532,7 +532,7 @@ async fn prune_together(
     }
     if !prune.is_empty() {
         let (rows, bytes) =
-            delete_detail(&mut tx, pass.clock, owners[0].account_id, &prune, &variants).await?;
+            delete_detail(&mut tx, pass.clock, pass.account_id, &prune, &variants).await?;
         report.pruned += prune.len() as u32;
         report.add_rows(rows, bytes);
     }
@@ -568,7 +568,7 @@ async fn prune_owner(pool: &PgPool, pass: &Pass<'_>, owner: &Owner) -> Result<Ow
     .bind(owner.conversation_id)
     .bind(pass.bound)
     .bind(pass.pass_started_at)
-    .bind(owner.account_id)
+    .bind(pass.account_id)
     .fetch_optional(&mut *tx)
     .await;
     let recheck = match busy_or(recheck)? {
@@ -584,7 +584,7 @@ async fn prune_owner(pool: &PgPool, pass: &Pass<'_>, owner: &Owner) -> Result<Ow
     let (rows, files) = delete_detail(
         &mut tx,
         pass.clock,
-        owner.account_id,
+        pass.account_id,
         &[owner.run_id],
         &variants,
     )

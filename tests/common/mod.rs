@@ -86,6 +86,17 @@ pub async fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatu
     }
 }
 
+/// Runs `sexton worker --exit-when-idle` on the test's database and asserts it exits 0.
+pub async fn run_until_idle(pool: &PgPool, dir: &Path) {
+    let url = database_url(pool).await;
+    let mut child = sexton(&url, dir)
+        .args(["worker", "--exit-when-idle"])
+        .spawn()
+        .unwrap();
+    let status = wait(&mut child, Duration::from_secs(120)).await;
+    assert!(status.success(), "worker exited with {status}");
+}
+
 /// A seeded backlog (scale 1) on the test's database, with its file roots and the audit's
 /// snapshot: where the process tests start.
 pub struct Backlog {
