@@ -12,12 +12,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{Connection as _, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::clock::Clock;
@@ -225,16 +226,25 @@ pub struct HopReport {
 }
 
 impl HopReport {
-    fn record(&mut self, outcome: OwnerOutcome) {
-        match outcome {
-            OwnerOutcome::Pruned { rows, files } => {
-                self.pruned += 1;
-                self.add_rows(rows, files);
+    fn retain(&mut self, reason: RetainReason) {
+        *self.retained.entry(reason).or_default() += 1;
+    }
+
+    /// Counts what one owner transaction's statement found and did.
+    fn record(&mut self, locked: &[Locked]) {
+        for owner in locked {
+            match owner.verdict() {
+                Verdict::Prune => self.pruned += 1,
+                Verdict::Retain(reason) => self.retain(reason),
+                Verdict::AlreadyPruned => {}
             }
-            OwnerOutcome::Retained(reason) => {
-                *self.retained.entry(reason).or_default() += 1;
+        }
+        if let Some(first) = locked.first() {
+            let mut rows = [0; 7];
+            for (n, deleted) in rows.iter_mut().zip(&first.deleted) {
+                *n = (*deleted).max(0) as u64;
             }
-            OwnerOutcome::Gone => {}
+            self.add_rows(rows, first.bytes.max(0) as u64);
         }
     }
 
@@ -267,6 +277,9 @@ pub async fn run(
     stop: &AtomicBool,
 ) -> Result<HopReport, Error> {
     let started = Instant::now();
+    // One connection for the whole hop: no pool round trip per owner transaction.
+    let mut conn = pool.acquire().await?;
+    let conn = &mut *conn;
     let mut report = HopReport {
         outcome: HopOutcome::Finished,
         candidates: 0,
@@ -280,12 +293,12 @@ pub async fn run(
         owner_seconds: 0.0,
     };
     // Files of owners pruned by an earlier hop that died between commit and unlink.
-    drain_file_deletions(pool, &settings.output_root, args.account_id, &mut report).await?;
+    drain_file_deletions(conn, &settings.output_root, args.account_id, &mut report).await?;
 
     let days: Option<Option<i32>> =
         sqlx::query_scalar("SELECT execution_details_retention_days FROM accounts WHERE id = $1")
             .bind(args.account_id)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await?;
     let days = match days {
         None => {
@@ -322,7 +335,7 @@ pub async fn run(
     .bind(after.age)
     .bind(after.run_id)
     .bind(i64::from(settings.window_size))
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
 
     let mut cursor = args.cursor;
@@ -349,10 +362,9 @@ pub async fn run(
             .collect();
         let chunk_started = Instant::now();
         // Together first; whoever could not be locked at once goes alone, with a bounded wait.
-        let alone = prune_together(pool, &pass, &owners, &mut report).await?;
+        let alone = prune_together(conn, &pass, &owners, &mut report).await?;
         for owner in alone {
-            let outcome = prune_owner(pool, &pass, &owner).await?;
-            report.record(outcome);
+            prune_owner(conn, &pass, &owner, &mut report).await?;
         }
         report.owner_seconds += chunk_started.elapsed().as_secs_f64();
         report.candidates += chunk.len() as u32;
@@ -363,7 +375,7 @@ pub async fn run(
             });
         }
     }
-    drain_file_deletions(pool, &settings.output_root, args.account_id, &mut report).await?;
+    drain_file_deletions(conn, &settings.output_root, args.account_id, &mut report).await?;
 
     let full = window.len() as u64 == u64::from(settings.window_size);
     if full || out_of_budget {
@@ -386,17 +398,6 @@ struct Owner {
     conversation_id: Uuid,
 }
 
-enum OwnerOutcome {
-    /// Rows deleted per detail table (in [`DETAIL_TABLES`] order) and bytes of owned files.
-    Pruned {
-        rows: [u64; 7],
-        files: u64,
-    },
-    Retained(RetainReason),
-    /// Already pruned, or gone, since the window was read.
-    Gone,
-}
-
 /// What every owner of a hop is judged against.
 struct Pass<'a> {
     account_id: Uuid,
@@ -407,24 +408,36 @@ struct Pass<'a> {
     pass_started_at: DateTime<Utc>,
 }
 
-/// What the re-check under lock found.
+/// One owner as the owner transaction's statement found it under lock, with — the same on
+/// every row — what that statement deleted.
 #[derive(sqlx::FromRow)]
-struct Recheck {
+struct Locked {
     id: Uuid,
-    variant_id: Option<Uuid>,
     pruned: bool,
     eligible: bool,
     pending_work: bool,
     pending_settlement: bool,
     outstanding_delegation: bool,
     active_history_request: bool,
+    /// Detail rows deleted, per table in [`DETAIL_TABLES`] order.
+    deleted: Vec<i64>,
+    /// Bytes of the output files recorded for deletion.
+    bytes: i64,
 }
 
-impl Recheck {
-    /// `None` when the owner is to be pruned now.
-    fn retained(&self) -> Option<OwnerOutcome> {
+enum Verdict {
+    Prune,
+    Retain(RetainReason),
+    /// Already pruned since the window was read.
+    AlreadyPruned,
+}
+
+impl Locked {
+    /// The statement prunes exactly the owners judged [`Verdict::Prune`] here: not yet pruned,
+    /// eligible, and held back by no blocker (see [`PRUNE_LOCKED`]).
+    fn verdict(&self) -> Verdict {
         let reason = if self.pruned {
-            return Some(OwnerOutcome::Gone);
+            return Verdict::AlreadyPruned;
         } else if !self.eligible {
             RetainReason::NotEligible
         } else if self.pending_work {
@@ -436,11 +449,78 @@ impl Recheck {
         } else if self.active_history_request {
             RetainReason::ActiveHistoryRequest
         } else {
-            return None;
+            return Verdict::Prune;
         };
-        Some(OwnerOutcome::Retained(reason))
+        Verdict::Retain(reason)
     }
 }
+
+/// The owner transaction's statement, once the runs' conversations (`$2`, one per run in `$1`)
+/// are locked, with the runs' lock taken as `lock` says (`SKIP LOCKED` or waiting): locks the
+/// runs in id order (EX-6), re-checks each under its lock (EX-1, EX-2, EX-5) and, for those
+/// still to go, deletes their detail, records their files in `sexton.pending_file_deletions`
+/// and sets the markers on runs and variants (EX-3, EX-9). One row per run locked.
+/// `$3` is the bound, `$4` the pass start, `$5` the account, `$6` now, `$7` the effects.
+fn prune_locked(lock: &str) -> String {
+    let deletes: Vec<String> = DETAIL_TABLES
+        .iter()
+        .enumerate()
+        .map(|(i, table)| {
+            let returning = if *table == "output_files" {
+                "relative_path, bytes"
+            } else {
+                "1"
+            };
+            format!(
+                "d{i} AS (DELETE FROM {table} WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) \
+                 RETURNING {returning})"
+            )
+        })
+        .collect();
+    let files = DETAIL_TABLES
+        .iter()
+        .position(|t| *t == "output_files")
+        .map(|i| format!("d{i}"))
+        .unwrap_or_default();
+    let counts: Vec<String> = (0..DETAIL_TABLES.len())
+        .map(|i| format!("(SELECT count(*) FROM d{i})"))
+        .collect();
+    let blocked: Vec<&str> = BLOCKERS.iter().map(|(reason, _)| reason.as_str()).collect();
+    format!(
+        "WITH locked AS (
+             SELECT {}
+             FROM unnest($1::uuid[], $2::uuid[]) AS c (run_id, conversation_id)
+             JOIN runs r ON r.id = c.run_id
+             JOIN accounts a ON a.id = r.account_id
+             WHERE r.account_id = $5
+             ORDER BY r.id
+             FOR UPDATE OF r {lock}),
+         prune AS (
+             SELECT array_agg(id) AS runs, array_agg(variant_id) AS variants FROM locked
+             WHERE NOT pruned AND eligible AND NOT ({})),
+         {},
+         pending AS (INSERT INTO sexton.pending_file_deletions (account_id, relative_path)
+                     SELECT $5, relative_path FROM {files}),
+         run AS (UPDATE runs SET details_pruned_at = $6, runner_effects = $7
+                 WHERE id = ANY((SELECT runs FROM prune)::uuid[])),
+         variant AS (UPDATE variants SET details_pruned_at = $6, runner_effects = $7
+                     WHERE id = ANY((SELECT variants FROM prune)::uuid[]))
+         SELECT id, pruned, eligible, {},
+                ARRAY[{}]::bigint[] AS deleted,
+                (SELECT COALESCE(sum(bytes), 0) FROM {files})::bigint AS bytes
+         FROM locked",
+        recheck_columns("c.conversation_id"),
+        blocked.join(" OR "),
+        deletes.join(",\n         "),
+        blocked.join(", "),
+        counts.join(", "),
+    )
+}
+
+/// [`prune_locked`] for owners taken together: a run that is not free at once is left out.
+static PRUNE_LOCKED: LazyLock<String> = LazyLock::new(|| prune_locked("SKIP LOCKED"));
+/// [`prune_locked`] for an owner taken alone: its run's lock is waited for.
+static PRUNE_WAITING: LazyLock<String> = LazyLock::new(|| prune_locked(""));
 
 /// The re-check of EX-1, EX-2 and EX-5 under lock, for `runs r JOIN accounts a`, with the
 /// conversation the run must still belong to written as `conversation`; $3 is the bound and $4
@@ -463,32 +543,54 @@ fn recheck_columns(conversation: &str) -> String {
     )
 }
 
-/// Starts an owner transaction: bounded lock waits, and a commit that need not wait for its
-/// WAL flush — no file is unlinked before a synchronous commit made it durable (see
-/// `drain_file_deletions`), so a database crash may undo the last few prunes, rows and file
-/// records together, never half of one.
-async fn begin<'c>(pool: &PgPool, pass: &Pass<'_>) -> Result<Transaction<'c, Postgres>, Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SET LOCAL lock_timeout = {}; SET LOCAL synchronous_commit = off",
-        pass.settings.owner_lock_timeout.as_millis().max(1)
-    )))
-    .execute(&mut *tx)
-    .await?;
-    Ok(tx)
+/// Starts an owner transaction, in one round trip: bounded lock waits, and a commit that need
+/// not wait for its WAL flush — no file is unlinked before a synchronous commit made it durable
+/// (see `drain_file_deletions`), so a database crash may undo the last few prunes, rows and
+/// file records together, never half of one.
+async fn begin<'c>(
+    conn: &'c mut PgConnection,
+    pass: &Pass<'_>,
+) -> Result<Transaction<'c, Postgres>, Error> {
+    Ok(conn
+        .begin_with(sqlx::AssertSqlSafe(format!(
+            "BEGIN; SET LOCAL lock_timeout = {}; SET LOCAL synchronous_commit = off",
+            pass.settings.owner_lock_timeout.as_millis().max(1)
+        )))
+        .await?)
+}
+
+/// Runs [`prune_locked`] for `runs` in the owner transaction `tx`.
+async fn run_prune_locked(
+    tx: &mut Transaction<'_, Postgres>,
+    pass: &Pass<'_>,
+    statement: &str,
+    runs: &[Uuid],
+    conversations: &[Uuid],
+) -> Result<Vec<Locked>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(statement))
+        .bind(runs)
+        .bind(conversations)
+        .bind(pass.bound)
+        .bind(pass.pass_started_at)
+        .bind(pass.account_id)
+        .bind(pass.clock.now())
+        .bind(pruned_runner_effects())
+        .fetch_all(&mut **tx)
+        .await
 }
 
 /// Several owners in one transaction, under the platform's lock order (EX-6): their
 /// conversations first, in id order, then their runs, in id order — each taken only if free at
-/// once (SKIP LOCKED), so this transaction never waits on a writer. Returns the owners it could
-/// not lock, to be taken alone.
+/// once (SKIP LOCKED), so this transaction never waits on a writer. Four round trips: begin,
+/// conversations, runs with everything else, commit. Returns the owners it could not lock, to
+/// be taken alone.
 async fn prune_together(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     pass: &Pass<'_>,
     owners: &[Owner],
     report: &mut HopReport,
 ) -> Result<Vec<Owner>, Error> {
-    let mut tx = begin(pool, pass).await?;
+    let mut tx = begin(conn, pass).await?;
     let conversations: Vec<Uuid> = owners.iter().map(|o| o.conversation_id).collect();
     let locked: Vec<Uuid> = sqlx::query_scalar(
         "SELECT id FROM conversations WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED",
@@ -501,136 +603,52 @@ async fn prune_together(
         .filter(|o| locked.contains(&o.conversation_id))
         .map(|o| (o.run_id, o.conversation_id))
         .unzip();
-    let rechecks: Vec<Recheck> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {}
-         FROM unnest($1::uuid[], $2::uuid[]) AS c (run_id, conversation_id)
-         JOIN runs r ON r.id = c.run_id
-         JOIN accounts a ON a.id = r.account_id
-         WHERE r.account_id = $5
-         ORDER BY r.id
-         FOR UPDATE OF r SKIP LOCKED",
-        recheck_columns("c.conversation_id")
-    )))
-    .bind(&runs)
-    .bind(&expected)
-    .bind(pass.bound)
-    .bind(pass.pass_started_at)
-    .bind(pass.account_id)
-    .fetch_all(&mut *tx)
-    .await?;
-
-    let mut prune = Vec::new();
-    let mut variants = Vec::new();
-    for recheck in &rechecks {
-        match recheck.retained() {
-            Some(outcome) => report.record(outcome),
-            None => {
-                prune.push(recheck.id);
-                variants.extend(recheck.variant_id);
-            }
-        }
-    }
-    if !prune.is_empty() {
-        let (rows, bytes) =
-            delete_detail(&mut tx, pass.clock, pass.account_id, &prune, &variants).await?;
-        report.pruned += prune.len() as u32;
-        report.add_rows(rows, bytes);
-    }
+    let locked = run_prune_locked(&mut tx, pass, &PRUNE_LOCKED, &runs, &expected).await?;
     tx.commit().await?;
+    report.record(&locked);
     Ok(owners
         .iter()
-        .filter(|o| !rechecks.iter().any(|r| r.id == o.run_id))
+        .filter(|o| !locked.iter().any(|l| l.id == o.run_id))
         .copied()
         .collect())
 }
 
 /// One owner in one transaction, under the platform's lock order (EX-6), waiting for each
-/// lock at most `owner_lock_timeout`.
-async fn prune_owner(pool: &PgPool, pass: &Pass<'_>, owner: &Owner) -> Result<OwnerOutcome, Error> {
-    let mut tx = begin(pool, pass).await?;
+/// lock at most `owner_lock_timeout`; counted busy if a wait runs out.
+async fn prune_owner(
+    conn: &mut PgConnection,
+    pass: &Pass<'_>,
+    owner: &Owner,
+    report: &mut HopReport,
+) -> Result<(), Error> {
+    let mut tx = begin(conn, pass).await?;
     // The conversation first, then the run: the order every platform writer uses.
-    let locked = sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+    let conversation = sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
         .bind(owner.conversation_id)
         .fetch_optional(&mut *tx)
         .await;
-    match busy_or(locked)? {
-        None => return Ok(OwnerOutcome::Retained(RetainReason::Busy)),
-        Some(None) => return Ok(OwnerOutcome::Gone),
-        Some(Some(_)) => {}
+    match busy_or(conversation)? {
+        None => report.retain(RetainReason::Busy),
+        Some(None) => {}
+        Some(Some(_)) => {
+            let locked = run_prune_locked(
+                &mut tx,
+                pass,
+                &PRUNE_WAITING,
+                &[owner.run_id],
+                &[owner.conversation_id],
+            )
+            .await;
+            match busy_or(locked)? {
+                None => report.retain(RetainReason::Busy),
+                Some(locked) => {
+                    tx.commit().await?;
+                    report.record(&locked);
+                }
+            }
+        }
     }
-    let recheck = sqlx::query_as::<_, Recheck>(sqlx::AssertSqlSafe(format!(
-        "SELECT {} FROM runs r JOIN accounts a ON a.id = r.account_id
-         WHERE r.id = $1 AND r.account_id = $5
-         FOR UPDATE OF r",
-        recheck_columns("$2")
-    )))
-    .bind(owner.run_id)
-    .bind(owner.conversation_id)
-    .bind(pass.bound)
-    .bind(pass.pass_started_at)
-    .bind(pass.account_id)
-    .fetch_optional(&mut *tx)
-    .await;
-    let recheck = match busy_or(recheck)? {
-        None => return Ok(OwnerOutcome::Retained(RetainReason::Busy)),
-        Some(None) => return Ok(OwnerOutcome::Gone),
-        Some(Some(recheck)) => recheck,
-    };
-    if let Some(outcome) = recheck.retained() {
-        tx.rollback().await?;
-        return Ok(outcome);
-    }
-    let variants: Vec<Uuid> = recheck.variant_id.into_iter().collect();
-    let (rows, files) = delete_detail(
-        &mut tx,
-        pass.clock,
-        pass.account_id,
-        &[owner.run_id],
-        &variants,
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(OwnerOutcome::Pruned { rows, files })
-}
-
-/// Deletes the runs' detail, records their files for deletion and sets the markers on runs and
-/// variants, in one statement inside the owners' transaction (EX-3, EX-9).
-async fn delete_detail(
-    tx: &mut Transaction<'_, Postgres>,
-    clock: &dyn Clock,
-    account_id: Uuid,
-    runs: &[Uuid],
-    variants: &[Uuid],
-) -> Result<([u64; 7], u64), Error> {
-    let row: (i64, i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
-        "WITH edges AS (DELETE FROM run_task_edges WHERE run_id = ANY($1) RETURNING 1),
-              tasks AS (DELETE FROM run_tasks WHERE run_id = ANY($1) RETURNING 1),
-              tools AS (DELETE FROM tool_results WHERE run_id = ANY($1) RETURNING 1),
-              sealed AS (DELETE FROM sealed_requests WHERE run_id = ANY($1) RETURNING 1),
-              reasoning AS (DELETE FROM reasoning_traces WHERE run_id = ANY($1) RETURNING 1),
-              attempts AS (DELETE FROM invocation_attempts WHERE run_id = ANY($1) RETURNING 1),
-              files AS (DELETE FROM output_files WHERE run_id = ANY($1)
-                        RETURNING relative_path, bytes),
-              pending AS (INSERT INTO sexton.pending_file_deletions (account_id, relative_path)
-                          SELECT $2, relative_path FROM files),
-              run AS (UPDATE runs SET details_pruned_at = $3, runner_effects = $4
-                      WHERE id = ANY($1)),
-              variant AS (UPDATE variants SET details_pruned_at = $3, runner_effects = $4
-                          WHERE id = ANY($5))
-         SELECT (SELECT count(*) FROM edges), (SELECT count(*) FROM tasks),
-                (SELECT count(*) FROM tools), (SELECT count(*) FROM sealed),
-                (SELECT count(*) FROM reasoning), (SELECT count(*) FROM attempts),
-                (SELECT count(*) FROM files), (SELECT COALESCE(sum(bytes), 0)::bigint FROM files)",
-    )
-    .bind(runs)
-    .bind(account_id)
-    .bind(clock.now())
-    .bind(pruned_runner_effects())
-    .bind(variants)
-    .fetch_one(&mut **tx)
-    .await?;
-    let rows = [row.0, row.1, row.2, row.3, row.4, row.5, row.6].map(|n| n.max(0) as u64);
-    Ok((rows, row.7.max(0) as u64))
+    Ok(())
 }
 
 /// `Ok(None)` when the lock was not granted in time (SQLSTATE 55P03), else the result.
@@ -646,7 +664,7 @@ fn busy_or<T>(result: Result<T, sqlx::Error>) -> Result<Option<T>, Error> {
 /// is already missing counts as gone; one that cannot be removed is counted and forgotten, so
 /// that one bad path never blocks the pass (ER-3).
 async fn drain_file_deletions(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     root: &Path,
     account_id: Uuid,
     report: &mut HopReport,
@@ -659,7 +677,7 @@ async fn drain_file_deletions(
              WHERE account_id = $1 ORDER BY id LIMIT 500",
         )
         .bind(account_id)
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
         if batch.is_empty() {
             return Ok(());
@@ -667,7 +685,9 @@ async fn drain_file_deletions(
         // Durability barrier: this synchronous commit flushes the WAL past the (asynchronous)
         // commits of the owners these files belong to, so a file goes only once its owner's
         // prune can no longer be undone by a database crash.
-        sqlx::query("SELECT txid_current()").execute(pool).await?;
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut *conn)
+            .await?;
         let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
         for (_, relative) in &batch {
             match remove_under(root, relative) {
@@ -681,7 +701,7 @@ async fn drain_file_deletions(
         }
         sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
             .bind(&ids)
-            .execute(pool)
+            .execute(&mut *conn)
             .await?;
     }
 }
