@@ -1,9 +1,11 @@
 //! The benchmark of SPEC §8, run by a person with `bash bench/run.sh` (never by the tests).
 //!
 //! For each scale it seeds one template database with `sexton seed`, then on identical copies
-//! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners three ways —
-//! sexton (tick and a worker through the queue, default settings), the raw floor (batched
-//! `DELETE … WHERE run_id = ANY($1)`, 500 owners per transaction, no checks) and the naive
+//! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners four ways —
+//! sexton (tick and a worker through the queue, default settings; timed from the tick to its
+//! last hop, not to the worker noticing the queue is idle), the raw floor (batched
+//! `DELETE … WHERE run_id = ANY($1)`, 500 owners per transaction, no checks), the same floor
+//! setting the markers sexton's end state has, and the naive
 //! delete (one `DELETE` per table over all owners) — while an application writer runs at a
 //! fixed rate. It prints a markdown table and writes it, with the raw figures as JSON, to
 //! `bench/results/`.
@@ -99,11 +101,15 @@ struct Method {
     owners_per_s: f64,
     rows_per_s: f64,
     writer: Latency,
+    /// The writer's longest wait for its conversation and run locks.
+    writer_longest_lock_wait_ms: f64,
     longest_transaction_ms: f64,
     /// What the longest transaction was running when last sampled.
     longest_transaction_query: String,
-    /// sexton only: hop durations, peak RSS, and where the time went.
+    /// sexton only: hop durations, each hop's time per candidate, peak RSS, and where the
+    /// time went.
     hop: Option<Latency>,
+    hop_us_per_candidate: Option<Latency>,
     peak_rss_kb: Option<u64>,
     share_outside_owner_transactions: Option<f64>,
     share_outside_hops: Option<f64>,
@@ -205,7 +211,7 @@ async fn measure_scale(
     ));
     tokio::time::sleep(Duration::from_secs(cli.baseline_seconds)).await;
     stop.store(true, Ordering::Relaxed);
-    let idle_writer = Latency::of(writer.await??);
+    let idle_writer = Latency::of(writer.await??.total_ms);
     pool.close().await;
     drop_db(admin, &idle_db).await?;
 
@@ -236,9 +242,14 @@ async fn measure_scale(
             "raw+markers" => run_raw(base, &db, true).await?,
             _ => run_naive(base, &db).await?,
         };
-        let seconds = started.elapsed().as_secs_f64();
+        // sexton's pass ends with its last hop, not when the worker sees the queue idle.
+        let seconds = if method.seconds > 0.0 {
+            method.seconds
+        } else {
+            started.elapsed().as_secs_f64()
+        };
         stop.store(true, Ordering::Relaxed);
-        let writer = Latency::of(writer.await??);
+        let writer = writer.await??;
         let longest = sampler.await??;
         let check = connect(base, &db, "bench").await?;
         let left: i64 = sqlx::query_scalar(
@@ -255,7 +266,9 @@ async fn measure_scale(
         method.seconds = seconds;
         method.owners_per_s = owners as f64 / seconds;
         method.rows_per_s = detail_rows as f64 / seconds;
-        method.writer = writer;
+        method.writer = Latency::of(writer.total_ms);
+        method.writer_longest_lock_wait_ms =
+            writer.lock_wait_ms.iter().copied().fold(0.0, f64::max);
         (
             method.longest_transaction_ms,
             method.longest_transaction_query,
@@ -284,9 +297,11 @@ fn method(name: &'static str) -> Method {
         owners_per_s: 0.0,
         rows_per_s: 0.0,
         writer: Latency::of(Vec::new()),
+        writer_longest_lock_wait_ms: 0.0,
         longest_transaction_ms: 0.0,
         longest_transaction_query: String::new(),
         hop: None,
+        hop_us_per_candidate: None,
         peak_rss_kb: None,
         share_outside_owner_transactions: None,
         share_outside_hops: None,
@@ -319,6 +334,7 @@ fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::C
 
 /// sexton as an operator runs it: a tick, then one worker through the queue until idle.
 async fn run_sexton(cli: &Cli, db: &str, files: &Path) -> anyhow::Result<Method> {
+    let started = Instant::now();
     let tick = sexton(
         cli,
         db,
@@ -330,7 +346,6 @@ async fn run_sexton(cli: &Cli, db: &str, files: &Path) -> anyhow::Result<Method>
     if !tick.success() {
         bail!("sexton tick failed");
     }
-    let started = Instant::now();
     let mut child = tokio::process::Command::new("/usr/bin/time")
         .args(["-f", "max_rss_kb=%M"])
         .arg(&cli.sexton)
@@ -343,7 +358,8 @@ async fn run_sexton(cli: &Cli, db: &str, files: &Path) -> anyhow::Result<Method>
         .spawn()
         .context("/usr/bin/time (Debian package time) runs the worker")?;
     let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-    let (mut hops, mut hop_s, mut owner_s, mut rss) = (Vec::new(), 0.0, 0.0, None);
+    let (mut hops, mut per_candidate, mut hop_s, mut owner_s) = (Vec::new(), Vec::new(), 0.0, 0.0);
+    let (mut last_hop, mut rss) = (0.0, None);
     while let Some(line) = lines.next_line().await? {
         if let Some(kb) = line.strip_prefix("max_rss_kb=") {
             rss = kb.trim().parse().ok();
@@ -354,7 +370,12 @@ async fn run_sexton(cli: &Cli, db: &str, files: &Path) -> anyhow::Result<Method>
         };
         if event["message"] == "hop done" {
             let ms = event["elapsed_ms"].as_f64().unwrap_or(0.0);
-            hops.push(ms);
+            let candidates = event["candidates"].as_f64().unwrap_or(0.0);
+            if candidates > 0.0 {
+                hops.push(ms);
+                per_candidate.push(ms * 1000.0 / candidates);
+            }
+            last_hop = started.elapsed().as_secs_f64();
             hop_s += ms / 1000.0;
             owner_s += event["owner_ms"].as_f64().unwrap_or(0.0) / 1000.0;
         }
@@ -362,10 +383,12 @@ async fn run_sexton(cli: &Cli, db: &str, files: &Path) -> anyhow::Result<Method>
     if !child.wait().await?.success() {
         bail!("the sexton worker failed");
     }
-    let wall = started.elapsed().as_secs_f64();
+    let wall = last_hop;
     let concurrency = 2.0;
     let mut m = method("sexton");
+    m.seconds = last_hop;
     m.hop = Some(Latency::of(hops));
+    m.hop_us_per_candidate = Some(Latency::of(per_candidate));
     m.peak_rss_kb = rss;
     m.share_outside_owner_transactions = Some(1.0 - owner_s / (wall * concurrency));
     m.share_outside_hops = Some(1.0 - hop_s / (wall * concurrency));
@@ -435,17 +458,27 @@ async fn writer_targets(pool: &PgPool) -> anyhow::Result<Vec<(Uuid, Uuid)>> {
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
+/// What the application writer saw: each transaction's latency, and how long it waited for its
+/// two locks, in ms.
+struct Writes {
+    total_ms: Vec<f64>,
+    lock_wait_ms: Vec<f64>,
+}
+
 /// The application writer (materialization and convergence) at a fixed rate: lock the
-/// conversation, then a run, update it, insert detail, commit. Returns each latency in ms.
+/// conversation, then a run, update it, insert detail, commit.
 async fn write_at_rate(
     pool: PgPool,
     targets: Vec<(Uuid, Uuid)>,
     rate: u32,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<Vec<f64>> {
+) -> anyhow::Result<Writes> {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut latencies = Vec::new();
+    let mut writes = Writes {
+        total_ms: Vec::new(),
+        lock_wait_ms: Vec::new(),
+    };
     let mut i = 0;
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
@@ -453,6 +486,7 @@ async fn write_at_rate(
         i += 1;
         let started = Instant::now();
         let mut tx = pool.begin().await?;
+        let locking = Instant::now();
         sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
             .bind(conversation)
             .execute(&mut *tx)
@@ -461,6 +495,7 @@ async fn write_at_rate(
             .bind(run)
             .execute(&mut *tx)
             .await?;
+        let lock_wait = locking.elapsed();
         sqlx::query("UPDATE runs SET requested_model = requested_model WHERE id = $1")
             .bind(run)
             .execute(&mut *tx)
@@ -471,9 +506,12 @@ async fn write_at_rate(
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+        writes
+            .total_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
+        writes.lock_wait_ms.push(lock_wait.as_secs_f64() * 1000.0);
     }
-    Ok(latencies)
+    Ok(writes)
 }
 
 /// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity.
@@ -592,7 +630,7 @@ fn write_results(cli: &Cli, results: &[Scale]) -> anyhow::Result<()> {
 
 fn markdown(results: &[Scale]) -> String {
     let mut md = String::from(
-        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | writer p50 / p99 / max ms (idle) | longest tx ms | hop median / p99 ms | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
         let rate = |name: &str| {
@@ -603,13 +641,15 @@ fn markdown(results: &[Scale]) -> String {
         };
         for m in &s.methods {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.0} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.0} | {} | {} | {} | {} | {} |\n",
                 s.scale, s.runs, s.owners, s.detail_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
                 m.owners_per_s / rate("raw"), m.owners_per_s / rate("naive"),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 s.idle_writer.p50_ms, s.idle_writer.p99_ms, s.idle_writer.max_ms,
+                m.writer_longest_lock_wait_ms,
                 m.longest_transaction_ms,
                 m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
+                m.hop_us_per_candidate.map_or("—".into(), |h| format!("{:.0}", h.p50_ms)),
                 m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
                 m.share_outside_owner_transactions.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
                 m.share_outside_hops.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
