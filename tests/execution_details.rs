@@ -30,6 +30,7 @@ impl Env {
         let settings = HopSettings {
             window_size: 500,
             owners_per_transaction: 50,
+            transaction_target: Duration::from_millis(50),
             budget: Duration::from_secs(600),
             owner_lock_timeout: Duration::from_millis(200),
             output_root: dir.path().join("outputs"),

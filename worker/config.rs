@@ -40,6 +40,7 @@ pub struct HttpSettings {
 pub struct ExecutionDetailsSettings {
     pub window_size: u32,
     pub owners_per_transaction: u32,
+    pub transaction_target: Duration,
     pub hop_budget: Duration,
     pub owner_lock_timeout: Duration,
 }
@@ -218,6 +219,7 @@ struct RawHttp {
 struct RawExecutionDetails {
     window_size: Raw<i64>,
     owners_per_transaction: Raw<i64>,
+    transaction_target_ms: Raw<i64>,
     hop_budget_ms: Raw<i64>,
     owner_lock_timeout_ms: Raw<i64>,
 }
@@ -479,6 +481,10 @@ impl RawSettings {
             1..=10_000,
             "an integer from 1 to 10000",
         );
+        let transaction_target = c.millis(
+            "execution_details.transaction_target_ms",
+            &e.transaction_target_ms,
+        );
         let hop_budget = c.millis("execution_details.hop_budget_ms", &e.hop_budget_ms);
         let owner_lock_timeout = c.millis(
             "execution_details.owner_lock_timeout_ms",
@@ -544,6 +550,7 @@ impl RawSettings {
             execution_details: ExecutionDetailsSettings {
                 window_size: window_size?,
                 owners_per_transaction: owners_per_transaction?,
+                transaction_target: transaction_target?,
                 hop_budget: hop_budget?,
                 owner_lock_timeout: owner_lock_timeout?,
             },

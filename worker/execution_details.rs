@@ -16,6 +16,7 @@ pub fn hop_settings(settings: &Settings) -> HopSettings {
     HopSettings {
         window_size: settings.execution_details.window_size,
         owners_per_transaction: settings.execution_details.owners_per_transaction,
+        transaction_target: settings.execution_details.transaction_target,
         budget: settings.execution_details.hop_budget,
         owner_lock_timeout: settings.execution_details.owner_lock_timeout,
         output_root: settings.paths.output_root.clone(),

@@ -131,8 +131,11 @@ pub struct Cursor {
 pub struct HopSettings {
     /// Candidates read per hop.
     pub window_size: u32,
-    /// Owners taken together through one transaction; a busy one is retried alone.
+    /// The most owners taken together through one transaction; a busy one is retried alone.
     pub owners_per_transaction: u32,
+    /// How long one such transaction should last: the number of owners taken together is
+    /// adjusted after each transaction to approach it, bounding how long a writer can wait.
+    pub transaction_target: Duration,
     /// Time after which a hop stops taking new owners and hands over to the next hop.
     pub budget: Duration,
     /// Longest wait for an owner's conversation or run lock before it is skipped as busy.
@@ -340,7 +343,8 @@ pub async fn run(
 
     let mut cursor = args.cursor;
     let mut out_of_budget = false;
-    let per_transaction = settings.owners_per_transaction.max(1) as usize;
+    let most = settings.owners_per_transaction.max(1) as usize;
+    let mut together = most.min(FIRST_TOGETHER);
     let pass = Pass {
         account_id: args.account_id,
         clock,
@@ -348,11 +352,14 @@ pub async fn run(
         bound,
         pass_started_at: args.pass_started_at,
     };
-    for chunk in window.chunks(per_transaction) {
+    let mut rest = window.as_slice();
+    while !rest.is_empty() {
         if started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed) {
             out_of_budget = true;
             break;
         }
+        let (chunk, after) = rest.split_at(together.min(rest.len()));
+        rest = after;
         let owners: Vec<Owner> = chunk
             .iter()
             .map(|(run_id, conversation_id, _)| Owner {
@@ -363,6 +370,12 @@ pub async fn run(
         let chunk_started = Instant::now();
         // Together first; whoever could not be locked at once goes alone, with a bounded wait.
         let alone = prune_together(conn, &pass, &owners, &mut report).await?;
+        together = next_together(
+            together,
+            chunk_started.elapsed(),
+            settings.transaction_target,
+            most,
+        );
         for owner in alone {
             prune_owner(conn, &pass, &owner, &mut report).await?;
         }
@@ -390,6 +403,18 @@ pub async fn run(
         });
     }
     Ok(report)
+}
+
+/// Owners taken together by a hop's first transaction, before any has been measured.
+const FIRST_TOGETHER: usize = 50;
+
+/// How many owners the next transaction takes together, after `now` took `took`: scaled toward
+/// `target`, at most doubled or halved at a time, from 1 to `most`.
+fn next_together(now: usize, took: Duration, target: Duration, most: usize) -> usize {
+    let scaled = now as f64 * target.as_secs_f64() / took.as_secs_f64().max(1e-6);
+    (scaled as usize)
+        .clamp((now / 2).max(1), now.saturating_mul(2))
+        .clamp(1, most)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -854,6 +879,20 @@ mod tests {
         let mut bad = json;
         bad["surprise"] = serde_json::json!(1);
         assert!(serde_json::from_value::<Args>(bad).is_err());
+    }
+
+    #[test]
+    fn pf2_owner_transactions_approach_their_target_and_stay_within_bounds() {
+        let target = Duration::from_millis(50);
+        let ms = Duration::from_millis;
+        // Too slow: halved at most; far too slow: still halved, never below one.
+        assert_eq!(next_together(100, ms(75), target, 500), 66);
+        assert_eq!(next_together(100, ms(5000), target, 500), 50);
+        assert_eq!(next_together(1, ms(5000), target, 500), 1);
+        // Fast: doubled at most, never past the most.
+        assert_eq!(next_together(100, ms(40), target, 500), 125);
+        assert_eq!(next_together(100, ms(1), target, 500), 200);
+        assert_eq!(next_together(400, ms(1), target, 500), 500);
     }
 
     #[test]
