@@ -2,7 +2,7 @@
 # The benchmark of SPEC §8 (PF-1 … PF-4), for a person to run — never part of the tests.
 # Seeds scales 1, 10 and 100 on a throw-away PostgreSQL and compares sexton with the raw floor
 # and the naive delete on identical copies, under a concurrent application writer. Prints a
-# markdown table and writes bench/results/latest.{md,json}. About 15 minutes here.
+# markdown table and writes bench/results/latest.{md,json}. About 25 minutes here.
 #   bash bench/run.sh                     # scales 1,10,100
 #   bash bench/run.sh --scales 1,10       # a quicker look
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
