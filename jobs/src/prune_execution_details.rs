@@ -3,12 +3,12 @@
 //!
 //! A nightly pass per account is a chain of hops (EX-7). Each hop reads one bounded window of
 //! candidates through `runs_execution_details_window` in (age, id) order after its cursor, and
-//! takes every candidate through its own short transaction: conversation row locked first, then
-//! the run (EX-6), eligibility re-checked under those locks (EX-1, EX-2, EX-5), detail deleted
-//! and markers set together (EX-3, EX-9). Owned output files are recorded in
-//! `sexton.pending_file_deletions` inside that transaction and unlinked after it commits.
-//! The hop then reports the next hop's arguments — same cutoff, advanced cursor — if the
-//! window was full or its time budget ran out.
+//! takes them through short transactions of several owners each, sized by time: conversation
+//! rows locked first, then the runs (EX-6), eligibility re-checked under those locks (EX-1,
+//! EX-2, EX-5), detail deleted and markers set together (EX-3, EX-9). Owned output files are
+//! recorded in `sexton.pending_file_deletions` inside that transaction and unlinked after it
+//! commits. The hop then reports the next hop's arguments — same cutoff, advanced cursor — if
+//! the window was full or its time budget ran out.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
