@@ -487,28 +487,24 @@ impl Locked {
 /// and sets the markers on runs and variants (EX-3, EX-9). One row per run locked.
 /// `$3` is the bound, `$4` the pass start, `$5` the account, `$6` now, `$7` the effects.
 fn prune_locked(lock: &str) -> String {
+    // Each table's deleted rows are the CTE `<table>_gone`; `output_files_gone` keeps the paths.
     let deletes: Vec<String> = DETAIL_TABLES
         .iter()
-        .enumerate()
-        .map(|(i, table)| {
+        .map(|table| {
             let returning = if *table == "output_files" {
                 "relative_path, bytes"
             } else {
                 "1"
             };
             format!(
-                "d{i} AS (DELETE FROM {table} WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) \
-                 RETURNING {returning})"
+                "{table}_gone AS (DELETE FROM {table} \
+                 WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING {returning})"
             )
         })
         .collect();
-    let files = DETAIL_TABLES
+    let counts: Vec<String> = DETAIL_TABLES
         .iter()
-        .position(|t| *t == "output_files")
-        .map(|i| format!("d{i}"))
-        .unwrap_or_default();
-    let counts: Vec<String> = (0..DETAIL_TABLES.len())
-        .map(|i| format!("(SELECT count(*) FROM d{i})"))
+        .map(|table| format!("(SELECT count(*) FROM {table}_gone)"))
         .collect();
     let blocked: Vec<&str> = BLOCKERS.iter().map(|(reason, _)| reason.as_str()).collect();
     format!(
@@ -525,14 +521,14 @@ fn prune_locked(lock: &str) -> String {
              WHERE NOT pruned AND eligible AND NOT ({})),
          {},
          pending AS (INSERT INTO sexton.pending_file_deletions (account_id, relative_path)
-                     SELECT $5, relative_path FROM {files}),
+                     SELECT $5, relative_path FROM output_files_gone),
          run AS (UPDATE runs SET details_pruned_at = $6, runner_effects = $7
                  WHERE id = ANY((SELECT runs FROM prune)::uuid[])),
          variant AS (UPDATE variants SET details_pruned_at = $6, runner_effects = $7
                      WHERE id = ANY((SELECT variants FROM prune)::uuid[]))
          SELECT id, pruned, eligible, {},
                 ARRAY[{}]::bigint[] AS deleted,
-                (SELECT COALESCE(sum(bytes), 0) FROM {files})::bigint AS bytes
+                (SELECT COALESCE(sum(bytes), 0) FROM output_files_gone)::bigint AS bytes
          FROM locked",
         recheck_columns("c.conversation_id"),
         blocked.join(" OR "),
