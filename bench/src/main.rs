@@ -235,19 +235,13 @@ async fn measure_scale(
             connect(base, &db, "bench-sampler").await?,
             stop.clone(),
         ));
-        let started = Instant::now();
+        // Each method times itself (sexton from its worker being up, see `run_sexton`).
         let mut method = match name {
-            "sexton" => run_sexton(cli, &db, &run_files, 2).await?,
-            "sexton c=1" => run_sexton(cli, &db, &run_files, 1).await?,
+            "sexton" => run_sexton(cli, &db, &run_files, name, 2).await?,
+            "sexton c=1" => run_sexton(cli, &db, &run_files, name, 1).await?,
             "raw" => run_raw(base, &db, false).await?,
             "raw+markers" => run_raw(base, &db, true).await?,
             _ => run_naive(base, &db).await?,
-        };
-        // sexton times its own pass (see `run_sexton`).
-        let seconds = if method.seconds > 0.0 {
-            method.seconds
-        } else {
-            started.elapsed().as_secs_f64()
         };
         stop.store(true, Ordering::Relaxed);
         let writer = writer.await??;
@@ -264,9 +258,8 @@ async fn measure_scale(
         }
         check.close().await;
         writer_pool.close().await;
-        method.seconds = seconds;
-        method.owners_per_s = owners as f64 / seconds;
-        method.rows_per_s = detail_rows as f64 / seconds;
+        method.owners_per_s = owners as f64 / method.seconds;
+        method.rows_per_s = detail_rows as f64 / method.seconds;
         method.writer = Latency::of(writer.total_ms);
         method.writer_longest_lock_wait_ms =
             writer.lock_wait_ms.iter().copied().fold(0.0, f64::max);
@@ -337,7 +330,13 @@ fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::C
 /// `concurrency` hops at a time (the default is 2; 1 leaves the database more room). The
 /// pass is timed as a running fleet sees it: from the worker being up (the slot waiting in the
 /// queue) to its last hop — neither the process start nor the wait for an idle queue.
-async fn run_sexton(cli: &Cli, db: &str, files: &Path, concurrency: u32) -> anyhow::Result<Method> {
+async fn run_sexton(
+    cli: &Cli,
+    db: &str,
+    files: &Path,
+    name: &'static str,
+    concurrency: u32,
+) -> anyhow::Result<Method> {
     let tick = sexton(
         cli,
         db,
@@ -393,11 +392,7 @@ async fn run_sexton(cli: &Cli, db: &str, files: &Path, concurrency: u32) -> anyh
     }
     let wall = last_hop;
     let concurrency = f64::from(concurrency);
-    let mut m = method(if concurrency > 1.0 {
-        "sexton"
-    } else {
-        "sexton c=1"
-    });
+    let mut m = method(name);
     m.seconds = last_hop;
     m.hop = Some(Latency::of(hops));
     m.hop_us_per_candidate = Some(Latency::of(per_candidate));
@@ -411,6 +406,7 @@ async fn run_sexton(cli: &Cli, db: &str, files: &Path, concurrency: u32) -> anyh
 /// `markers`, the batch also sets the runs' and variants' markers, as sexton's end state has
 /// them: the floor of the same end state, to tell the markers' cost from sexton's own.
 async fn run_raw(base: &PgConnectOptions, db: &str, markers: bool) -> anyhow::Result<Method> {
+    let started = Instant::now();
     let pool = connect(base, db, "bench-raw").await?;
     let owners: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_owners ORDER BY id")
         .fetch_all(&pool)
@@ -440,11 +436,14 @@ async fn run_raw(base: &PgConnectOptions, db: &str, markers: bool) -> anyhow::Re
         tx.commit().await?;
     }
     pool.close().await;
-    Ok(method(if markers { "raw+markers" } else { "raw" }))
+    let mut m = method(if markers { "raw+markers" } else { "raw" });
+    m.seconds = started.elapsed().as_secs_f64();
+    Ok(m)
 }
 
 /// The naive delete: one statement per table over every owner.
 async fn run_naive(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
+    let started = Instant::now();
     let pool = connect(base, db, "bench-naive").await?;
     for table in DETAIL_TABLES {
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -454,7 +453,9 @@ async fn run_naive(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> 
         .await?;
     }
     pool.close().await;
-    Ok(method("naive"))
+    let mut m = method("naive");
+    m.seconds = started.elapsed().as_secs_f64();
+    Ok(m)
 }
 
 /// (conversation, run) pairs the writer materializes into: old owners and recent runs alike.
