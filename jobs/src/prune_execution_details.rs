@@ -134,7 +134,7 @@ pub struct HopSettings {
     /// The most owners taken together through one transaction; a busy one is retried alone.
     pub owners_per_transaction: u32,
     /// How long one such transaction should last: the number of owners taken together is
-    /// adjusted after each transaction to approach it, bounding how long a writer can wait.
+    /// adjusted after each transaction to approach it, which keeps a writer's wait near it.
     pub transaction_target: Duration,
     /// Time after which a hop stops taking new owners and hands over to the next hop.
     pub budget: Duration,
