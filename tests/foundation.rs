@@ -1,8 +1,10 @@
 //! The foundation: schema contract, migrations, configuration, seed data and the queue.
 
 use chrono::{DateTime, Utc};
-use sexton::queue::{self, PushOptions, PushOutcome, Queue};
+use sexton::queue::{self, PushOptions, PushOutcome};
+use sexton::registry::KINDS;
 use sexton::seed::{SeedOptions, seed};
+use sexton::tick::NIGHTLY;
 use sqlx::PgPool;
 
 use crate::common;
@@ -622,8 +624,7 @@ async fn fl1_a_job_on_each_queue_runs_and_the_worker_exits_when_idle(pool: PgPoo
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
-    for queue in Queue::ALL {
-        let payload = sample_payload(queue);
+    for (queue, payload) in sample_payloads() {
         let outcome = queue::push(
             &pool,
             queue,
@@ -636,11 +637,11 @@ async fn fl1_a_job_on_each_queue_runs_and_the_worker_exits_when_idle(pool: PgPoo
         assert_eq!(outcome, PushOutcome::Enqueued);
     }
     common::run_until_idle(&pool, dir.path()).await;
-    for queue in Queue::ALL {
+    for (queue, _) in sample_payloads() {
         let done: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM apalis.jobs WHERE job_type = $1 AND status = 'Done'",
         )
-        .bind(queue.name())
+        .bind(queue)
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -658,17 +659,17 @@ async fn fl1_a_malformed_payload_fails_its_job_and_the_worker_lives_on(pool: PgP
     let bad = serde_json::json!({"version": 99, "slot": "2026-12-01T03:00:00Z"});
     queue::push(
         &pool,
-        Queue::Nightly,
+        NIGHTLY,
         &settings.queue,
         &bad,
         PushOptions::default(),
     )
     .await
     .unwrap();
-    let good = sample_payload(Queue::Nightly);
+    let good = nightly_payload();
     queue::push(
         &pool,
-        Queue::Nightly,
+        NIGHTLY,
         &settings.queue,
         &good,
         PushOptions::default(),
@@ -699,12 +700,17 @@ async fn fl1_a_malformed_payload_fails_its_job_and_the_worker_lives_on(pool: PgP
     assert_eq!(done, 1, "the good job beside it ran");
 }
 
-fn sample_payload(queue: Queue) -> serde_json::Value {
-    match queue {
-        Queue::Nightly => serde_json::json!({"version": 1, "slot": "2026-12-01T03:00:00Z"}),
-        Queue::PruneExecutionDetails => serde_json::json!({
-            "version": 1, "account_id": uuid::Uuid::new_v4(), "pass_started_at": "2026-12-01T03:00:00Z",
-            "cutoff": null, "cursor": null, "hop": 0
-        }),
-    }
+fn nightly_payload() -> serde_json::Value {
+    serde_json::json!({"version": 1, "slot": "2026-12-01T03:00:00Z"})
+}
+
+/// One job for every queue a worker serves: a nightly slot, and a first hop of every kind.
+fn sample_payloads() -> Vec<(&'static str, serde_json::Value)> {
+    let slot = "2026-12-01T03:00:00Z".parse().unwrap();
+    std::iter::once((NIGHTLY, nightly_payload()))
+        .chain(KINDS.iter().map(|kind| {
+            let payload = kind.first_payload(Some(uuid::Uuid::new_v4()), slot);
+            (kind.queue(), payload)
+        }))
+        .collect()
 }

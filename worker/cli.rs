@@ -6,11 +6,9 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
 
-use sexton_jobs::prune_execution_details;
-
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
-use crate::{db, demo, execution_details, tick, worker};
+use crate::{db, demo, preview, status, tick, worker};
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -50,6 +48,13 @@ pub enum Command {
         #[arg(long, value_name = "ID")]
         account: Option<uuid::Uuid>,
         /// Print JSON: one object per account.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Per job and account the last pass, the backlog, and the queue's pending, running and
+    /// failed jobs (failed ones with their last error).
+    Status {
+        /// Print one JSON object (documented in the README).
         #[arg(long)]
         json: bool,
     },
@@ -115,11 +120,24 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Preview { account, json } => {
             let pool = db::connect(&settings.database).await?;
             let mut conn = pool.acquire().await?;
-            let previews = prune_execution_details::preview(&mut conn, Utc::now(), account).await?;
+            let previews = preview::read(&mut conn, &settings, Utc::now(), account).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&previews)?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&preview::json(&previews))?
+                );
             } else {
-                execution_details::print_preview(&previews);
+                print!("{}", preview::render(&previews));
+            }
+            Ok(())
+        }
+        Command::Status { json } => {
+            let pool = db::connect(&settings.database).await?;
+            let status = status::read(&pool, &settings, Utc::now()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{}", status.render());
             }
             Ok(())
         }

@@ -2,15 +2,21 @@
 //! `SEXTON_<SECTION>__<SETTING>` environment variables; parsed once into typed settings and
 //! validated together, so that every invalid value is reported at once.
 
+use std::any::Any;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use figment::value::{Dict, Value};
 use serde::Deserialize;
+pub use sexton_jobs::files::PathSettings;
+pub use sexton_jobs::settings::Problem;
+use sexton_jobs::settings::{Check, Raw};
 
 /// The defaults, one commented line per setting; also the list of every known setting.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -25,24 +31,75 @@ pub struct Settings {
     pub paths: PathSettings,
     pub schedule: ScheduleSettings,
     pub queue: QueueSettings,
-    pub execution_details: ExecutionDetailsSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
+    /// Each job kind's own section, parsed by the job.
+    pub jobs: JobSettings,
 }
+
+/// A job kind's settings section, as configuration reads it: the registry hands one per kind
+/// to [`Settings::load`], so that configuration never depends on the jobs themselves.
+pub trait Section: Sync {
+    /// The job it belongs to.
+    fn job(&self) -> &'static str;
+    /// The section's name in the configuration file.
+    fn section(&self) -> &'static str;
+    /// Connections one hop of this job holds at once.
+    fn connections(&self) -> u32;
+    /// Reads the section; problems go to `check`.
+    fn parse(
+        &self,
+        section: &serde_json::Value,
+        paths: &PathSettings,
+        check: &mut Check<'_>,
+    ) -> Option<Arc<dyn AnySettings>>;
+}
+
+/// A job's parsed settings, whatever their type.
+pub trait AnySettings: Any + fmt::Debug + Send + Sync {}
+
+impl<T: Any + fmt::Debug + Send + Sync> AnySettings for T {}
+
+/// Every job kind's settings, by job name.
+#[derive(Debug, Clone, Default)]
+pub struct JobSettings(BTreeMap<&'static str, Arc<dyn AnySettings>>);
+
+impl JobSettings {
+    /// The settings of `job`, of the type its kind parses them into.
+    ///
+    /// # Panics
+    /// When `job` was not loaded with [`Settings::load`] or `T` is not its settings type: a
+    /// registration bug, not a configuration error.
+    pub fn get<T: Any>(&self, job: &str) -> &T {
+        let settings: &dyn Any = &**self
+            .0
+            .get(job)
+            .unwrap_or_else(|| panic!("no settings were loaded for job {job}"));
+        settings
+            .downcast_ref()
+            .unwrap_or_else(|| panic!("the settings of job {job} have another type"))
+    }
+
+    /// Whether settings of `job` were loaded.
+    pub fn contains(&self, job: &str) -> bool {
+        self.0.contains_key(job)
+    }
+
+    /// Replaces the settings of `job` (tests and tools that adjust one job).
+    pub fn set<T: AnySettings>(&mut self, job: &'static str, settings: T) {
+        self.0.insert(job, Arc::new(settings));
+    }
+}
+
+/// Connections a worker holds besides its hops: the LISTEN connection that wakes the queues,
+/// the schedule and its fan-out, the gauges, and the queue's own bookkeeping (fetch, heartbeat,
+/// acknowledgements), which hold one only for a moment.
+pub const FIXED_CONNECTIONS: u32 = 4;
 
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
     pub listen: std::net::SocketAddr,
     pub refresh_interval: Duration,
-}
-
-#[derive(Debug, Clone)]
-pub struct ExecutionDetailsSettings {
-    pub window_size: u32,
-    pub owners_per_transaction: u32,
-    pub transaction_target: Duration,
-    pub hop_budget: Duration,
-    pub owner_lock_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -52,15 +109,6 @@ pub struct DatabaseSettings {
     pub statement_timeout: Duration,
     pub lock_timeout: Duration,
     pub connect_attempts: u32,
-}
-
-#[derive(Debug, Clone)]
-pub struct PathSettings {
-    pub output_root: PathBuf,
-    pub attachments_root: PathBuf,
-    pub artifacts_root: PathBuf,
-    pub sessions_root: PathBuf,
-    pub traces_root: PathBuf,
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +129,7 @@ pub struct QueueSettings {
     pub max_attempts: u32,
     pub retry_backoff: Duration,
     pub shutdown_grace: Duration,
+    pub finished_job_retention: chrono::Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,19 +142,6 @@ pub enum LogFormat {
 pub struct LogSettings {
     pub format: LogFormat,
     pub level: String,
-}
-
-/// One invalid setting: which, and what was expected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub setting: String,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.setting, self.message)
-    }
 }
 
 /// Why configuration could not be loaded.
@@ -128,11 +164,12 @@ fn list(problems: &[Problem]) -> String {
 }
 
 impl Settings {
-    /// Loads defaults, then `file`, then the environment, and validates the result.
+    /// Loads defaults, then `file`, then the environment, and validates the result, with the
+    /// job sections of `jobs` (the registry's kinds).
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] lists every invalid or unknown setting at once.
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+    pub fn load(file: Option<&Path>, jobs: &[&dyn Section]) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
         if let Some(path) = file {
             if !path.is_file() {
@@ -145,10 +182,10 @@ impl Settings {
                 .filter(|key| key.as_str().contains("__"))
                 .split("__"),
         );
-        Self::from_figment(&figment)
+        Self::from_figment(&figment, jobs)
     }
 
-    fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
+    fn from_figment(figment: &Figment, jobs: &[&dyn Section]) -> Result<Self, ConfigError> {
         let defaults: Dict = Figment::from(Toml::string(DEFAULT_TOML))
             .extract()
             .map_err(|e| ConfigError::Unreadable(Box::new(e)))?;
@@ -160,7 +197,9 @@ impl Settings {
         let raw: RawSettings = figment
             .extract()
             .map_err(|e| ConfigError::Unreadable(Box::new(e)))?;
-        let settings = raw.validate(&mut problems);
+        let settings = raw
+            .validate(&mut problems)
+            .and_then(|settings| with_jobs(settings, &merged, jobs, &mut problems));
         match settings {
             Some(settings) if problems.is_empty() => Ok(settings),
             _ => Err(ConfigError::Invalid(problems)),
@@ -190,21 +229,12 @@ fn unknown_settings(defaults: &Dict, given: &Dict, prefix: &str, problems: &mut 
     }
 }
 
-/// A leaf as given: either of the expected type or anything else, kept to be reported.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Raw<T> {
-    Typed(T),
-    Other(Value),
-}
-
 #[derive(Debug, Deserialize)]
 struct RawSettings {
     database: RawDatabase,
     paths: RawPaths,
     schedule: RawSchedule,
     queue: RawQueue,
-    execution_details: RawExecutionDetails,
     http: RawHttp,
     log: RawLog,
 }
@@ -213,15 +243,6 @@ struct RawSettings {
 struct RawHttp {
     listen: Raw<String>,
     refresh_interval_ms: Raw<i64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawExecutionDetails {
-    window_size: Raw<i64>,
-    owners_per_transaction: Raw<i64>,
-    transaction_target_ms: Raw<i64>,
-    hop_budget_ms: Raw<i64>,
-    owner_lock_timeout_ms: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -259,93 +280,13 @@ struct RawQueue {
     max_attempts: Raw<i64>,
     retry_backoff_ms: Raw<i64>,
     shutdown_grace_ms: Raw<i64>,
+    finished_job_retention_days: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]
 struct RawLog {
     format: Raw<String>,
     level: Raw<String>,
-}
-
-/// Collects problems while turning raw leaves into typed values.
-struct Check<'a> {
-    problems: &'a mut Vec<Problem>,
-}
-
-impl Check<'_> {
-    fn fail(&mut self, setting: &str, expected: &str, got: impl fmt::Display) {
-        self.problems.push(Problem {
-            setting: setting.to_owned(),
-            message: format!("expected {expected}, got {got}"),
-        });
-    }
-
-    /// An integer within `range`.
-    fn int<T: TryFrom<i64>>(
-        &mut self,
-        setting: &str,
-        raw: &Raw<i64>,
-        range: std::ops::RangeInclusive<i64>,
-        expected: &str,
-    ) -> Option<T> {
-        match raw {
-            Raw::Typed(v) if range.contains(v) => T::try_from(*v).ok(),
-            Raw::Typed(v) => {
-                self.fail(setting, expected, v);
-                None
-            }
-            Raw::Other(v) => {
-                self.fail(setting, expected, shown(v));
-                None
-            }
-        }
-    }
-
-    fn millis(&mut self, setting: &str, raw: &Raw<i64>) -> Option<Duration> {
-        self.int(
-            setting,
-            raw,
-            1..=86_400_000,
-            "a positive number of milliseconds (at most one day)",
-        )
-        .map(Duration::from_millis)
-    }
-
-    /// A string that `parse` accepts.
-    fn parsed<T>(
-        &mut self,
-        setting: &str,
-        raw: &Raw<String>,
-        expected: &str,
-        parse: impl FnOnce(&str) -> Option<T>,
-    ) -> Option<T> {
-        match raw {
-            Raw::Typed(s) => match parse(s) {
-                Some(v) => Some(v),
-                None => {
-                    self.fail(setting, expected, format!("{s:?}"));
-                    None
-                }
-            },
-            Raw::Other(v) => {
-                self.fail(setting, expected, shown(v));
-                None
-            }
-        }
-    }
-
-    fn path(&mut self, setting: &str, raw: &Raw<String>) -> Option<PathBuf> {
-        self.parsed(setting, raw, "a non-empty path", |s| {
-            (!s.trim().is_empty()).then(|| PathBuf::from(s))
-        })
-    }
-}
-
-fn shown(value: &Value) -> String {
-    match value {
-        Value::String(_, s) => format!("{s:?}"),
-        other => serde_json::to_string(other).unwrap_or_else(|_| format!("{other:?}")),
-    }
 }
 
 /// Parses a five-field cron expression (minute hour day month weekday) into a schedule.
@@ -358,7 +299,7 @@ pub fn parse_cron(expr: &str) -> Option<cron::Schedule> {
 
 impl RawSettings {
     fn validate(self, problems: &mut Vec<Problem>) -> Option<Settings> {
-        let mut c = Check { problems };
+        let mut c = Check::new(problems);
         let d = &self.database;
         let max_connections = c.int(
             "database.max_connections",
@@ -458,6 +399,26 @@ impl RawSettings {
         );
         let retry_backoff = c.millis("queue.retry_backoff_ms", &q.retry_backoff_ms);
         let shutdown_grace = c.millis("queue.shutdown_grace_ms", &q.shutdown_grace_ms);
+        let finished_job_retention = c
+            .int::<i64>(
+                "queue.finished_job_retention_days",
+                &q.finished_job_retention_days,
+                1..=3650,
+                "a number of days from 1 to 3650",
+            )
+            .map(chrono::Duration::days);
+        if let (Some(catch_up), Some(retention)) = (catch_up, finished_job_retention)
+            && catch_up >= retention
+        {
+            c.fail(
+                "schedule.catch_up_hours",
+                &format!(
+                    "fewer hours than queue.finished_job_retention_days keeps slots ({} h)",
+                    retention.num_hours()
+                ),
+                catch_up.num_hours(),
+            );
+        }
 
         let h = &self.http;
         let listen = c.parsed(
@@ -467,29 +428,6 @@ impl RawSettings {
             |s| s.parse().ok(),
         );
         let refresh_interval = c.millis("http.refresh_interval_ms", &h.refresh_interval_ms);
-
-        let e = &self.execution_details;
-        let window_size = c.int(
-            "execution_details.window_size",
-            &e.window_size,
-            1..=100_000,
-            "an integer from 1 to 100000",
-        );
-        let owners_per_transaction = c.int(
-            "execution_details.owners_per_transaction",
-            &e.owners_per_transaction,
-            1..=10_000,
-            "an integer from 1 to 10000",
-        );
-        let transaction_target = c.millis(
-            "execution_details.transaction_target_ms",
-            &e.transaction_target_ms,
-        );
-        let hop_budget = c.millis("execution_details.hop_budget_ms", &e.hop_budget_ms);
-        let owner_lock_timeout = c.millis(
-            "execution_details.owner_lock_timeout_ms",
-            &e.owner_lock_timeout_ms,
-        );
 
         let l = &self.log;
         let format = c.parsed(
@@ -542,24 +480,62 @@ impl RawSettings {
                 max_attempts: max_attempts?,
                 retry_backoff: retry_backoff?,
                 shutdown_grace: shutdown_grace?,
+                finished_job_retention: finished_job_retention?,
             },
             http: HttpSettings {
                 listen: listen?,
                 refresh_interval: refresh_interval?,
             },
-            execution_details: ExecutionDetailsSettings {
-                window_size: window_size?,
-                owners_per_transaction: owners_per_transaction?,
-                transaction_target: transaction_target?,
-                hop_budget: hop_budget?,
-                owner_lock_timeout: owner_lock_timeout?,
-            },
             log: LogSettings {
                 format: format?,
                 level: level?,
             },
+            jobs: JobSettings::default(),
         })
     }
+}
+
+/// Reads every job's section and checks that the pool holds what the jobs need at once.
+fn with_jobs(
+    mut settings: Settings,
+    merged: &Dict,
+    jobs: &[&dyn Section],
+    problems: &mut Vec<Problem>,
+) -> Option<Settings> {
+    let mut check = Check::new(problems);
+    let mut parsed = JobSettings::default();
+    for job in jobs {
+        let section = merged
+            .get(job.section())
+            .map(|value| serde_json::to_value(value).unwrap_or_default())
+            .unwrap_or_else(|| serde_json::json!({}));
+        if let Some(settings) = job.parse(&section, &settings.paths, &mut check) {
+            parsed.0.insert(job.job(), settings);
+        }
+    }
+    // FL-6: no hop may fail for want of a connection. Hops of every queue together are bounded
+    // by queue.concurrency, and the widest hop sets what each may hold.
+    let widest = jobs.iter().map(|j| j.connections()).max().unwrap_or(1);
+    let needed =
+        settings.queue.concurrency as u64 * u64::from(widest) + u64::from(FIXED_CONNECTIONS);
+    if u64::from(settings.database.max_connections) < needed {
+        check.fail(
+            "database.max_connections",
+            &format!(
+                "at least queue.concurrency ({}) x {widest} connections per hop + \
+                 {FIXED_CONNECTIONS} for the listener, schedule, gauges and queue = {needed}; \
+                 raise it or lower queue.concurrency",
+                settings.queue.concurrency
+            ),
+            settings.database.max_connections,
+        );
+    }
+    settings.jobs = parsed;
+    (parsed_all(jobs, &settings.jobs)).then_some(settings)
+}
+
+fn parsed_all(jobs: &[&dyn Section], parsed: &JobSettings) -> bool {
+    jobs.iter().all(|job| parsed.contains(job.job()))
 }
 
 /// Whether one directory contains the other (compared lexically, and canonically where both
@@ -578,7 +554,10 @@ mod tests {
     use super::*;
 
     fn load(toml: &str) -> Result<Settings, ConfigError> {
-        Settings::from_figment(&Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(toml)))
+        Settings::from_figment(
+            &Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(toml)),
+            &[],
+        )
     }
 
     #[test]
@@ -609,6 +588,15 @@ mod tests {
             ]
         );
         assert!(problems[3].message.contains("\"lots\""));
+    }
+
+    #[test]
+    fn fl6_a_pool_too_small_for_the_hops_is_refused_naming_both_settings() {
+        let err = load("[database]\nmax_connections = 5\n[queue]\nconcurrency = 2\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("database.max_connections"), "{text}");
+        assert!(text.contains("queue.concurrency (2)"), "{text}");
+        assert!(load("[database]\nmax_connections = 6\n[queue]\nconcurrency = 2\n").is_ok());
     }
 
     #[test]

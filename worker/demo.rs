@@ -1,5 +1,7 @@
 //! `sexton demo`: migrate, seed a small dataset, run one nightly pass through the queue exactly as
-//! a fleet would (tick, then a worker until the queue is idle), and print what changed.
+//! a fleet would (tick, then a worker until the queue is idle), and print what changed: every
+//! table and root before and after, and what each job kind's passes did. The worker's logs go
+//! to a file the report names.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,9 +11,21 @@ use chrono::Utc;
 
 use crate::config::{PathSettings, Settings};
 use crate::seed::{SeedOptions, seed};
-use sexton_jobs::prune_execution_details;
 
-use crate::{db, execution_details, queue, tick, worker};
+use crate::{db, ledger, preview, queue, registry, tick, worker};
+
+/// Where the demo writes its files and log: a fresh directory per run.
+pub fn root() -> PathBuf {
+    std::env::temp_dir().join(format!("sexton-demo-{}", std::process::id()))
+}
+
+/// The demo's log file, in [`root`] (created here, so that logging can start before the demo).
+pub fn log_file() -> PathBuf {
+    let root = root();
+    // If the directory cannot be made, opening the log file says so.
+    let _ = std::fs::create_dir_all(&root);
+    root.join("sexton-demo.log")
+}
 
 /// Every table of SPEC §1, in the order the report lists them.
 pub const TABLES: &[&str] = &[
@@ -63,7 +77,7 @@ struct Snapshot {
 /// When the database already holds accounts (the demo only seeds throw-away databases), or
 /// any step fails.
 pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
-    let root = std::env::temp_dir().join(format!("sexton-demo-{}", std::process::id()));
+    let root = root();
     let mut settings = settings.clone();
     settings.paths = PathSettings {
         output_root: root.join("outputs"),
@@ -110,15 +124,17 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     let before = snapshot(&pool, &settings.paths).await?;
     println!("\nwhat the pass will do (sexton preview):");
     let mut conn = pool.acquire().await?;
-    execution_details::print_preview(
-        &prune_execution_details::preview(&mut conn, now, None).await?,
+    print!(
+        "{}",
+        preview::render(&preview::read(&mut conn, &settings, now, None).await?)
     );
     drop(conn);
     let ticked = tick::tick(&pool, &settings, now).await?;
     println!(
-        "\nnightly slot {}: {}",
+        "\nnightly slot {}: {}; running it (worker log: {})",
         ticked.slot.to_rfc3339(),
-        ticked.outcome
+        ticked.outcome,
+        log_file().display()
     );
     let started = std::time::Instant::now();
     worker::run(&settings, worker::Mode::UntilIdle).await?;
@@ -133,6 +149,7 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
         jobs.failed
     );
     print_report(&before, &after);
+    print_passes(&ledger::latest(&pool).await?);
     println!(
         "\nfiles were written under {}; delete it when done.",
         root.display()
@@ -208,5 +225,42 @@ fn print_report(before: &Snapshot, after: &Snapshot) {
     for (root, (files, bytes)) in &before.files {
         let (now, now_bytes) = after.files.get(root).copied().unwrap_or_default();
         println!("{root:<30} {files:>10} {now:>10} {:>14}", bytes - now_bytes);
+    }
+}
+
+/// What each job kind's passes did, summed over accounts.
+fn print_passes(passes: &[ledger::Pass]) {
+    println!(
+        "\n{:<30} {:>7} {:>9} {:>6} {:>10} {:>10} {:>12} {:>8} {:>12}",
+        "job",
+        "passes",
+        "finished",
+        "hops",
+        "pruned",
+        "retained",
+        "rows deleted",
+        "files",
+        "bytes freed"
+    );
+    for kind in registry::KINDS {
+        let mine: Vec<&ledger::Pass> = passes.iter().filter(|p| p.job == kind.name()).collect();
+        let sum = |f: fn(&ledger::Pass) -> i64| mine.iter().map(|p| f(p)).sum::<i64>();
+        let total = |v: &serde_json::Value| -> i64 {
+            v.as_object().map_or(0, |m| {
+                m.values().filter_map(serde_json::Value::as_i64).sum()
+            })
+        };
+        println!(
+            "{:<30} {:>7} {:>9} {:>6} {:>10} {:>10} {:>12} {:>8} {:>12}",
+            kind.name(),
+            mine.len(),
+            mine.iter().filter(|p| p.finished_at.is_some()).count(),
+            sum(|p| i64::from(p.hops)),
+            sum(|p| p.pruned),
+            mine.iter().map(|p| total(&p.retained)).sum::<i64>(),
+            mine.iter().map(|p| total(&p.rows_deleted)).sum::<i64>(),
+            sum(|p| p.files_deleted),
+            sum(|p| p.bytes_reclaimed),
+        );
     }
 }

@@ -1,15 +1,26 @@
 //! sexton's worker side: how retention jobs are run — configuration, database, queue, schedule,
 //! CLI, seed data and demo. What is pruned, and why, lives in the `sexton-jobs` crate.
+//!
+//! Dependencies run one way (checked by `tests/architecture.rs`):
+//! config ← db, queue ← context, ledger, telemetry ← hop ← registry ← tick, schedule, status
+//! ← worker (the runtime) ← demo, cli.
 
 pub mod cli;
 pub mod config;
+pub mod context;
 pub mod db;
 pub mod demo;
-pub mod execution_details;
+pub mod hop;
 pub mod http;
+pub mod ledger;
+pub mod preview;
 pub mod queue;
+pub mod registry;
 pub mod schedule;
 pub mod seed;
+pub mod status;
 pub mod telemetry;
+pub mod text;
 pub mod tick;
+pub mod wakeups;
 pub mod worker;

@@ -1,24 +1,29 @@
 //! `sexton`: the retention worker fleet's one binary.
 //!
-//! config → telemetry → command (database, jobs, queue, schedule) → exit code.
+//! config (with every registered job's section) → telemetry → command (database, jobs, queue,
+//! schedule) → exit code.
 //! Exit codes (OP-1): 0 success, 2 bad usage or configuration, 1 failure.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sexton::cli::Cli;
-use sexton::config::Settings;
+use sexton::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let settings = match Settings::load(cli.config.as_deref()) {
+    let settings = match sexton::registry::load_settings(cli.config.as_deref()) {
         Ok(settings) => settings,
         Err(err) => {
             eprintln!("sexton: {err}");
             return ExitCode::from(2);
         }
     };
-    sexton::telemetry::init(&settings.log);
+    // The demo prints a report; its worker's logs go to a file the report names.
+    let log_file = matches!(cli.command, Command::Demo { .. }).then(sexton::demo::log_file);
+    if let Err(err) = sexton::telemetry::init(&settings.log, log_file.as_deref()) {
+        eprintln!("sexton: {err}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,4 +1,5 @@
-//! The queue (FL-1): apalis-postgres storage, one named queue per job kind.
+//! The queue (FL-1): apalis-postgres storage, one named queue (`sexton.<job>`) per job kind
+//! and one for the nightly slots. This module knows queues by name only, never the jobs.
 //!
 //! Payloads are stored as JSON and decoded by sexton's own handlers, not by the queue's codec:
 //! a payload that does not decode then fails its one job (kept, `Killed`, for inspection)
@@ -14,51 +15,15 @@ use sqlx::PgPool;
 
 use crate::config::QueueSettings;
 
-/// A job kind, and the queue its jobs live in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Queue {
-    /// One job per scheduled slot; it fans out one job per account per job kind.
-    Nightly,
-    /// Hops of PruneExecutionDetails passes (SPEC §2).
-    PruneExecutionDetails,
-}
-
-impl Queue {
-    /// Every queue a worker serves.
-    pub const ALL: [Queue; 2] = [Queue::Nightly, Queue::PruneExecutionDetails];
-
-    /// The queue's name in `apalis.jobs.job_type`; stable, whatever the Rust types are called.
-    pub fn name(self) -> &'static str {
-        match self {
-            Queue::Nightly => "sexton.nightly",
-            Queue::PruneExecutionDetails => "sexton.prune_execution_details",
-        }
-    }
-
-    /// The job label used in metrics and logs.
-    pub fn job(self) -> &'static str {
-        match self {
-            Queue::Nightly => "nightly",
-            Queue::PruneExecutionDetails => "prune_execution_details",
-        }
-    }
-}
-
-impl fmt::Display for Queue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// The storage of one queue, with the fleet's heartbeat settings (FL-4).
 pub fn storage(
     pool: &PgPool,
-    queue: Queue,
+    queue: &'static str,
     settings: &QueueSettings,
 ) -> PostgresStorage<serde_json::Value> {
     PostgresStorage::new(pool).with_config(
         Config::default()
-            .queue(queue.name())
+            .queue(queue)
             .heartbeat_interval(settings.heartbeat_interval)
             .missed_heartbeats(settings.missed_heartbeats as usize)
             .batch_size(settings.concurrency),
@@ -97,13 +62,13 @@ impl fmt::Display for PushOutcome {
 pub enum QueueError {
     #[error("could not encode the payload for {queue}: {source}")]
     Encode {
-        queue: Queue,
+        queue: &'static str,
         #[source]
         source: serde_json::Error,
     },
     #[error("could not push a job to {queue}: {source}")]
     Push {
-        queue: Queue,
+        queue: &'static str,
         #[source]
         source: TaskSinkError<apalis_postgres::Error>,
     },
@@ -117,7 +82,7 @@ pub enum QueueError {
 /// [`QueueError`] when the payload cannot be encoded or the database refuses the job.
 pub async fn push(
     pool: &PgPool,
-    queue: Queue,
+    queue: &'static str,
     settings: &QueueSettings,
     payload: &impl Serialize,
     options: PushOptions,
@@ -164,30 +129,90 @@ impl QueueCounts {
     }
 }
 
+/// The queues of sexton, as `apalis.jobs.job_type` matches them.
+pub const SEXTON_QUEUES: &str = "sexton.%";
+
+const COUNTS: &str = "count(*) FILTER (WHERE status IN ('Pending', 'Queued')
+                              OR (status = 'Failed' AND attempts < max_attempts)),
+             count(*) FILTER (WHERE status = 'Running'),
+             count(*) FILTER (WHERE status = 'Done'),
+             count(*) FILTER (WHERE status = 'Killed'
+                              OR (status = 'Failed' AND attempts >= max_attempts))";
+
 /// Counts the jobs of every sexton queue by state.
 ///
 /// # Errors
 /// [`QueueError::Read`] on a database error.
 pub async fn counts(pool: &PgPool) -> Result<QueueCounts, QueueError> {
-    let names: Vec<&str> = Queue::ALL.iter().map(|q| q.name()).collect();
-    let (pending, running, done, failed) = sqlx::query_as::<_, (i64, i64, i64, i64)>(
-        "SELECT
-             count(*) FILTER (WHERE status IN ('Pending', 'Queued')
-                              OR (status = 'Failed' AND attempts < max_attempts)),
-             count(*) FILTER (WHERE status = 'Running'),
-             count(*) FILTER (WHERE status = 'Done'),
-             count(*) FILTER (WHERE status = 'Killed'
-                              OR (status = 'Failed' AND attempts >= max_attempts))
-         FROM apalis.jobs
-         WHERE job_type = ANY($1)",
-    )
-    .bind(&names)
-    .fetch_one(pool)
-    .await?;
+    let (pending, running, done, failed) =
+        sqlx::query_as::<_, (i64, i64, i64, i64)>(sqlx::AssertSqlSafe(format!(
+            "SELECT {COUNTS} FROM apalis.jobs WHERE job_type LIKE $1"
+        )))
+        .bind(SEXTON_QUEUES)
+        .fetch_one(pool)
+        .await?;
     Ok(QueueCounts {
         pending,
         running,
         done,
         failed,
     })
+}
+
+/// Counts the jobs of each sexton queue by state.
+///
+/// # Errors
+/// [`QueueError::Read`] on a database error.
+pub async fn counts_by_queue(
+    pool: &PgPool,
+) -> Result<std::collections::BTreeMap<String, QueueCounts>, QueueError> {
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT job_type, {COUNTS} FROM apalis.jobs WHERE job_type LIKE $1 GROUP BY job_type"
+    )))
+    .bind(SEXTON_QUEUES)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(queue, pending, running, done, failed)| {
+            let counts = QueueCounts {
+                pending,
+                running,
+                done,
+                failed,
+            };
+            (queue, counts)
+        })
+        .collect())
+}
+
+/// A job failed for good (attempts exhausted) or killed (bad payload), kept for inspection.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct FailedJob {
+    pub id: String,
+    pub queue: String,
+    pub status: String,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub last_error: Option<String>,
+    pub run_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The most recent jobs failed for good, newest first, at most `limit`.
+///
+/// # Errors
+/// [`QueueError::Read`] on a database error.
+pub async fn failed(pool: &PgPool, limit: i64) -> Result<Vec<FailedJob>, QueueError> {
+    Ok(sqlx::query_as(
+        "SELECT id, job_type AS queue, status, attempts, max_attempts,
+                COALESCE(last_result ->> 'Err', last_result::text) AS last_error, run_at
+         FROM apalis.jobs
+         WHERE job_type LIKE $1
+           AND (status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts))
+         ORDER BY run_at DESC LIMIT $2",
+    )
+    .bind(SEXTON_QUEUES)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
 }

@@ -1,17 +1,21 @@
 //! Nightly slots: which slot a moment belongs to, enqueuing it exactly once fleet-wide, and
-//! fanning a slot out into one job per account per job kind.
+//! fanning a slot out into the first hop of every registered job kind — per account, or once
+//! for a global kind.
 
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
+use sexton_jobs::job::Scope;
 use sexton_jobs::payload::V1;
 use sqlx::PgPool;
-
-use sexton_jobs::prune_execution_details::Args;
+use uuid::Uuid;
 
 use crate::config::{ScheduleSettings, Settings};
-use crate::execution_details;
-use crate::queue::{self, PushOptions, PushOutcome, Queue, QueueError};
-use crate::worker::JobContext;
+use crate::context::JobContext;
+use crate::queue::{self, PushOptions, PushOutcome, QueueError};
+use crate::{ledger, registry};
+
+/// The queue of nightly slots.
+pub const NIGHTLY: &str = "sexton.nightly";
 
 /// The payload of a nightly slot job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,7 +76,7 @@ pub async fn enqueue_slot(
     let payload = NightlySlot { version: V1, slot };
     let outcome = queue::push(
         pool,
-        Queue::Nightly,
+        NIGHTLY,
         &settings.queue,
         &payload,
         PushOptions {
@@ -94,18 +98,39 @@ pub enum TickError {
     Queue(#[from] QueueError),
 }
 
-/// Pushes one job per account per job kind for a slot. Each push carries a key derived from
-/// the slot, so running this twice (a retried slot job) adds nothing.
+/// Pushes the first hop of every job kind for a slot — one per account for a per-account
+/// kind, one for a global kind — after opening their passes in the ledger. Each push carries a
+/// key derived from the slot, so running this twice (a retried slot job) adds nothing. Passes
+/// older than the queue's retention are forgotten on the way (FL-7).
 ///
 /// # Errors
 /// A database or queue error; the slot job is then retried.
 pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()> {
-    let accounts: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM accounts ORDER BY id")
+    let accounts: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM accounts ORDER BY id")
         .fetch_all(&ctx.pool)
         .await?;
     tracing::info!(slot = %slot.slot.to_rfc3339(), accounts = accounts.len(), "fanning out nightly slot");
-    for account_id in accounts {
-        execution_details::push_hop(ctx, &Args::first(account_id, slot.slot)).await?;
+    for kind in registry::KINDS {
+        let scopes: Vec<Option<Uuid>> = match kind.scope() {
+            Scope::Account => accounts.iter().copied().map(Some).collect(),
+            Scope::Global => vec![None],
+        };
+        let keys: Vec<Uuid> = scopes.iter().map(|s| ledger::scope(*s)).collect();
+        ledger::open(&ctx.pool, kind.name(), &keys, slot.slot).await?;
+        for scope in scopes {
+            kind.push_first(ctx, scope, slot.slot).await?;
+        }
+    }
+    let forgotten = ledger::prune(
+        &ctx.pool,
+        slot.slot - ctx.settings.queue.finished_job_retention,
+    )
+    .await?;
+    if forgotten > 0 {
+        tracing::info!(
+            passes = forgotten,
+            "forgot passes past the queue's retention"
+        );
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! workers, until the queue is empty.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -11,78 +11,80 @@ use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{
     AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, Strategy, WorkerBuilder,
 };
-use apalis_postgres::Pubsub;
-use serde::de::DeserializeOwned;
-use sexton_jobs::clock::{SharedClock, SystemClock};
-use sexton_jobs::prune_execution_details;
+use sexton_jobs::clock::SystemClock;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
-use crate::execution_details;
+use crate::context::{JobContext, JobFailure, decode};
 use crate::http::{self, Health};
-use crate::queue::{self, Queue};
+use crate::registry::{self, Kind};
 use crate::telemetry::metrics;
 use crate::tick::{self, NightlySlot};
-use crate::{db, schedule};
+use crate::wakeups::Wakeups;
+use crate::{db, ledger, queue, schedule};
 
-/// What every handler gets: the pool, the settings, the clock and the shutdown flag.
-#[derive(Clone)]
-pub struct JobContext {
-    pub pool: PgPool,
-    pub settings: Arc<Settings>,
-    pub clock: SharedClock,
-    /// Raised on SIGTERM/SIGINT: hops stop taking owners and hand over (FL-5).
-    pub stopping: Arc<AtomicBool>,
+/// What one queue's consumer runs: the nightly fan-out, or the hops of one job kind.
+#[derive(Clone, Copy)]
+enum Consumer {
+    Nightly,
+    Job(&'static dyn Kind),
 }
 
-/// What a failed job asks the queue to do.
-#[derive(Debug, thiserror::Error)]
-pub enum JobFailure {
-    /// The payload is not a job this version of sexton understands: never retried (FL-1).
-    #[error("bad payload for {queue}: {reason}")]
-    BadPayload { queue: Queue, reason: String },
-    /// A transient failure (database gone, lock timeout): retried with backoff.
-    #[error(transparent)]
-    Retryable(anyhow::Error),
-}
+impl Consumer {
+    /// Every queue a worker serves.
+    fn all() -> impl Iterator<Item = Consumer> {
+        std::iter::once(Consumer::Nightly).chain(registry::KINDS.iter().map(|k| Consumer::Job(*k)))
+    }
 
-/// Decodes a job's JSON payload into its typed, versioned arguments.
-///
-/// # Errors
-/// [`JobFailure::BadPayload`] naming the queue and what was wrong.
-pub fn decode<T: DeserializeOwned>(
-    queue: Queue,
-    payload: serde_json::Value,
-) -> Result<T, JobFailure> {
-    serde_json::from_value(payload).map_err(|e| JobFailure::BadPayload {
-        queue,
-        reason: e.to_string(),
-    })
+    fn queue(self) -> &'static str {
+        match self {
+            Consumer::Nightly => tick::NIGHTLY,
+            Consumer::Job(kind) => kind.queue(),
+        }
+    }
+
+    /// The job label in metrics and logs.
+    fn job(self) -> &'static str {
+        match self {
+            Consumer::Nightly => "nightly",
+            Consumer::Job(kind) => kind.name(),
+        }
+    }
 }
 
 /// Turns a job's outcome into what apalis does next: done, retry after a backoff, or give up.
 async fn settle(
     ctx: &JobContext,
-    queue: Queue,
+    consumer: Consumer,
     attempt: &Attempt,
     outcome: Result<(), JobFailure>,
 ) -> Result<(), BoxDynError> {
+    let (queue, job) = (consumer.queue(), consumer.job());
     match outcome {
         Ok(()) => {
-            metrics::job_run(queue.job(), "succeeded");
+            metrics::job_run(job, "succeeded");
             Ok(())
         }
         Err(err @ JobFailure::BadPayload { .. }) => {
-            metrics::job_run(queue.job(), "rejected");
-            tracing::error!(queue = queue.name(), error = %err, "job payload rejected; kept for inspection");
+            metrics::job_run(job, "rejected");
+            tracing::error!(queue, error = %err, "job payload rejected; kept for inspection");
             Err(AbortError::new(err).into())
         }
+        Err(JobFailure::Fatal(err)) => {
+            metrics::job_run(job, "failed");
+            tracing::error!(
+                queue,
+                error = format!("{err:#}"),
+                "job failed for good; kept for inspection"
+            );
+            Err(AbortError::new(JobFailure::Fatal(err)).into())
+        }
         Err(JobFailure::Retryable(err)) => {
-            metrics::job_run(queue.job(), "failed");
+            metrics::job_run(job, "failed");
             let current = attempt.current();
             tracing::warn!(
-                queue = queue.name(),
+                queue,
                 attempt = current,
                 error = format!("{err:#}"),
                 "job failed"
@@ -98,11 +100,11 @@ async fn settle(
     }
 }
 
-/// What one queue's worker holds: the shared context and the queue it serves.
+/// What one queue's worker holds: the shared context and what it consumes.
 #[derive(Clone)]
 struct QueueWorker {
     ctx: JobContext,
-    queue: Queue,
+    consumer: Consumer,
 }
 
 /// The one handler of every queue: decodes the payload and runs the queue's job.
@@ -111,20 +113,17 @@ async fn handle(
     worker: Data<QueueWorker>,
     attempt: Attempt,
 ) -> Result<(), BoxDynError> {
-    let QueueWorker { ctx, queue } = &*worker;
-    let outcome = match queue {
-        Queue::Nightly => match decode::<NightlySlot>(*queue, payload) {
+    let QueueWorker { ctx, consumer } = &*worker;
+    let outcome = match consumer {
+        Consumer::Nightly => match decode::<NightlySlot>(tick::NIGHTLY, payload) {
             Ok(slot) => tick::fan_out(ctx, &slot)
                 .await
                 .map_err(JobFailure::Retryable),
             Err(err) => Err(err),
         },
-        Queue::PruneExecutionDetails => match decode(*queue, payload) {
-            Ok(args) => execution_details::hop(ctx, args).await,
-            Err(err) => Err(err),
-        },
+        Consumer::Job(kind) => kind.handle(ctx, payload).await,
     };
-    settle(ctx, *queue, &attempt, outcome).await
+    settle(ctx, *consumer, &attempt, outcome).await
 }
 
 /// This process's name in the fleet: configured, or host name and process id.
@@ -174,28 +173,22 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
 
     let pool = db::connect_with_retry(&settings.database).await?;
     health.connected(&pool);
-    let ctx = JobContext {
-        pool: pool.clone(),
-        settings: settings.clone(),
-        clock: Arc::new(SystemClock),
-        stopping: Arc::default(),
-    };
-    let background = match mode {
-        Mode::Fleet => vec![
-            tokio::spawn(schedule::run(
-                pool.clone(),
-                settings.clone(),
-                ctx.clock.clone(),
-            )),
-            tokio::spawn(refresh_gauges(ctx.clone())),
-        ],
-        Mode::UntilIdle => Vec::new(),
-    };
+    let ctx = JobContext::new(pool.clone(), settings.clone(), Arc::new(SystemClock));
+    let wakeups = Arc::new(Wakeups::default());
+    let mut background = vec![tokio::spawn(wakeups.clone().run(pool.clone()))];
+    if mode == Mode::Fleet {
+        background.push(tokio::spawn(schedule::run(
+            pool.clone(),
+            settings.clone(),
+            ctx.clock.clone(),
+        )));
+        background.push(tokio::spawn(refresh_gauges(ctx.clone())));
+    }
 
     let name = worker_name(&settings);
-    let monitor = monitor(&ctx, &name);
+    let monitor = monitor(&ctx, &wakeups, &name);
 
-    tracing::info!(worker = %name, queues = Queue::ALL.len(), "worker started");
+    tracing::info!(worker = %name, queues = Consumer::all().count(), "worker started");
     health.consuming(true);
     let stopping = ctx.stopping.clone();
     let stop = async move {
@@ -223,17 +216,19 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
 
 /// One apalis worker per queue under one monitor, which stops claiming on shutdown and waits
 /// up to the grace for running jobs (FL-5).
-fn monitor(ctx: &JobContext, name: &str) -> Monitor {
+fn monitor(ctx: &JobContext, wakeups: &Arc<Wakeups>, name: &str) -> Monitor {
     let poll = ctx.settings.queue.poll_interval;
     let concurrency = ctx.settings.queue.concurrency;
     let mut monitor = Monitor::new();
-    for queue in Queue::ALL {
+    for consumer in Consumer::all() {
         let ctx = ctx.clone();
-        let worker = format!("{name}.{}", queue.job());
+        let wakeups = wakeups.clone();
+        let worker = format!("{name}.{}", consumer.job());
         monitor = monitor.register(move |restarts| {
+            let queue = consumer.queue();
             let backend = queue::storage(&ctx.pool, queue, &ctx.settings.queue).poll_with_strategy(
                 Strategy::new()
-                    .stream(Pubsub::new(ctx.pool.clone(), queue.name().to_owned()))
+                    .stream(wakeups.subscribe(queue))
                     .interval(poll),
             );
             // A restarted worker takes a new name, so that the jobs its predecessor held are
@@ -246,7 +241,7 @@ fn monitor(ctx: &JobContext, name: &str) -> Monitor {
                 .backend(backend)
                 .data(QueueWorker {
                     ctx: ctx.clone(),
-                    queue,
+                    consumer,
                 })
                 .concurrency(concurrency)
                 .build(handle)
@@ -263,17 +258,30 @@ fn monitor(ctx: &JobContext, name: &str) -> Monitor {
         .shutdown_timeout(ctx.settings.queue.shutdown_grace)
 }
 
-/// Keeps the queue and backlog gauges current (OP-3).
+/// Keeps the queue, backlog and last-success gauges current (OP-3).
 async fn refresh_gauges(ctx: JobContext) {
     loop {
         match queue::counts(&ctx.pool).await {
             Ok(counts) => metrics::queue(&counts),
             Err(err) => tracing::warn!(error = %err, "could not count queue jobs"),
         }
-        match prune_execution_details::backlog_seconds(&ctx.pool, ctx.clock.now()).await {
-            Ok(seconds) => metrics::backlog(metrics::EXECUTION_DETAILS, seconds),
-            Err(err) => tracing::warn!(error = %err, "could not measure the backlog"),
+        for kind in registry::KINDS {
+            match kind
+                .backlog(&ctx.pool, &ctx.settings, ctx.clock.now())
+                .await
+            {
+                Ok(Some(seconds)) => metrics::backlog(kind.name(), seconds),
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(
+                        job = kind.name(),
+                        error = format!("{err:#}"),
+                        "could not measure the backlog"
+                    )
+                }
+            }
         }
+        ledger::publish_last_success(&ctx.pool).await;
         tokio::time::sleep(ctx.settings.http.refresh_interval).await;
     }
 }

@@ -1,7 +1,11 @@
-//! sexton's retention logic: what is pruned and why. One module per job, each with serde
-//! arguments and a `run` that reports what it did. No queue types here: the worker crate wires
-//! these jobs to apalis, the schedule, metrics and the CLI.
+//! sexton's retention logic: what is pruned and why. One module per job kind, each implementing
+//! [`job::Job`]: serde arguments, a settings section, and a `run` that does one hop and reports
+//! what it did. No queue types here: the worker crate wires these jobs to apalis, the schedule,
+//! metrics and the CLI.
 
 pub mod clock;
+pub mod files;
+pub mod job;
 pub mod payload;
 pub mod prune_execution_details;
+pub mod settings;

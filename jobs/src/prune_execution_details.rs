@@ -11,7 +11,7 @@
 //! the window was full or its time budget ran out.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -22,7 +22,10 @@ use sqlx::{Connection as _, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::files::{self, DrainError, PathSettings, Root};
+use crate::job::{Env, Job, Position, Report, Scope};
 use crate::payload::V1;
+use crate::settings::{Check, Raw};
 
 /// The age of a run for execution retention, as the window index spells it (EX-2).
 const AGE: &str = "(CASE WHEN kind = 'conversation' THEN completed_at \
@@ -172,7 +175,7 @@ impl RetainReason {
         RetainReason::Busy,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             RetainReason::PendingWork => "pending_work",
             RetainReason::PendingSettlement => "pending_settlement",
@@ -243,27 +246,26 @@ impl HopReport {
             }
         }
         if let Some(first) = locked.first() {
-            let mut rows = [0; 7];
-            for (n, deleted) in rows.iter_mut().zip(&first.deleted) {
-                *n = (*deleted).max(0) as u64;
+            for (table, deleted) in DETAIL_TABLES.iter().zip(&first.deleted) {
+                *self.rows.entry(table).or_default() += (*deleted).max(0) as u64;
             }
-            self.add_rows(rows, first.bytes.max(0) as u64);
         }
     }
 
-    fn add_rows(&mut self, rows: [u64; 7], bytes: u64) {
-        for (table, n) in DETAIL_TABLES.iter().zip(rows) {
-            *self.rows.entry(table).or_default() += n;
-        }
-        self.bytes_reclaimed += bytes;
+    fn add_files(&mut self, files: files::FileCounts) {
+        self.files_deleted += files.deleted;
+        self.bytes_reclaimed += files.bytes;
+        self.file_errors += files.errors;
     }
 }
 
 /// Why a hop failed; every variant is transient and the hop is retried (EX-8).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("database error")]
+    #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Files(#[from] DrainError),
 }
 
 /// Runs one hop. When `stop` is raised (shutdown, FL-5) the hop finishes the owner in hand,
@@ -279,10 +281,23 @@ pub async fn run(
     args: &Args,
     stop: &AtomicBool,
 ) -> Result<HopReport, Error> {
-    let started = Instant::now();
-    // One connection for the whole hop: no pool round trip per owner transaction.
     let mut conn = pool.acquire().await?;
-    let conn = &mut *conn;
+    hop(&mut conn, clock, settings, args, stop).await
+}
+
+/// [`run`] on a connection of the caller's: one connection for the whole hop, no pool round
+/// trip per owner transaction.
+///
+/// # Errors
+/// As [`run`].
+pub async fn hop(
+    conn: &mut PgConnection,
+    clock: &dyn Clock,
+    settings: &HopSettings,
+    args: &Args,
+    stop: &AtomicBool,
+) -> Result<HopReport, Error> {
+    let started = Instant::now();
     let mut report = HopReport {
         outcome: HopOutcome::Finished,
         candidates: 0,
@@ -296,7 +311,7 @@ pub async fn run(
         owner_seconds: 0.0,
     };
     // Files of owners pruned by an earlier hop that died between commit and unlink.
-    drain_file_deletions(conn, &settings.output_root, args.account_id, &mut report).await?;
+    report.add_files(drain_files(conn, settings, args.account_id).await?);
 
     let days: Option<Option<i32>> =
         sqlx::query_scalar("SELECT execution_details_retention_days FROM accounts WHERE id = $1")
@@ -388,7 +403,7 @@ pub async fn run(
             });
         }
     }
-    drain_file_deletions(conn, &settings.output_root, args.account_id, &mut report).await?;
+    report.add_files(drain_files(conn, settings, args.account_id).await?);
 
     let full = window.len() as u64 == u64::from(settings.window_size);
     if full || out_of_budget {
@@ -446,8 +461,6 @@ struct Locked {
     active_history_request: bool,
     /// Detail rows deleted, per table in [`DETAIL_TABLES`] order.
     deleted: Vec<i64>,
-    /// Bytes of the output files recorded for deletion.
-    bytes: i64,
 }
 
 enum Verdict {
@@ -492,7 +505,7 @@ fn prune_locked(lock: &str) -> String {
         .iter()
         .map(|table| {
             let returning = if *table == "output_files" {
-                "relative_path, bytes"
+                "relative_path"
             } else {
                 "1"
             };
@@ -520,15 +533,14 @@ fn prune_locked(lock: &str) -> String {
              SELECT array_agg(id) AS runs, array_agg(variant_id) AS variants FROM locked
              WHERE NOT pruned AND eligible AND NOT ({})),
          {},
-         pending AS (INSERT INTO sexton.pending_file_deletions (account_id, relative_path)
-                     SELECT $5, relative_path FROM output_files_gone),
+         pending AS (INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+                     SELECT 'outputs', $5, relative_path FROM output_files_gone),
          run AS (UPDATE runs SET details_pruned_at = $6, runner_effects = $7
                  WHERE id = ANY((SELECT runs FROM prune)::uuid[])),
          variant AS (UPDATE variants SET details_pruned_at = $6, runner_effects = $7
                      WHERE id = ANY((SELECT variants FROM prune)::uuid[]))
          SELECT id, pruned, eligible, {},
-                ARRAY[{}]::bigint[] AS deleted,
-                (SELECT COALESCE(sum(bytes), 0) FROM output_files_gone)::bigint AS bytes
+                ARRAY[{}]::bigint[] AS deleted
          FROM locked",
         recheck_columns("c.conversation_id"),
         blocked.join(" OR "),
@@ -681,69 +693,14 @@ fn busy_or<T>(result: Result<T, sqlx::Error>) -> Result<Option<T>, Error> {
     }
 }
 
-/// Unlinks the files recorded for an account and forgets them once gone (EX-3). A file that
-/// is already missing counts as gone; one that cannot be removed is counted and forgotten, so
-/// that one bad path never blocks the pass (ER-3).
-async fn drain_file_deletions(
+/// Unlinks the output files recorded for an account (EX-3). No transaction is held meanwhile:
+/// one hop per account runs at a time (FL-3), and a file unlinked twice is simply already gone.
+async fn drain_files(
     conn: &mut PgConnection,
-    root: &Path,
+    settings: &HopSettings,
     account_id: Uuid,
-    report: &mut HopReport,
-) -> Result<(), Error> {
-    // No transaction is held while files are unlinked: one hop per account runs at a time
-    // (FL-3), and a file unlinked twice is simply already gone.
-    loop {
-        let batch: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT id, relative_path FROM sexton.pending_file_deletions
-             WHERE account_id = $1 ORDER BY id LIMIT 500",
-        )
-        .bind(account_id)
-        .fetch_all(&mut *conn)
-        .await?;
-        if batch.is_empty() {
-            return Ok(());
-        }
-        // Durability barrier: this synchronous commit flushes the WAL past the (asynchronous)
-        // commits of the owners these files belong to, so a file goes only once its owner's
-        // prune can no longer be undone by a database crash.
-        sqlx::query("SELECT txid_current()")
-            .execute(&mut *conn)
-            .await?;
-        let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
-        for (_, relative) in &batch {
-            match remove_under(root, relative) {
-                Ok(true) => report.files_deleted += 1,
-                Ok(false) => {}
-                Err(err) => {
-                    report.file_errors += 1;
-                    tracing::warn!(path = %relative, error = %err, "output file not deleted");
-                }
-            }
-        }
-        sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
-            .bind(&ids)
-            .execute(&mut *conn)
-            .await?;
-    }
-}
-
-/// Removes `root/relative` if `relative` stays inside the root; `Ok(false)` if already gone.
-fn remove_under(root: &Path, relative: &str) -> std::io::Result<bool> {
-    let path = Path::new(relative);
-    if path
-        .components()
-        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "path escapes the output root",
-        ));
-    }
-    match std::fs::remove_file(root.join(path)) {
-        Ok(()) => Ok(true),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(err) => Err(err),
-    }
+) -> Result<files::FileCounts, DrainError> {
+    files::drain(conn, Root::Outputs, &settings.output_root, Some(account_id)).await
 }
 
 /// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
@@ -863,6 +820,157 @@ async fn fill_preview(
     Ok(())
 }
 
+/// The `[execution_details]` section as given.
+#[derive(Debug, Deserialize)]
+struct RawSettings {
+    window_size: Raw<i64>,
+    owners_per_transaction: Raw<i64>,
+    transaction_target_ms: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+    owner_lock_timeout_ms: Raw<i64>,
+}
+
+/// The job kind, as the worker registers it.
+pub struct PruneExecutionDetails;
+
+impl Job for PruneExecutionDetails {
+    const NAME: &'static str = "prune_execution_details";
+    const QUEUE: &'static str = "sexton.prune_execution_details";
+    const SCOPE: Scope = Scope::Account;
+    const SECTION: &'static str = "execution_details";
+    const RETAIN_REASONS: &'static [&'static str] = &[
+        RetainReason::PendingWork.as_str(),
+        RetainReason::PendingSettlement.as_str(),
+        RetainReason::OutstandingDelegation.as_str(),
+        RetainReason::ActiveHistoryRequest.as_str(),
+        RetainReason::NotEligible.as_str(),
+        RetainReason::Busy.as_str(),
+    ];
+
+    type Args = Args;
+    type Settings = HopSettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        paths: &PathSettings,
+        c: &mut Check<'_>,
+    ) -> Option<HopSettings> {
+        let e: RawSettings = c.section(Self::SECTION, section)?;
+        let window_size = c.int(
+            "execution_details.window_size",
+            &e.window_size,
+            1..=100_000,
+            "an integer from 1 to 100000",
+        );
+        let owners_per_transaction = c.int(
+            "execution_details.owners_per_transaction",
+            &e.owners_per_transaction,
+            1..=10_000,
+            "an integer from 1 to 10000",
+        );
+        let transaction_target = c.millis(
+            "execution_details.transaction_target_ms",
+            &e.transaction_target_ms,
+        );
+        let budget = c.millis("execution_details.hop_budget_ms", &e.hop_budget_ms);
+        let owner_lock_timeout = c.millis(
+            "execution_details.owner_lock_timeout_ms",
+            &e.owner_lock_timeout_ms,
+        );
+        Some(HopSettings {
+            window_size: window_size?,
+            owners_per_transaction: owners_per_transaction?,
+            transaction_target: transaction_target?,
+            budget: budget?,
+            owner_lock_timeout: owner_lock_timeout?,
+            output_root: paths.output_root.clone(),
+        })
+    }
+
+    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args::first(account.unwrap_or_default(), slot)
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: Some(args.account_id),
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(env: Env<'_>, settings: &HopSettings, args: &Args) -> Result<Report<Args>, Error> {
+        let report = hop(env.conn, env.clock, settings, args, env.stop).await?;
+        Ok(Report {
+            outcome: report.outcome.as_str(),
+            window: settings.window_size,
+            candidates: report.candidates.into(),
+            pruned: report.pruned.into(),
+            retained: report
+                .retained
+                .iter()
+                .map(|(reason, n)| (reason.as_str(), u64::from(*n)))
+                .collect(),
+            rows: report.rows.iter().map(|(t, n)| (*t, *n)).collect(),
+            files: files::FileCounts {
+                deleted: report.files_deleted,
+                bytes: report.bytes_reclaimed,
+                errors: report.file_errors,
+            },
+            owner_seconds: report.owner_seconds,
+            next: report.next,
+        })
+    }
+
+    async fn backlog_seconds(
+        pool: &PgPool,
+        _settings: &HopSettings,
+        now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        backlog_seconds(pool, now).await.map(Some)
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        now: DateTime<Utc>,
+        account: Option<Uuid>,
+    ) -> Result<Vec<Preview>, Error> {
+        preview(conn, now, account).await
+    }
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(cutoff) = self.cutoff else {
+            return write!(
+                f,
+                "account {} ({}): retention disabled",
+                self.account_name, self.account_id
+            );
+        };
+        write!(
+            f,
+            "account {} ({}), {} days, cutoff {}: {} owners eligible, {} bytes of output files",
+            self.account_name,
+            self.account_id,
+            self.retention_days.unwrap_or_default(),
+            cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            self.eligible_owners,
+            self.bytes
+        )?;
+        for (reason, n) in &self.retained {
+            write!(f, "\n  retained {:<24} {n:>10}", reason.as_str())?;
+        }
+        for (table, n) in &self.rows {
+            write!(f, "\n  rows     {table:<24} {n:>10}")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -889,13 +997,5 @@ mod tests {
         assert_eq!(next_together(100, ms(40), target, 500), 125);
         assert_eq!(next_together(100, ms(1), target, 500), 200);
         assert_eq!(next_together(400, ms(1), target, 500), 500);
-    }
-
-    #[test]
-    fn ex3_files_outside_the_root_are_never_removed() {
-        let dir = std::env::temp_dir();
-        for path in ["../etc/passwd", "/etc/passwd", "a/../../b"] {
-            assert!(remove_under(&dir, path).is_err(), "{path}");
-        }
     }
 }

@@ -14,7 +14,7 @@ use tokio::process::{Child, Command};
 
 /// The default settings with every file root under `dir`.
 pub fn settings(dir: &Path) -> Settings {
-    let mut settings = Settings::load(None).expect("default settings are valid");
+    let mut settings = sexton::registry::load_settings(None).expect("default settings are valid");
     settings.paths = PathSettings {
         output_root: dir.join("outputs"),
         attachments_root: dir.join("attachments"),

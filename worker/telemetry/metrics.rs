@@ -3,12 +3,9 @@
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sexton_jobs::prune_execution_details::{HopReport, RetainReason};
+use sexton_jobs::job::Report;
 
 use crate::queue::QueueCounts;
-
-/// The job label of PruneExecutionDetails.
-pub const EXECUTION_DETAILS: &str = "prune_execution_details";
 
 /// Installs the global recorder once; later calls return the same handle.
 ///
@@ -48,7 +45,7 @@ fn describe() {
     describe_counter!("sexton_job_runs_total", "Queue jobs run, by outcome.");
     describe_gauge!(
         "sexton_last_success_timestamp_seconds",
-        "When a job last completed a pass successfully (Unix seconds)."
+        "The latest slot for which every pass of the job finished (Unix seconds)."
     );
     describe_counter!(
         "sexton_schedule_slots_total",
@@ -61,32 +58,34 @@ fn describe() {
     );
 }
 
-/// One hop of PruneExecutionDetails.
-pub fn hop(report: &HopReport, seconds: f64) {
-    let job = EXECUTION_DETAILS;
-    counter!("sexton_owners_pruned_total", "job" => job).increment(report.pruned.into());
-    for reason in RetainReason::ALL {
-        let n = report.retained.get(&reason).copied().unwrap_or_default();
-        counter!("sexton_owners_retained_total", "job" => job, "reason" => reason.as_str())
-            .increment(n.into());
+/// One hop of `job`, whose owners may be retained for `reasons`.
+pub fn hop<A>(job: &'static str, reasons: &[&'static str], report: &Report<A>, seconds: f64) {
+    counter!("sexton_owners_pruned_total", "job" => job).increment(report.pruned);
+    for reason in reasons {
+        let n = report
+            .retained
+            .iter()
+            .find(|(r, _)| r == reason)
+            .map_or(0, |(_, n)| *n);
+        counter!("sexton_owners_retained_total", "job" => job, "reason" => *reason).increment(n);
     }
     for (table, rows) in &report.rows {
         counter!("sexton_rows_deleted_total", "job" => job, "table" => *table).increment(*rows);
     }
-    counter!("sexton_bytes_reclaimed_total", "job" => job).increment(report.bytes_reclaimed);
-    counter!("sexton_hops_total", "job" => job, "outcome" => report.outcome.as_str()).increment(1);
+    counter!("sexton_bytes_reclaimed_total", "job" => job).increment(report.files.bytes);
+    counter!("sexton_hops_total", "job" => job, "outcome" => report.outcome).increment(1);
     histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
-    if report.next.is_none() {
-        gauge!("sexton_last_success_timestamp_seconds", "job" => job)
-            .set(chrono::Utc::now().timestamp() as f64);
-    }
 }
 
-/// A hop that failed (it will be retried).
-pub fn hop_failed(seconds: f64) {
-    let job = EXECUTION_DETAILS;
+/// A hop that failed (it will be retried, or was failed for good).
+pub fn hop_failed(job: &'static str, seconds: f64) {
     counter!("sexton_hops_total", "job" => job, "outcome" => "failed").increment(1);
     histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
+}
+
+/// The latest slot of `job` for which every pass finished.
+pub fn last_success(job: String, slot: chrono::DateTime<chrono::Utc>) {
+    gauge!("sexton_last_success_timestamp_seconds", "job" => job).set(slot.timestamp() as f64);
 }
 
 /// A queue job's end: `succeeded`, `failed` (retried) or `rejected` (bad payload).
@@ -111,7 +110,7 @@ pub fn queue(counts: &QueueCounts) {
     }
 }
 
-/// The execution-details backlog in seconds.
+/// A job's backlog in seconds.
 pub fn backlog(job: &'static str, seconds: f64) {
     gauge!("sexton_backlog_seconds", "job" => job).set(seconds);
 }

@@ -3,17 +3,39 @@
 
 pub mod metrics;
 
+use std::path::Path;
+use std::sync::Mutex;
+
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 use crate::config::{LogFormat, LogSettings};
 
-/// Installs the global subscriber; `RUST_LOG`, when set, overrides the configured level.
-pub fn init(settings: &LogSettings) {
+/// Installs the global subscriber, writing to stderr or, if given, to the end of `file`;
+/// `RUST_LOG`, when set, overrides the configured level.
+///
+/// # Errors
+/// The log file cannot be opened.
+pub fn init(settings: &LogSettings, file: Option<&Path>) -> std::io::Result<()> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.level));
+    let writer = match file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("log file {}: {e}", path.display()))
+                })?;
+            BoxMakeWriter::new(Mutex::new(file))
+        }
+        None => BoxMakeWriter::new(std::io::stderr),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer)
+        .with_ansi(file.is_none());
     match settings.format {
         LogFormat::Json => builder
             .json()
@@ -22,4 +44,5 @@ pub fn init(settings: &LogSettings) {
             .init(),
         LogFormat::Text => builder.init(),
     }
+    Ok(())
 }

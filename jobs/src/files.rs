@@ -1,0 +1,318 @@
+//! The one way files leave the disk, for every job (EX-3, SS-6, TR-3, AT-1).
+//!
+//! A job records what is to go in `sexton.pending_file_deletions` — root, scope (the account,
+//! or the nil uuid for a global job) and path — inside the transaction that removes the rows
+//! owning it, so that a rolled-back owner leaves no record and its files are never touched.
+//! [`drain`] then, after commit: makes those commits durable (a synchronous commit flushes the
+//! WAL past them), removes each path under its root, and forgets the record. A crash in
+//! between leaves the record for the next drain.
+//!
+//! A path is resolved below the root one component at a time, each directory opened without
+//! following symlinks (`openat` with `O_NOFOLLOW`), and the last component removed relative to
+//! its parent (`unlinkat`): no `..`, absolute path or symlink — file or directory — can lead
+//! out of the root, whatever is swapped in on the way.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// The platform's file roots (SPEC §1.2); relative paths in the database resolve under them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathSettings {
+    pub output_root: PathBuf,
+    pub attachments_root: PathBuf,
+    pub artifacts_root: PathBuf,
+    pub sessions_root: PathBuf,
+    pub traces_root: PathBuf,
+}
+
+/// A root files are removed from. Generated artifacts have none: they are never removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Root {
+    Outputs,
+    Sessions,
+    Attachments,
+    Traces,
+}
+
+impl Root {
+    /// The name stored in `sexton.pending_file_deletions.root`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Root::Outputs => "outputs",
+            Root::Sessions => "sessions",
+            Root::Attachments => "attachments",
+            Root::Traces => "traces",
+        }
+    }
+
+    /// Where this root is.
+    pub fn path(self, paths: &PathSettings) -> &Path {
+        match self {
+            Root::Outputs => &paths.output_root,
+            Root::Sessions => &paths.sessions_root,
+            Root::Attachments => &paths.attachments_root,
+            Root::Traces => &paths.traces_root,
+        }
+    }
+}
+
+/// What a drain removed and what it could not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FileCounts {
+    /// Files unlinked (a directory's files each count).
+    pub deleted: u64,
+    /// Bytes of the files unlinked: what was actually removed, not what rows said.
+    pub bytes: u64,
+    /// Paths left in place: escaping the root, not a regular file, or not removable.
+    pub errors: u64,
+}
+
+impl FileCounts {
+    pub fn add(&mut self, other: FileCounts) {
+        self.deleted += other.deleted;
+        self.bytes += other.bytes;
+        self.errors += other.errors;
+    }
+}
+
+/// Why a drain stopped; the hop fails and is retried, the records stay.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The root is gone or not a directory: nothing under it can be told apart from
+    /// "already deleted", so nothing is forgotten (ER-3).
+    #[error("file root {} cannot be opened: {source}", path.display())]
+    Root {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Removes the files recorded under `root` (found at `root_path`) for `scope` (an account, or `None` for a global
+/// job), and forgets each record once its path is gone or refused. The caller guarantees that
+/// no other drain of the same root and scope runs at the same time (the scope lock).
+///
+/// # Errors
+/// [`DrainError`] when the database fails or the root cannot be opened; what was not yet
+/// removed stays recorded.
+pub async fn drain(
+    conn: &mut PgConnection,
+    root: Root,
+    root_path: &Path,
+    scope: Option<Uuid>,
+) -> Result<FileCounts, DrainError> {
+    let mut counts = FileCounts::default();
+    loop {
+        let batch: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT id, relative_path FROM sexton.pending_file_deletions
+             WHERE root = $1 AND account_id = $2 ORDER BY id LIMIT 500",
+        )
+        .bind(root.as_str())
+        .bind(scope.unwrap_or_default())
+        .fetch_all(&mut *conn)
+        .await?;
+        if batch.is_empty() {
+            return Ok(counts);
+        }
+        // Durability barrier: this synchronous commit flushes the WAL past the (possibly
+        // asynchronous) commits that recorded these paths, so a file goes only once the removal
+        // of its rows can no longer be undone by a database crash.
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut *conn)
+            .await?;
+        let dir = open_root(root_path).map_err(|source| DrainError::Root {
+            path: root_path.to_owned(),
+            source,
+        })?;
+        for (_, relative) in &batch {
+            match remove_under(&dir, relative) {
+                Ok(removed) => {
+                    counts.deleted += removed.deleted;
+                    counts.bytes += removed.bytes;
+                }
+                Err(err) => {
+                    counts.errors += 1;
+                    tracing::warn!(root = root.as_str(), path = %relative, error = %err, "file not deleted");
+                }
+            }
+        }
+        let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+        sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *conn)
+            .await?;
+    }
+}
+
+/// Opens a root directory (the root itself may be a symlink: the operator configured it).
+pub fn open_root(root: &Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        root,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+fn escape(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, why.to_owned())
+}
+
+/// Removes `relative` below the open root `root`: a regular file, or a directory with
+/// everything in it. A path that is already gone removes nothing.
+///
+/// # Errors
+/// `InvalidInput` when the path is absolute, has `..`, passes through a symlink or a
+/// non-directory, or names something that is neither a regular file nor a directory; any
+/// other I/O error of the removal.
+pub fn remove_under(root: &OwnedFd, relative: &str) -> io::Result<FileCounts> {
+    let mut names = Vec::new();
+    for component in Path::new(relative).components() {
+        match component {
+            Component::Normal(name) => names.push(name),
+            Component::CurDir => {}
+            _ => return Err(escape("path is absolute or climbs out of its root")),
+        }
+    }
+    let Some((last, parents)) = names.split_last() else {
+        return Err(escape("path names the root itself"));
+    };
+    let mut dir: Option<OwnedFd> = None;
+    for name in parents {
+        let parent = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
+        match rustix::fs::openat(
+            parent,
+            *name,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(next) => dir = Some(next),
+            Err(rustix::io::Errno::NOENT) => return Ok(FileCounts::default()),
+            Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+                return Err(escape("a symlink or non-directory lies on the path"));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    let parent = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
+    remove_entry(parent, *last)
+}
+
+/// Removes the entry `name` of the open directory `parent` without following a symlink.
+fn remove_entry(parent: impl AsFd, name: impl rustix::path::Arg + Copy) -> io::Result<FileCounts> {
+    let stat = match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(rustix::io::Errno::NOENT) => return Ok(FileCounts::default()),
+        Err(err) => return Err(err.into()),
+    };
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => {
+            rustix::fs::unlinkat(&parent, name, AtFlags::empty())?;
+            Ok(FileCounts {
+                deleted: 1,
+                bytes: stat.st_size.max(0) as u64,
+                errors: 0,
+            })
+        }
+        FileType::Directory => remove_tree(parent, name),
+        _ => Err(escape("not a regular file or directory")),
+    }
+}
+
+/// Removes a directory and everything in it. Inside the tree a symlink is unlinked itself,
+/// never followed.
+fn remove_tree(parent: impl AsFd, name: impl rustix::path::Arg + Copy) -> io::Result<FileCounts> {
+    let dir = rustix::fs::openat(
+        &parent,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut counts = FileCounts::default();
+    let entries: Vec<(std::ffi::CString, FileType)> = Dir::read_from(&dir)?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| !is_dot(entry.file_name()))
+        .map(|entry| (entry.file_name().to_owned(), entry.file_type()))
+        .collect();
+    for (child, kind) in entries {
+        match kind {
+            FileType::Directory => counts.add(remove_tree(&dir, child.as_c_str())?),
+            FileType::Symlink => rustix::fs::unlinkat(&dir, child.as_c_str(), AtFlags::empty())?,
+            _ => match remove_entry(&dir, child.as_c_str()) {
+                Ok(removed) => counts.add(removed),
+                // Something that is neither file nor directory (a socket, a FIFO): unlinked too.
+                Err(err) if err.kind() == io::ErrorKind::InvalidInput => {
+                    rustix::fs::unlinkat(&dir, child.as_c_str(), AtFlags::empty())?
+                }
+                Err(err) => return Err(err),
+            },
+        }
+    }
+    rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)?;
+    Ok(counts)
+}
+
+fn is_dot(name: &CStr) -> bool {
+    matches!(name.to_bytes(), b"." | b"..")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> (tempfile::TempDir, OwnedFd) {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = open_root(dir.path()).unwrap();
+        (dir, fd)
+    }
+
+    #[test]
+    fn ex3_paths_that_climb_out_or_are_absolute_are_refused() {
+        let (_dir, fd) = root();
+        for path in ["../etc/passwd", "/etc/passwd", "a/../../b", "", "."] {
+            assert!(remove_under(&fd, path).is_err(), "{path}");
+        }
+    }
+
+    #[test]
+    fn ex3_a_symlinked_directory_inside_the_root_is_never_followed() {
+        let (dir, fd) = root();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let secret = elsewhere.path().join("secret.txt");
+        std::fs::write(&secret, b"keep").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("evil")).unwrap();
+        std::os::unix::fs::symlink(&secret, dir.path().join("link.txt")).unwrap();
+
+        assert!(remove_under(&fd, "evil/secret.txt").is_err());
+        assert!(remove_under(&fd, "link.txt").is_err());
+        assert!(secret.exists(), "a file outside the root was deleted");
+        assert!(dir.path().join("link.txt").symlink_metadata().is_ok());
+    }
+
+    #[test]
+    fn ss6_a_directory_goes_with_its_files_and_counts_their_bytes() {
+        let (dir, fd) = root();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("keep.txt"), b"keep").unwrap();
+        let session = dir.path().join("s1/archive");
+        std::fs::create_dir_all(&session).unwrap();
+        std::fs::write(session.join("a.frame"), b"12345").unwrap();
+        std::fs::write(session.join("b.frame"), b"678").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), session.join("out")).unwrap();
+
+        let removed = remove_under(&fd, "s1").unwrap();
+        assert_eq!((removed.deleted, removed.bytes), (2, 8));
+        assert!(!dir.path().join("s1").exists());
+        assert!(elsewhere.path().join("keep.txt").exists());
+        assert_eq!(remove_under(&fd, "s1").unwrap(), FileCounts::default());
+    }
+}

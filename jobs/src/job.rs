@@ -1,0 +1,145 @@
+//! What a job kind declares about itself (the model is underway's `Task`): its stable name, its
+//! scope, its typed and versioned arguments, its settings section, and a `run` that does one hop
+//! and reports. The worker does everything else once, for every kind: decoding, the scope lock,
+//! the next hop, retries, metrics, logs, the pass ledger, fan-out, `preview` and `status`.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::files::{FileCounts, PathSettings};
+use crate::settings::Check;
+
+/// What a pass covers, and so what its lock guards: at most one hop of a kind per scope runs
+/// at any moment across the fleet (FL-3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// One pass per account per slot.
+    Account,
+    /// One pass per slot for the whole database.
+    Global,
+}
+
+/// Where a hop stands: whose pass, which pass, which hop of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// The account, for a per-account job.
+    pub account: Option<Uuid>,
+    /// When the pass started: the nightly slot it belongs to.
+    pub pass_started_at: DateTime<Utc>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+/// What a hop works with.
+pub struct Env<'a> {
+    /// The hop's one connection, which also holds its scope lock: a job that needs more
+    /// declares [`Job::CONNECTIONS`].
+    pub conn: &'a mut PgConnection,
+    pub pool: &'a PgPool,
+    pub clock: &'a dyn Clock,
+    /// Raised on shutdown (FL-5): finish the owner in hand, take no more, hand over.
+    pub stop: &'a AtomicBool,
+    pub paths: &'a PathSettings,
+}
+
+/// What one hop did, in the terms every job shares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report<A> {
+    /// How the hop ended: a low-cardinality label (`continued`, `finished`, `disabled`, …).
+    pub outcome: &'static str,
+    /// The bounded number of candidates the hop read at most.
+    pub window: u32,
+    /// Candidates the hop looked at.
+    pub candidates: u64,
+    /// Owners (runs, sessions, files, records) whose expired data was removed.
+    pub pruned: u64,
+    /// Owners left in place, by reason (the labels of [`Job::RETAIN_REASONS`]).
+    pub retained: Vec<(&'static str, u64)>,
+    /// Rows deleted, by table.
+    pub rows: Vec<(&'static str, u64)>,
+    pub files: FileCounts,
+    /// Time spent inside owner transactions.
+    pub owner_seconds: f64,
+    /// The next hop of the pass, if it goes on.
+    pub next: Option<A>,
+}
+
+impl<A> Report<A> {
+    pub fn retained_total(&self) -> u64 {
+        self.retained.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// A job kind. Implement it in one module of this crate and register it in the worker with one
+/// line; nothing else in the worker changes.
+pub trait Job: Send + Sync + 'static {
+    /// Stable name: the metric and log label, and the queue `sexton.<NAME>`.
+    const NAME: &'static str;
+    /// The queue's name in `apalis.jobs.job_type`: `sexton.<NAME>`, stable whatever the Rust
+    /// types are called.
+    const QUEUE: &'static str;
+    const SCOPE: Scope;
+    /// The configuration section of its settings.
+    const SECTION: &'static str;
+    /// Connections one hop holds at once, the one carrying its scope lock included.
+    const CONNECTIONS: u32 = 1;
+    /// Every reason an owner may be retained for: metric label values, reported as 0 until
+    /// they happen.
+    const RETAIN_REASONS: &'static [&'static str];
+
+    /// The typed, versioned payload of one hop.
+    type Args: Serialize + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static;
+    type Settings: fmt::Debug + Clone + Send + Sync + 'static;
+    /// One line of `sexton preview`: serialized for `--json`, displayed for people.
+    type Preview: Serialize + fmt::Display + Send + 'static;
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Reads the job's section (a JSON object with every default filled in); problems go to
+    /// `check`, each naming its setting as `<SECTION>.<name>`.
+    fn settings(
+        section: &serde_json::Value,
+        paths: &PathSettings,
+        check: &mut Check<'_>,
+    ) -> Option<Self::Settings>;
+
+    /// The first hop of a pass for a slot; `account` is set for a per-account job.
+    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Self::Args;
+
+    fn position(args: &Self::Args) -> Position;
+
+    /// Runs one hop. A hop run twice (a retry, a duplicate delivery) ends in the same state.
+    fn run(
+        env: Env<'_>,
+        settings: &Self::Settings,
+        args: &Self::Args,
+    ) -> impl Future<Output = Result<Report<Self::Args>, Self::Error>> + Send;
+
+    /// Whether a failed hop is tried again; a hop that can never succeed is failed for good.
+    fn retryable(_error: &Self::Error) -> bool {
+        true
+    }
+
+    /// How far past its cutoff the oldest eligible item is, in seconds (OP-3), if the job
+    /// measures a backlog.
+    fn backlog_seconds(
+        pool: &PgPool,
+        settings: &Self::Settings,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<Option<f64>, Self::Error>> + Send;
+
+    /// What a pass would do now, deleting nothing (`sexton preview`).
+    fn preview(
+        conn: &mut PgConnection,
+        settings: &Self::Settings,
+        now: DateTime<Utc>,
+        account: Option<Uuid>,
+    ) -> impl Future<Output = Result<Vec<Self::Preview>, Self::Error>> + Send;
+}

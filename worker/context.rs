@@ -1,0 +1,67 @@
+//! What every handler gets and what it may answer: the types shared by the hops, the fan-out
+//! and the runtime that calls them, so that no handler imports the runtime.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use serde::de::DeserializeOwned;
+use sexton_jobs::clock::SharedClock;
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+
+use crate::config::Settings;
+
+/// What every handler gets: the pool, the settings, the clock, the shutdown flag and the hop
+/// budget.
+#[derive(Clone)]
+pub struct JobContext {
+    pub pool: PgPool,
+    pub settings: Arc<Settings>,
+    pub clock: SharedClock,
+    /// Raised on SIGTERM/SIGINT: hops stop taking owners and hand over (FL-5).
+    pub stopping: Arc<AtomicBool>,
+    /// Hops of every queue together: at most `queue.concurrency` run at once, so that the pool
+    /// (checked against it at start) always has their connections (FL-6).
+    pub hops: Arc<Semaphore>,
+}
+
+impl JobContext {
+    pub fn new(pool: PgPool, settings: Arc<Settings>, clock: SharedClock) -> Self {
+        let hops = Arc::new(Semaphore::new(settings.queue.concurrency));
+        Self {
+            pool,
+            settings,
+            clock,
+            stopping: Arc::default(),
+            hops,
+        }
+    }
+}
+
+/// What a failed job asks the queue to do.
+#[derive(Debug, thiserror::Error)]
+pub enum JobFailure {
+    /// The payload is not a job this version of sexton understands: never retried (FL-1).
+    #[error("bad payload for {queue}: {reason}")]
+    BadPayload { queue: &'static str, reason: String },
+    /// A transient failure (database gone, lock timeout): retried with backoff.
+    #[error(transparent)]
+    Retryable(anyhow::Error),
+    /// A failure that no retry can mend: the job is failed for good and kept for inspection.
+    #[error(transparent)]
+    Fatal(anyhow::Error),
+}
+
+/// Decodes a job's JSON payload into its typed, versioned arguments.
+///
+/// # Errors
+/// [`JobFailure::BadPayload`] naming the queue and what was wrong.
+pub fn decode<T: DeserializeOwned>(
+    queue: &'static str,
+    payload: serde_json::Value,
+) -> Result<T, JobFailure> {
+    serde_json::from_value(payload).map_err(|e| JobFailure::BadPayload {
+        queue,
+        reason: e.to_string(),
+    })
+}

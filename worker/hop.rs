@@ -1,0 +1,311 @@
+//! One hop of any job kind, run the same way for all: a slot in the hop budget, the scope lock
+//! (at most one hop per job and account — or per global job — fleet-wide, FL-3), the job's
+//! `run`, the next hop pushed with a key derived from the pass and hop number (so a retried hop
+//! never forks the chain, EX-7, EX-8), the pass ledger, metrics, and one span per hop closed by
+//! a `hop done` event (OP-4).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use futures::FutureExt as _;
+use sexton_jobs::job::{Env, Job, Position, Report};
+use sqlx::PgConnection;
+use sqlx::pool::PoolConnection;
+use tracing::Instrument as _;
+use uuid::Uuid;
+
+use crate::context::{JobContext, JobFailure};
+use crate::ledger;
+use crate::queue::{self, PushOptions, PushOutcome, QueueError};
+use crate::telemetry::metrics;
+
+/// Advisory-lock class of hops; the key within it is the job and its scope.
+const HOP_LOCK_CLASS: i32 = 0x5e77_0001;
+
+/// How long a hop that found its scope busy waits before it is tried again.
+const BUSY_SCOPE_DELAY: Duration = Duration::from_secs(5);
+
+/// What a hop's lock is taken on: the job and its account, or the job alone.
+fn lock_key(job: &str, account: Option<Uuid>) -> String {
+    match account {
+        Some(account) => format!("{job}:{account}"),
+        None => job.to_owned(),
+    }
+}
+
+/// The key of a hop: one job per (scope, pass, hop), whoever pushes it.
+fn hop_key(position: &Position) -> String {
+    let scope = position
+        .account
+        .map_or_else(|| "global".to_owned(), |a| a.to_string());
+    format!(
+        "{scope}:{}:{}",
+        position.pass_started_at.to_rfc3339(),
+        position.hop
+    )
+}
+
+/// Pushes a hop unless that hop of that pass already exists.
+///
+/// # Errors
+/// [`QueueError`] when the queue refuses the job.
+pub async fn push<J: Job>(ctx: &JobContext, args: &J::Args) -> Result<PushOutcome, QueueError> {
+    let options = PushOptions {
+        idempotency_key: Some(hop_key(&J::position(args))),
+        run_after: None,
+    };
+    queue::push(&ctx.pool, J::QUEUE, &ctx.settings.queue, args, options).await
+}
+
+/// Pushes the same hop again a little later, under a key of its own.
+async fn defer<J: Job>(ctx: &JobContext, args: &J::Args) -> Result<PushOutcome, QueueError> {
+    let key = format!(
+        "{}:deferred:{}",
+        hop_key(&J::position(args)),
+        Uuid::new_v4()
+    );
+    let options = PushOptions {
+        idempotency_key: Some(key),
+        run_after: Some(BUSY_SCOPE_DELAY),
+    };
+    queue::push(&ctx.pool, J::QUEUE, &ctx.settings.queue, args, options).await
+}
+
+/// A connection holding a hop's scope lock. Dropped without [`ScopeLock::release`] — a panic,
+/// a cancelled future — it is closed rather than returned to the pool, so the lock dies with
+/// it and never outlives the hop.
+struct ScopeLock {
+    conn: Option<PoolConnection<sqlx::Postgres>>,
+    key: String,
+}
+
+impl ScopeLock {
+    /// Takes the lock if it is free; `Ok(None)` if another hop holds it.
+    async fn try_take(ctx: &JobContext, key: String) -> Result<Option<Self>, sqlx::Error> {
+        let mut conn = ctx.pool.acquire().await?;
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext($2))")
+            .bind(HOP_LOCK_CLASS)
+            .bind(&key)
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(locked.then_some(Self {
+            conn: Some(conn),
+            key,
+        }))
+    }
+
+    fn conn(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("held until released")
+    }
+
+    /// Releases the lock and returns the connection to the pool.
+    async fn release(mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext($2))")
+            .bind(HOP_LOCK_CLASS)
+            .bind(&self.key)
+            .execute(&mut *conn)
+            .await;
+        if unlocked.is_err() {
+            // A connection that cannot unlock must not go back to the pool holding the lock.
+            drop(conn.detach());
+        }
+    }
+}
+
+impl Drop for ScopeLock {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
+/// Runs one hop of `J` and enqueues the next. If another hop of the same scope is running
+/// anywhere in the fleet, this one is pushed again a little later instead (FL-3).
+///
+/// # Errors
+/// [`JobFailure::Retryable`] when the database, the queue or a retryable job error fails the
+/// hop; [`JobFailure::Fatal`] when the job says no retry can help.
+pub async fn run<J: Job>(ctx: &JobContext, args: J::Args) -> Result<(), JobFailure> {
+    let position = J::position(&args);
+    let span = tracing::info_span!(
+        "hop",
+        job = J::NAME,
+        account = position.account.map(|a| a.to_string()),
+        pass = %position.pass_started_at.to_rfc3339(),
+        hop = position.hop,
+        window = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let hop = std::panic::AssertUnwindSafe(run_locked::<J>(ctx, &args, position))
+        .catch_unwind()
+        .instrument(span.clone())
+        .await;
+    let failure = match hop {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(failure)) => failure,
+        Err(panic) => JobFailure::Retryable(anyhow::anyhow!(
+            "the hop panicked: {}",
+            panic_message(panic.as_ref())
+        )),
+    };
+    let _entered = span.enter();
+    span.record("outcome", "failed");
+    metrics::hop_failed(J::NAME, started.elapsed().as_secs_f64());
+    let error = format!("{:#}", anyhow_of(&failure));
+    if let Err(err) = ledger::record_failure(
+        &ctx.pool,
+        J::NAME,
+        ledger::scope(position.account),
+        position.pass_started_at,
+        &error,
+    )
+    .await
+    {
+        tracing::warn!(error = %err, "could not record the failed hop in the pass ledger");
+    }
+    Err(failure)
+}
+
+fn anyhow_of(failure: &JobFailure) -> anyhow::Error {
+    match failure {
+        JobFailure::Retryable(err) | JobFailure::Fatal(err) => anyhow::anyhow!("{err:#}"),
+        other => anyhow::anyhow!("{other}"),
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+/// The hop inside its span: budget, lock, run, hand-over, ledger, metrics.
+async fn run_locked<J: Job>(
+    ctx: &JobContext,
+    args: &J::Args,
+    position: Position,
+) -> Result<(), JobFailure> {
+    let retryable = |e: anyhow::Error| JobFailure::Retryable(e);
+    let _permit = ctx
+        .hops
+        .acquire()
+        .await
+        .context("the hop budget is closed")
+        .map_err(retryable)?;
+    let key = lock_key(J::NAME, position.account);
+    let Some(mut lock) = ScopeLock::try_take(ctx, key)
+        .await
+        .context("could not take the hop's scope lock")
+        .map_err(retryable)?
+    else {
+        tracing::Span::current().record("outcome", "account_busy");
+        tracing::info!("another hop of this scope is running; trying again later");
+        defer::<J>(ctx, args)
+            .await
+            .map_err(|e| retryable(e.into()))?;
+        return Ok(());
+    };
+    let locked_at = Utc::now();
+    let started = Instant::now();
+    let settings = ctx.settings.jobs.get::<J::Settings>(J::NAME);
+    let result = J::run(
+        Env {
+            conn: lock.conn(),
+            pool: &ctx.pool,
+            clock: ctx.clock.as_ref(),
+            stop: &ctx.stopping,
+            paths: &ctx.settings.paths,
+        },
+        settings,
+        args,
+    )
+    .await;
+    lock.release().await;
+    let unlocked_at = Utc::now();
+    let report = match result {
+        Ok(report) => report,
+        Err(err) => {
+            let retry = J::retryable(&err);
+            let err = anyhow::Error::new(err).context(format!("{} hop failed", J::NAME));
+            return Err(if retry {
+                JobFailure::Retryable(err)
+            } else {
+                JobFailure::Fatal(err)
+            });
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    // The hop's work is done and counted whatever happens to the hand-over.
+    let pushed = match &report.next {
+        Some(next) => push::<J>(ctx, next).await.map(|_| ()),
+        None => Ok(()),
+    };
+    let span = tracing::Span::current();
+    span.record("window", report.window);
+    match &pushed {
+        Ok(()) => {
+            metrics::hop(J::NAME, J::RETAIN_REASONS, &report, seconds);
+            span.record("outcome", report.outcome);
+        }
+        Err(_) => {
+            let counted = Report {
+                outcome: "failed",
+                ..report.clone()
+            };
+            metrics::hop(J::NAME, J::RETAIN_REASONS, &counted, seconds);
+            span.record("outcome", "failed");
+        }
+    }
+    log_hop_done(&report, seconds, locked_at, unlocked_at);
+    record::<J>(ctx, position, &report).await;
+    pushed
+        .map_err(|err| retryable(anyhow::Error::new(err).context("could not enqueue the next hop")))
+}
+
+/// Adds the hop to the pass ledger, and refreshes the last-success gauge when a pass ended.
+async fn record<J: Job>(ctx: &JobContext, position: Position, report: &Report<J::Args>) {
+    let recorded = ledger::record_hop(
+        &ctx.pool,
+        J::NAME,
+        ledger::scope(position.account),
+        position.pass_started_at,
+        position.hop,
+        report,
+    )
+    .await;
+    match recorded {
+        Err(err) => tracing::warn!(error = %err, "could not record the hop in the pass ledger"),
+        Ok(()) if report.next.is_none() => ledger::publish_last_success(&ctx.pool).await,
+        Ok(()) => {}
+    }
+}
+
+/// The event that closes a hop's span, with its counts, duration and lock interval.
+fn log_hop_done<A>(
+    report: &Report<A>,
+    seconds: f64,
+    locked_at: DateTime<Utc>,
+    unlocked_at: DateTime<Utc>,
+) {
+    tracing::info!(
+        candidates = report.candidates,
+        pruned = report.pruned,
+        retained = report.retained_total(),
+        files_deleted = report.files.deleted,
+        file_errors = report.files.errors,
+        bytes = report.files.bytes,
+        elapsed_ms = (seconds * 1000.0) as u64,
+        owner_ms = (report.owner_seconds * 1000.0) as u64,
+        locked_at = %locked_at.to_rfc3339(),
+        unlocked_at = %unlocked_at.to_rfc3339(),
+        "hop done"
+    );
+}

@@ -1,0 +1,227 @@
+//! The pass ledger, `sexton.passes`: one row per (job, scope, slot), opened by the fan-out and
+//! updated by every hop. Operators read it (`sexton status`), and the last-success gauge comes
+//! from it, the same on every replica (OP-3). It never drives a hop (EX-7).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sexton_jobs::job::Report;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::telemetry::metrics;
+
+/// The scope a pass is recorded under: the account, or the nil uuid for a global job.
+pub fn scope(account: Option<Uuid>) -> Uuid {
+    account.unwrap_or_default()
+}
+
+/// Opens the passes a slot fans out, so that a pass whose first hop never ran still counts as
+/// unfinished. Opening twice changes nothing.
+///
+/// # Errors
+/// A database error.
+pub async fn open(
+    pool: &PgPool,
+    job: &str,
+    scopes: &[Uuid],
+    slot: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO sexton.passes (job, scope, slot)
+         SELECT $1, scope, $3 FROM unnest($2::uuid[]) AS s (scope)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(job)
+    .bind(scopes)
+    .bind(slot)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+fn counts(pairs: &[(&'static str, u64)]) -> serde_json::Value {
+    pairs
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| ((*k).to_owned(), serde_json::Value::from(*n)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Adds what one hop did to its pass. A hop already recorded (run twice) adds nothing.
+///
+/// # Errors
+/// A database error.
+pub async fn record_hop<A>(
+    pool: &PgPool,
+    job: &str,
+    scope: Uuid,
+    slot: DateTime<Utc>,
+    hop: u32,
+    report: &Report<A>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO sexton.passes AS p
+             (job, scope, slot, started_at, finished_at, outcome, hops, last_hop, candidates,
+              pruned, retained, rows_deleted, files_deleted, bytes_reclaimed, file_errors)
+         VALUES ($1, $2, $3, now(), CASE WHEN $4 THEN now() END, $5, 1, $6, $7, $8, $9, $10,
+                 $11, $12, $13)
+         ON CONFLICT (job, scope, slot) DO UPDATE SET
+             started_at = COALESCE(p.started_at, now()),
+             updated_at = now(),
+             finished_at = EXCLUDED.finished_at,
+             outcome = EXCLUDED.outcome,
+             hops = p.hops + 1,
+             last_hop = EXCLUDED.last_hop,
+             candidates = p.candidates + EXCLUDED.candidates,
+             pruned = p.pruned + EXCLUDED.pruned,
+             retained = sexton.add_counts(p.retained, EXCLUDED.retained),
+             rows_deleted = sexton.add_counts(p.rows_deleted, EXCLUDED.rows_deleted),
+             files_deleted = p.files_deleted + EXCLUDED.files_deleted,
+             bytes_reclaimed = p.bytes_reclaimed + EXCLUDED.bytes_reclaimed,
+             file_errors = p.file_errors + EXCLUDED.file_errors,
+             last_error = NULL
+         WHERE p.last_hop < EXCLUDED.last_hop",
+    )
+    .bind(job)
+    .bind(scope)
+    .bind(slot)
+    .bind(report.next.is_none())
+    .bind(report.outcome)
+    .bind(i64::from(hop))
+    .bind(report.candidates as i64)
+    .bind(report.pruned as i64)
+    .bind(counts(&report.retained))
+    .bind(counts(&report.rows))
+    .bind(report.files.deleted as i64)
+    .bind(report.files.bytes as i64)
+    .bind(report.files.errors as i64)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Notes that a hop of an unfinished pass failed, and why; it will be retried.
+///
+/// # Errors
+/// A database error.
+pub async fn record_failure(
+    pool: &PgPool,
+    job: &str,
+    scope: Uuid,
+    slot: DateTime<Utc>,
+    error: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO sexton.passes AS p (job, scope, slot, started_at, outcome, last_error)
+         VALUES ($1, $2, $3, now(), 'failed', $4)
+         ON CONFLICT (job, scope, slot) DO UPDATE SET
+             started_at = COALESCE(p.started_at, now()),
+             updated_at = now(), outcome = 'failed', last_error = EXCLUDED.last_error
+         WHERE p.finished_at IS NULL",
+    )
+    .bind(job)
+    .bind(scope)
+    .bind(slot)
+    .bind(error)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The latest slot of each job for which every pass finished (OP-3).
+///
+/// # Errors
+/// A database error.
+pub async fn last_success(pool: &PgPool) -> Result<Vec<(String, DateTime<Utc>)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT job, max(slot) FROM (
+             SELECT job, slot FROM sexton.passes GROUP BY job, slot
+             HAVING bool_and(finished_at IS NOT NULL)) complete
+         GROUP BY job ORDER BY job",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Sets `sexton_last_success_timestamp_seconds` of every job from the ledger; a failure is
+/// logged and the gauge keeps its value.
+pub async fn publish_last_success(pool: &PgPool) {
+    match last_success(pool).await {
+        Ok(jobs) => {
+            for (job, slot) in jobs {
+                metrics::last_success(job, slot);
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "could not read the last successful passes"),
+    }
+}
+
+/// Forgets passes of slots older than `before` (FL-7's age), in bounded batches.
+///
+/// # Errors
+/// A database error.
+pub async fn prune(pool: &PgPool, before: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+    let mut deleted = 0;
+    loop {
+        let n = sqlx::query(
+            "DELETE FROM sexton.passes WHERE ctid = ANY(ARRAY(
+                 SELECT ctid FROM sexton.passes WHERE slot < $1 LIMIT 1000))",
+        )
+        .bind(before)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        deleted += n;
+        if n == 0 {
+            return Ok(deleted);
+        }
+    }
+}
+
+/// One pass as the ledger holds it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Pass {
+    pub job: String,
+    /// The account, or null for a global job.
+    pub account_id: Option<Uuid>,
+    pub account_name: Option<String>,
+    pub slot: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// `pending` (no hop ran yet), `running`, `failed` (retrying) or `finished`.
+    pub state: String,
+    /// The last hop's outcome (`continued`, `finished`, `disabled`, `account_gone`, `failed`, …).
+    pub outcome: String,
+    pub hops: i32,
+    pub candidates: i64,
+    pub pruned: i64,
+    pub retained: serde_json::Value,
+    pub rows_deleted: serde_json::Value,
+    pub files_deleted: i64,
+    pub bytes_reclaimed: i64,
+    pub file_errors: i64,
+    pub last_error: Option<String>,
+}
+
+/// The latest pass of every job and scope.
+///
+/// # Errors
+/// A database error.
+pub async fn latest(pool: &PgPool) -> Result<Vec<Pass>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT DISTINCT ON (p.job, p.scope)
+                p.job, NULLIF(p.scope, '00000000-0000-0000-0000-000000000000') AS account_id,
+                a.name AS account_name, p.slot, p.started_at, p.finished_at,
+                CASE WHEN p.finished_at IS NOT NULL THEN 'finished'
+                     WHEN p.outcome = 'failed' THEN 'failed'
+                     WHEN p.hops = 0 THEN 'pending'
+                     ELSE 'running' END AS state,
+                p.outcome, p.hops, p.candidates, p.pruned, p.retained, p.rows_deleted,
+                p.files_deleted, p.bytes_reclaimed, p.file_errors, p.last_error
+         FROM sexton.passes p LEFT JOIN accounts a ON a.id = p.scope
+         ORDER BY p.job, p.scope, p.slot DESC",
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -1,0 +1,207 @@
+//! The job kinds this worker runs: one line each in [`KINDS`]. Fan-out, configuration, the
+//! queue consumers, `preview`, `status`, the demo and the gauges all iterate this list; a kind
+//! is the job's module in `sexton-jobs` and its line here, nothing else.
+
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use sexton_jobs::job::{Job, Scope};
+use sexton_jobs::prune_execution_details::PruneExecutionDetails;
+use sexton_jobs::settings::Check;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::config::{AnySettings, ConfigError, PathSettings, Section, Settings};
+use crate::context::{JobContext, JobFailure, decode};
+use crate::hop;
+use crate::queue::{PushOutcome, QueueError};
+
+/// Every registered job kind, in the order reports list them.
+pub static KINDS: &[&dyn Kind] = &[&Registered::<PruneExecutionDetails>(PhantomData)];
+
+/// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every
+/// job by [`Registered`].
+pub trait Kind: Section + Send + Sync {
+    /// The job's stable name (metric label).
+    fn name(&self) -> &'static str;
+    /// Its queue (`sexton.<name>`).
+    fn queue(&self) -> &'static str;
+    fn scope(&self) -> Scope;
+    /// Runs one hop from its JSON payload.
+    fn handle<'a>(
+        &'a self,
+        ctx: &'a JobContext,
+        payload: serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), JobFailure>>;
+    /// Pushes the first hop of a pass for `slot` (per account: `account` is set).
+    fn push_first<'a>(
+        &'a self,
+        ctx: &'a JobContext,
+        account: Option<Uuid>,
+        slot: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<PushOutcome, QueueError>>;
+    /// The first hop's payload, as it would be pushed.
+    fn first_payload(&self, account: Option<Uuid>, slot: DateTime<Utc>) -> serde_json::Value;
+    /// The job's backlog in seconds, if it measures one.
+    fn backlog<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        settings: &'a Settings,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, anyhow::Result<Option<f64>>>;
+    /// What a pass would do now: one JSON object (with `"job"`) and one text per line.
+    fn preview<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        settings: &'a Settings,
+        now: DateTime<Utc>,
+        account: Option<Uuid>,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<(serde_json::Value, String)>>>;
+}
+
+/// A [`Job`] registered with the worker.
+pub struct Registered<J>(PhantomData<J>);
+
+impl<J: Job> Section for Registered<J> {
+    fn job(&self) -> &'static str {
+        J::NAME
+    }
+
+    fn section(&self) -> &'static str {
+        J::SECTION
+    }
+
+    fn connections(&self) -> u32 {
+        J::CONNECTIONS
+    }
+
+    fn parse(
+        &self,
+        section: &serde_json::Value,
+        paths: &PathSettings,
+        check: &mut Check<'_>,
+    ) -> Option<Arc<dyn AnySettings>> {
+        J::settings(section, paths, check).map(|s| Arc::new(s) as Arc<dyn AnySettings>)
+    }
+}
+
+impl<J: Job> Kind for Registered<J> {
+    fn name(&self) -> &'static str {
+        J::NAME
+    }
+
+    fn queue(&self) -> &'static str {
+        J::QUEUE
+    }
+
+    fn scope(&self) -> Scope {
+        J::SCOPE
+    }
+
+    fn handle<'a>(
+        &'a self,
+        ctx: &'a JobContext,
+        payload: serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), JobFailure>> {
+        Box::pin(async move {
+            let args: J::Args = decode(J::QUEUE, payload)?;
+            hop::run::<J>(ctx, args).await
+        })
+    }
+
+    fn push_first<'a>(
+        &'a self,
+        ctx: &'a JobContext,
+        account: Option<Uuid>,
+        slot: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<PushOutcome, QueueError>> {
+        Box::pin(async move { hop::push::<J>(ctx, &J::first(account, slot)).await })
+    }
+
+    fn first_payload(&self, account: Option<Uuid>, slot: DateTime<Utc>) -> serde_json::Value {
+        serde_json::to_value(J::first(account, slot)).unwrap_or_default()
+    }
+
+    fn backlog<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        settings: &'a Settings,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, anyhow::Result<Option<f64>>> {
+        Box::pin(async move {
+            let settings = settings.jobs.get::<J::Settings>(J::NAME);
+            Ok(J::backlog_seconds(pool, settings, now).await?)
+        })
+    }
+
+    fn preview<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        settings: &'a Settings,
+        now: DateTime<Utc>,
+        account: Option<Uuid>,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<(serde_json::Value, String)>>> {
+        Box::pin(async move {
+            let settings = settings.jobs.get::<J::Settings>(J::NAME);
+            let lines = J::preview(conn, settings, now, account).await?;
+            Ok(lines
+                .into_iter()
+                .map(|line| {
+                    let mut json = serde_json::json!({"job": J::NAME});
+                    if let (Some(json), Ok(serde_json::Value::Object(fields))) =
+                        (json.as_object_mut(), serde_json::to_value(&line))
+                    {
+                        json.extend(fields);
+                    }
+                    (json, line.to_string())
+                })
+                .collect())
+        })
+    }
+}
+
+/// The settings sections of every kind, for [`Settings::load`].
+pub fn sections() -> Vec<&'static dyn Section> {
+    KINDS.iter().map(|kind| *kind as &dyn Section).collect()
+}
+
+/// Loads the configuration with every registered job's section.
+///
+/// # Errors
+/// As [`Settings::load`].
+pub fn load_settings(file: Option<&Path>) -> Result<Settings, ConfigError> {
+    Settings::load(file, &sections())
+}
+
+/// The kind whose queue is `queue`.
+pub fn by_queue(queue: &str) -> Option<&'static dyn Kind> {
+    KINDS.iter().copied().find(|kind| kind.queue() == queue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op2_every_kind_has_its_section_in_the_defaults_and_a_unique_name() {
+        let settings = load_settings(None).expect("defaults load");
+        let mut names = std::collections::BTreeSet::new();
+        for kind in KINDS {
+            assert!(
+                crate::config::DEFAULT_TOML.contains(&format!("[{}]", kind.section())),
+                "config/default.toml documents [{}]",
+                kind.section()
+            );
+            assert!(
+                names.insert(kind.name()),
+                "{} registered twice",
+                kind.name()
+            );
+            assert_eq!(kind.queue(), format!("sexton.{}", kind.name()));
+            assert!(settings.jobs.contains(kind.name()));
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `sexton status` (OP-1): what an operator reads at 9 am after the nightly pass — per job and
+//! account the last pass from the ledger, each job's backlog and queue, and the jobs failed for
+//! good with their last error.
+
+use std::fmt::Write as _;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use sexton_jobs::job::Scope;
+
+use crate::config::Settings;
+use crate::ledger::{self, Pass};
+use crate::queue::{self, FailedJob, QueueCounts};
+use crate::registry;
+use crate::tick;
+
+/// How many failed jobs are listed.
+const FAILED_SHOWN: i64 = 50;
+
+/// Everything `sexton status` reports; `--json` prints it as it is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub at: DateTime<Utc>,
+    pub jobs: Vec<JobStatus>,
+    /// The nightly slots' own queue.
+    pub nightly: QueueCounts,
+    /// Every sexton queue together.
+    pub queue: QueueCounts,
+    /// Jobs failed for good or killed, newest first (at most 50).
+    pub failed_jobs: Vec<FailedJob>,
+}
+
+/// One job kind.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStatus {
+    pub job: &'static str,
+    /// `account` or `global`.
+    pub scope: &'static str,
+    /// The latest slot for which every pass finished.
+    pub last_success_slot: Option<DateTime<Utc>>,
+    /// How far past its cutoff the oldest eligible item is, if the job measures it.
+    pub backlog_seconds: Option<f64>,
+    pub queue: QueueCounts,
+    /// The latest pass of each account (or the one global pass).
+    pub passes: Vec<Pass>,
+}
+
+/// Reads the status.
+///
+/// # Errors
+/// A database error.
+pub async fn read(
+    pool: &sqlx::PgPool,
+    settings: &Settings,
+    at: DateTime<Utc>,
+) -> anyhow::Result<Status> {
+    let latest = ledger::latest(pool).await?;
+    let successes = ledger::last_success(pool).await?;
+    let by_queue = queue::counts_by_queue(pool).await?;
+    let mut jobs = Vec::new();
+    for kind in registry::KINDS {
+        let mut passes: Vec<Pass> = latest
+            .iter()
+            .filter(|p| p.job == kind.name())
+            .cloned()
+            .collect();
+        passes
+            .sort_by(|a, b| (&a.account_name, a.account_id).cmp(&(&b.account_name, b.account_id)));
+        jobs.push(JobStatus {
+            job: kind.name(),
+            scope: match kind.scope() {
+                Scope::Account => "account",
+                Scope::Global => "global",
+            },
+            last_success_slot: successes
+                .iter()
+                .find(|(job, _)| job == kind.name())
+                .map(|(_, slot)| *slot),
+            backlog_seconds: kind.backlog(pool, settings, at).await?,
+            queue: by_queue.get(kind.queue()).copied().unwrap_or_default(),
+            passes,
+        });
+    }
+    Ok(Status {
+        at,
+        jobs,
+        nightly: by_queue.get(tick::NIGHTLY).copied().unwrap_or_default(),
+        queue: queue::counts(pool).await?,
+        failed_jobs: queue::failed(pool, FAILED_SHOWN).await?,
+    })
+}
+
+fn time(at: Option<DateTime<Utc>>) -> String {
+    at.map_or_else(
+        || "-".to_owned(),
+        |t| t.to_rfc3339_opts(SecondsFormat::Secs, true),
+    )
+}
+
+fn counts(queue: &QueueCounts) -> String {
+    format!(
+        "{} pending, {} running, {} done, {} failed",
+        queue.pending, queue.running, queue.done, queue.failed
+    )
+}
+
+fn pairs(value: &serde_json::Value) -> String {
+    match value.as_object() {
+        Some(map) if !map.is_empty() => map
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "none".to_owned(),
+    }
+}
+
+impl Status {
+    /// The report for people.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "sexton status at {}", time(Some(self.at)));
+        for job in &self.jobs {
+            let _ = writeln!(
+                out,
+                "\n{} ({} passes): last complete slot {}, backlog {}",
+                job.job,
+                job.scope,
+                time(job.last_success_slot),
+                job.backlog_seconds
+                    .map_or_else(|| "not measured".to_owned(), |s| format!("{s:.0} s")),
+            );
+            let _ = writeln!(out, "  queue: {}", counts(&job.queue));
+            if job.passes.is_empty() {
+                let _ = writeln!(out, "  no pass yet");
+            }
+            for pass in &job.passes {
+                let who = match (&pass.account_name, pass.account_id) {
+                    (Some(name), Some(id)) => format!("account {name} ({id})"),
+                    (None, Some(id)) => format!("account {id} (deleted)"),
+                    _ => "global".to_owned(),
+                };
+                let _ = writeln!(
+                    out,
+                    "  {who}: slot {}, {} (last hop {}), {} hops, started {}, finished {}",
+                    time(Some(pass.slot)),
+                    pass.state,
+                    pass.outcome,
+                    pass.hops,
+                    time(pass.started_at),
+                    time(pass.finished_at),
+                );
+                let _ = writeln!(
+                    out,
+                    "    {} candidates, {} pruned; retained: {}; rows deleted: {}; {} files ({} bytes) deleted, {} file errors",
+                    pass.candidates,
+                    pass.pruned,
+                    pairs(&pass.retained),
+                    pairs(&pass.rows_deleted),
+                    pass.files_deleted,
+                    pass.bytes_reclaimed,
+                    pass.file_errors,
+                );
+                if let Some(error) = &pass.last_error {
+                    let _ = writeln!(out, "    last error: {error}");
+                }
+            }
+        }
+        let _ = writeln!(out, "\nnightly slots: {}", counts(&self.nightly));
+        let _ = writeln!(out, "all queues: {}", counts(&self.queue));
+        if self.failed_jobs.is_empty() {
+            let _ = writeln!(out, "no job failed for good");
+        } else {
+            let _ = writeln!(out, "failed for good, kept for inspection (newest first):");
+            for job in &self.failed_jobs {
+                let _ = writeln!(
+                    out,
+                    "  {} {} {} after {}/{} attempts, due {}: {}",
+                    job.id,
+                    job.queue,
+                    job.status,
+                    job.attempts,
+                    job.max_attempts,
+                    time(Some(job.run_at)),
+                    job.last_error.as_deref().unwrap_or("(no error recorded)"),
+                );
+            }
+        }
+        crate::text::printable(&out)
+    }
+}
