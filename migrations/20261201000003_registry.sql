@@ -12,7 +12,7 @@ CREATE INDEX IF NOT EXISTS pending_file_deletions_scope
 -- The pass ledger (OP-1 `status`, OP-3 last success): one row per job, scope and slot, opened
 -- by the fan-out and updated by every hop. It records progress for operators and never drives a
 -- hop: a hop's payload is its only state (EX-7). scope is the account, or the nil uuid for a
--- global job. last_hop keeps a hop that runs twice from being counted twice.
+-- global job. last_hop is the furthest hop recorded.
 CREATE TABLE IF NOT EXISTS sexton.passes (
     job text NOT NULL,
     scope uuid NOT NULL,

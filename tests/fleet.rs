@@ -2,128 +2,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton::config::{ScheduleSettings, parse_cron};
 use sexton::queue::{self, PushOutcome};
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
+use crate::common::process::{
+    Proc, fleet_worker, free_port, http_get, poll_until, wait_until_idle,
+};
 use crate::common::{self, audit};
-
-/// A worker process whose log lines are collected as they come.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
-        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
-        let stderr = child.stderr.take().unwrap();
-        let sink = lines.clone();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id().unwrap()
-    }
-
-    fn logged(&self, needle: &str) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
-    }
-
-    /// Waits until a log line contains `needle` (a hang guard bounds the wait).
-    async fn wait_for_log(&self, needle: &str) {
-        poll_until(Duration::from_secs(60), || async { self.logged(needle) }).await;
-    }
-
-    fn sigterm(&self) {
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    async fn stop(mut self) -> Vec<String> {
-        self.sigterm();
-        let status = common::wait(&mut self.child, Duration::from_secs(60)).await;
-        assert!(status.success(), "worker exited with {status}");
-        // Let the reader task drain what is left.
-        tokio::task::yield_now().await;
-        self.lines.lock().unwrap().clone()
-    }
-}
-
-/// Re-checks `condition` until it holds; panics after `limit` (a hang guard, not a timing test).
-async fn poll_until<F, Fut>(limit: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "condition not met within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn fleet_worker(url: &str, dir: &std::path::Path) -> Command {
-    let mut cmd = common::sexton(url, dir);
-    cmd.arg("worker")
-        .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "500")
-        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "2")
-        .env("SEXTON_QUEUE__SHUTDOWN_GRACE_MS", "5000");
-    cmd
-}
-
-async fn wait_until_idle(pool: &PgPool) {
-    poll_until(Duration::from_secs(180), || async {
-        queue::counts(pool).await.unwrap().idle()
-    })
-    .await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A plain HTTP/1.0 GET: status and body, or None if nothing answers.
-async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((status, body))
-}
 
 #[sqlx::test]
 async fn fl6_every_connection_carries_statement_and_lock_timeouts(pool: PgPool) {
@@ -555,25 +446,24 @@ async fn er2_a_database_down_at_start_is_retried_with_readyz_false_then_a_clear_
         .env("SEXTON_HTTP__LISTEN", &address)
         .env("SEXTON_DATABASE__CONNECT_ATTEMPTS", "4")
         .env("SEXTON_DATABASE__ACQUIRE_TIMEOUT_MS", "500");
-    let mut worker = Proc::spawn(cmd);
+    let worker = Proc::spawn(cmd);
     poll_until(Duration::from_secs(30), || async {
         http_get(&address, "/healthz").await.is_some()
     })
     .await;
     assert_eq!(http_get(&address, "/readyz").await.map(|r| r.0), Some(503));
-    let status = common::wait(&mut worker.child, Duration::from_secs(60)).await;
+    let (status, lines) = worker.finish(Duration::from_secs(60)).await;
     assert_eq!(status.code(), Some(1));
-    tokio::task::yield_now().await;
+    let logged = |needle: &str| lines.iter().any(|l| l.contains(needle));
     assert!(
-        worker.logged("database unreachable; retrying"),
+        logged("database unreachable; retrying"),
         "retries are logged"
     );
     assert!(
-        worker.logged(&format!(
+        logged(&format!(
             "could not connect to PostgreSQL at 127.0.0.1:{closed}/platform"
         )),
-        "a clear final error: {:?}",
-        worker.lines.lock().unwrap()
+        "a clear final error: {lines:?}"
     );
 }
 
@@ -652,14 +542,8 @@ async fn op4_each_hop_is_a_span_with_account_pass_hop_window_and_outcome(pool: P
     cmd.args(["worker", "--exit-when-idle"])
         .env("SEXTON_LOG__FORMAT", "json")
         .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "7");
-    let mut worker = Proc::spawn(cmd);
-    assert!(
-        common::wait(&mut worker.child, Duration::from_secs(60))
-            .await
-            .success()
-    );
-    tokio::task::yield_now().await;
-    let lines = worker.lines.lock().unwrap().clone();
+    let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(60)).await;
+    assert!(status.success());
     let hop: serde_json::Value = lines
         .iter()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

@@ -1,6 +1,8 @@
 // One integration binary; each module proves a group of rules against a real PostgreSQL.
+mod architecture;
 mod common;
 mod crash;
 mod execution_details;
 mod fleet;
 mod foundation;
+mod registry;

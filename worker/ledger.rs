@@ -48,7 +48,9 @@ fn counts(pairs: &[(&'static str, u64)]) -> serde_json::Value {
         .into()
 }
 
-/// Adds what one hop did to its pass. A hop already recorded (run twice) adds nothing.
+/// Adds what one hop did to its pass. A hop delivered twice adds what each run did — the rows
+/// one run removed are gone for the other, so nothing is counted twice but the hop itself — and
+/// a late duplicate of an earlier hop never reopens a finished pass.
 ///
 /// # Errors
 /// A database error.
@@ -69,10 +71,11 @@ pub async fn record_hop<A>(
          ON CONFLICT (job, scope, slot) DO UPDATE SET
              started_at = COALESCE(p.started_at, now()),
              updated_at = now(),
-             finished_at = EXCLUDED.finished_at,
-             outcome = EXCLUDED.outcome,
+             finished_at = COALESCE(p.finished_at, EXCLUDED.finished_at),
+             outcome = CASE WHEN p.finished_at IS NULL OR EXCLUDED.last_hop >= p.last_hop
+                            THEN EXCLUDED.outcome ELSE p.outcome END,
              hops = p.hops + 1,
-             last_hop = EXCLUDED.last_hop,
+             last_hop = GREATEST(p.last_hop, EXCLUDED.last_hop),
              candidates = p.candidates + EXCLUDED.candidates,
              pruned = p.pruned + EXCLUDED.pruned,
              retained = sexton.add_counts(p.retained, EXCLUDED.retained),
@@ -80,8 +83,7 @@ pub async fn record_hop<A>(
              files_deleted = p.files_deleted + EXCLUDED.files_deleted,
              bytes_reclaimed = p.bytes_reclaimed + EXCLUDED.bytes_reclaimed,
              file_errors = p.file_errors + EXCLUDED.file_errors,
-             last_error = NULL
-         WHERE p.last_hop < EXCLUDED.last_hop",
+             last_error = NULL",
     )
     .bind(job)
     .bind(scope)

@@ -902,6 +902,11 @@ impl Job for PruneExecutionDetails {
     }
 
     async fn run(env: Env<'_>, settings: &HopSettings, args: &Args) -> Result<Report<Args>, Error> {
+        // The worker's roots are the ones in force, whatever the settings were loaded with.
+        let settings = &HopSettings {
+            output_root: env.paths.output_root.clone(),
+            ..settings.clone()
+        };
         let report = hop(env.conn, env.clock, settings, args, env.stop).await?;
         Ok(Report {
             outcome: report.outcome.as_str(),

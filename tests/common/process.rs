@@ -1,0 +1,135 @@
+//! Worker processes for the fleet tests: spawned with their log lines collected, polled with a
+//! hang guard, scraped over HTTP.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sexton::queue;
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A worker process whose log lines are collected as they come.
+pub struct Proc {
+    pub child: Child,
+    pub lines: Arc<Mutex<Vec<String>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let stderr = child.stderr.take().unwrap();
+        let sink = lines.clone();
+        let reader = tokio::spawn(async move {
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child,
+            lines,
+            reader,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+
+    pub fn logged(&self, needle: &str) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    /// Waits until a log line contains `needle` (a hang guard bounds the wait).
+    pub async fn wait_for_log(&self, needle: &str) {
+        poll_until(Duration::from_secs(60), || async { self.logged(needle) }).await;
+    }
+
+    pub fn sigterm(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit by itself (a hang guard bounds the wait) and returns its
+    /// exit status and every line it logged.
+    pub async fn finish(mut self, limit: Duration) -> (std::process::ExitStatus, Vec<String>) {
+        let status = super::wait(&mut self.child, limit).await;
+        self.reader.await.unwrap();
+        let lines = self.lines.lock().unwrap().clone();
+        (status, lines)
+    }
+
+    pub async fn stop(mut self) -> Vec<String> {
+        self.sigterm();
+        let status = super::wait(&mut self.child, Duration::from_secs(60)).await;
+        assert!(status.success(), "worker exited with {status}");
+        // The reader ends at the end of stderr: every line is in.
+        self.reader.await.unwrap();
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+/// Re-checks `condition` until it holds; panics after `limit` (a hang guard, not a timing test).
+pub async fn poll_until<F, Fut>(limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn fleet_worker(url: &str, dir: &std::path::Path) -> Command {
+    let mut cmd = super::sexton(url, dir);
+    cmd.arg("worker")
+        .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "500")
+        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "2")
+        .env("SEXTON_QUEUE__SHUTDOWN_GRACE_MS", "5000");
+    cmd
+}
+
+pub async fn wait_until_idle(pool: &PgPool) {
+    poll_until(Duration::from_secs(180), || async {
+        queue::counts(pool).await.unwrap().idle()
+    })
+    .await;
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP/1.0 GET: status and body, or None if nothing answers.
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}

@@ -1,0 +1,444 @@
+//! The job registry's promises, for every registered kind: connections budgeted (FL-6), the
+//! pass ledger behind the last-success gauge (OP-3) and `sexton status` (OP-1), and a hop whose
+//! hand-over fails still counted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sexton::context::JobContext;
+use sexton::registry::KINDS;
+use sexton::tick::{self, NightlySlot};
+use sexton_jobs::clock::ManualClock;
+use sexton_jobs::job::Job;
+use sexton_jobs::payload::V1;
+use sexton_jobs::prune_execution_details::{Args, HopSettings, PruneExecutionDetails};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::common::fixture::{self, RunSpec, pass_start};
+use crate::common::process::{
+    Proc, fleet_worker, free_port, http_get, poll_until, wait_until_idle,
+};
+use crate::common::{self};
+
+const PED: &str = PruneExecutionDetails::NAME;
+
+/// An account with `runs` conversation runs completed 40 days before the pass (retention 30).
+async fn account_with_old_runs(pool: &PgPool, root: &std::path::Path, runs: usize) -> (Uuid, Uuid) {
+    let account = fixture::account(pool, Some(30)).await;
+    let conversation = fixture::conversation(pool, account).await;
+    for i in 0..runs {
+        let spec = RunSpec::conversation(account, conversation, 40.0 + i as f64);
+        fixture::run(pool, root, spec).await;
+    }
+    (account, conversation)
+}
+
+/// A metric's value in a Prometheus text page, by its full name with labels.
+fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+async fn scrape(address: &str) -> String {
+    let (status, body) = http_get(address, "/metrics").await.expect("metrics answer");
+    assert_eq!(status, 200);
+    body
+}
+
+fn hop_events(lines: &[String]) -> Vec<serde_json::Value> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["message"] == "hop done")
+        .collect()
+}
+
+#[sqlx::test]
+async fn fl6_every_job_kind_busy_at_once_fits_the_default_pool(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    assert_eq!(
+        (
+            settings.database.max_connections,
+            settings.queue.concurrency
+        ),
+        (8, 2),
+        "the test runs the default pool and concurrency"
+    );
+    let mut conversations = Vec::new();
+    for _ in 0..4 {
+        let (_, conversation) = account_with_old_runs(&pool, &settings.paths.output_root, 2).await;
+        conversations.push(conversation);
+    }
+    // The application holds every conversation: each owner waits out its lock timeout, so every
+    // hop is long and the worker runs as many at once as it may.
+    let mut app = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = ANY($1) FOR UPDATE")
+        .bind(&conversations)
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    tick::tick(&pool, &settings, pass_start()).await.unwrap();
+    let url = common::database_url(&pool).await;
+    let mut cmd = common::sexton(&url, dir.path());
+    cmd.args(["worker", "--exit-when-idle"])
+        .env("SEXTON_LOG__FORMAT", "json");
+    let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
+    app.rollback().await.unwrap();
+    assert!(status.success(), "worker exited with {status}");
+
+    let not_first_time: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM apalis.jobs WHERE status <> 'Done' OR attempts > 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        not_first_time, 0,
+        "no job failed, none for want of a connection"
+    );
+    assert!(!lines.iter().any(|l| l.contains("pool timed out")));
+
+    let hops = hop_events(&lines);
+    for kind in KINDS {
+        assert!(
+            hops.iter().any(|h| h["span"]["job"] == kind.name()),
+            "{} ran",
+            kind.name()
+        );
+    }
+    let at = |h: &serde_json::Value, f: &str| -> DateTime<Utc> {
+        h[f].as_str().unwrap().parse().unwrap()
+    };
+    let intervals: Vec<_> = hops
+        .iter()
+        .map(|h| (at(h, "locked_at"), at(h, "unlocked_at")))
+        .collect();
+    let most_at_once = intervals
+        .iter()
+        .map(|(start, _)| {
+            intervals
+                .iter()
+                .filter(|(s, e)| s <= start && start < e)
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert_eq!(
+        most_at_once, 2,
+        "hops ran two at a time (queue.concurrency), never more"
+    );
+    let busy: u64 = hops.iter().map(|h| h["retained"].as_u64().unwrap()).sum();
+    assert_eq!(
+        busy, 8,
+        "every owner was busy under the application's locks"
+    );
+}
+
+/// The last-success gauge of a fleet worker.
+async fn last_success(address: &str) -> Option<f64> {
+    metric(
+        &scrape(address).await,
+        &format!("sexton_last_success_timestamp_seconds{{job=\"{PED}\"}}"),
+    )
+}
+
+#[sqlx::test]
+async fn op3_last_success_advances_only_when_every_accounts_pass_finished(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let outputs = &settings.paths.output_root;
+    account_with_old_runs(&pool, outputs, 1).await;
+    let (stuck, _) = account_with_old_runs(&pool, outputs, 1).await;
+    let url = common::database_url(&pool).await;
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut cmd = fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_HTTP__LISTEN", &address)
+        .env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "100")
+        .env("SEXTON_QUEUE__MAX_ATTEMPTS", "2");
+    let worker = Proc::spawn(cmd);
+    worker.wait_for_log("worker started").await;
+    let slots = [2, 1, 0].map(|d| pass_start() - chrono::Duration::days(d));
+
+    tick::tick(&pool, &settings, slots[0]).await.unwrap();
+    wait_until_idle(&pool).await;
+    poll_until(Duration::from_secs(30), || async {
+        last_success(&address).await == Some(slots[0].timestamp() as f64)
+    })
+    .await;
+
+    // One account's pass keeps failing: a file is due under an output root that is gone.
+    sqlx::query("INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path) VALUES ('outputs', $1, 'x.bin')")
+        .bind(stuck)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let parked = dir.path().join("outputs.parked");
+    std::fs::rename(outputs, &parked).unwrap();
+    tick::tick(&pool, &settings, slots[1]).await.unwrap();
+    wait_until_idle(&pool).await;
+    let (finished, failed): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE finished_at IS NOT NULL),
+                count(*) FILTER (WHERE outcome = 'failed' AND scope = $2)
+         FROM sexton.passes WHERE slot = $1",
+    )
+    .bind(slots[1])
+    .bind(stuck)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (finished, failed),
+        (1, 1),
+        "the healthy pass finished, the other failed"
+    );
+    assert_eq!(
+        last_success(&address).await,
+        Some(slots[0].timestamp() as f64),
+        "one account's finished pass does not advance the gauge"
+    );
+
+    std::fs::rename(&parked, outputs).unwrap();
+    tick::tick(&pool, &settings, slots[2]).await.unwrap();
+    wait_until_idle(&pool).await;
+    poll_until(Duration::from_secs(30), || async {
+        last_success(&address).await == Some(slots[2].timestamp() as f64)
+    })
+    .await;
+    worker.stop().await;
+}
+
+#[sqlx::test]
+async fn op3_a_hop_whose_next_push_fails_still_counts_its_rows_and_a_failed_hop(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    account_with_old_runs(&pool, &settings.paths.output_root, 5).await;
+    let detail_rows = || async {
+        let mut total = 0;
+        for table in sexton_jobs::prune_execution_details::DETAIL_TABLES {
+            let n: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            total += n;
+        }
+        total
+    };
+    let rows_before = detail_rows().await;
+    // The queue refuses every second hop while the gate is shut.
+    sqlx::query("CREATE TABLE push_gate (shut boolean NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO push_gate VALUES (true)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE FUNCTION refuse_second_hop() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.job_type = 'sexton.prune_execution_details'
+                AND NEW.idempotency_key LIKE '%:1' AND (SELECT shut FROM push_gate) THEN
+                 RAISE EXCEPTION 'the queue refuses this push';
+             END IF;
+             RETURN NEW;
+         END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("CREATE TRIGGER refuse_second_hop BEFORE INSERT ON apalis.jobs FOR EACH ROW EXECUTE FUNCTION refuse_second_hop()")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let url = common::database_url(&pool).await;
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut cmd = fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_HTTP__LISTEN", &address)
+        .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "2")
+        .env("SEXTON_QUEUE__MAX_ATTEMPTS", "100");
+    let worker = Proc::spawn(cmd);
+    worker.wait_for_log("worker started").await;
+    tick::tick(&pool, &settings, pass_start()).await.unwrap();
+    let failed = format!("sexton_hops_total{{job=\"{PED}\",outcome=\"failed\"}}");
+    poll_until(Duration::from_secs(60), || async {
+        metric(&scrape(&address).await, &failed).unwrap_or(0.0) >= 1.0
+    })
+    .await;
+    let page = scrape(&address).await;
+    let counted: f64 = sexton_jobs::prune_execution_details::DETAIL_TABLES
+        .iter()
+        .filter_map(|t| {
+            metric(
+                &page,
+                &format!("sexton_rows_deleted_total{{job=\"{PED}\",table=\"{t}\"}}"),
+            )
+        })
+        .sum();
+    let deleted = rows_before - detail_rows().await;
+    assert!(
+        deleted > 0,
+        "the first hop pruned before its hand-over failed"
+    );
+    assert_eq!(counted, deleted as f64, "every deleted row is counted");
+    assert_eq!(
+        metric(
+            &page,
+            &format!("sexton_owners_pruned_total{{job=\"{PED}\"}}")
+        ),
+        Some(2.0)
+    );
+
+    sqlx::query("UPDATE push_gate SET shut = false")
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_until_idle(&pool).await;
+    let page = scrape(&address).await;
+    assert_eq!(
+        metric(
+            &page,
+            &format!("sexton_owners_pruned_total{{job=\"{PED}\"}}")
+        ),
+        Some(5.0),
+        "the pass completed once the queue took the hop"
+    );
+    assert_eq!(detail_rows().await, 0);
+    worker.stop().await;
+}
+
+/// `sexton status --json`, parsed.
+async fn status_json(url: &str, dir: &std::path::Path) -> serde_json::Value {
+    let output = common::sexton(url, dir)
+        .args(["status", "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[sqlx::test]
+async fn op1_status_shows_a_pass_mid_way_and_after_with_the_jobs_kept_failed(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(dir.path());
+    let (account, _) = account_with_old_runs(&pool, &settings.paths.output_root, 5).await;
+    let hop = HopSettings {
+        window_size: 2,
+        ..settings.jobs.get::<HopSettings>(PED).clone()
+    };
+    settings.jobs.set(PED, hop);
+    let ctx = JobContext::new(
+        pool.clone(),
+        Arc::new(settings.clone()),
+        Arc::new(ManualClock::new(pass_start())),
+    );
+    // Mid-pass: the slot fanned out and the first hop ran; the second waits in the queue.
+    tick::fan_out(
+        &ctx,
+        &NightlySlot {
+            version: V1,
+            slot: pass_start(),
+        },
+    )
+    .await
+    .unwrap();
+    sexton::hop::run::<PruneExecutionDetails>(&ctx, Args::first(account, pass_start()))
+        .await
+        .unwrap();
+    sexton::queue::push(
+        &pool,
+        PruneExecutionDetails::QUEUE,
+        &settings.queue,
+        &serde_json::json!({"version": 7}),
+        sexton::queue::PushOptions::default(),
+    )
+    .await
+    .unwrap();
+    let url = common::database_url(&pool).await;
+
+    let mid = status_json(&url, dir.path()).await;
+    let job = &mid["jobs"][0];
+    assert_eq!(job["job"], PED);
+    let pass = &job["passes"][0];
+    assert_eq!(pass["account_id"], account.to_string());
+    assert_eq!(
+        pass["slot"],
+        pass_start().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    );
+    assert_eq!(
+        (
+            pass["state"].as_str(),
+            pass["hops"].as_i64(),
+            pass["pruned"].as_i64()
+        ),
+        (Some("running"), Some(1), Some(2))
+    );
+    assert!(pass["finished_at"].is_null());
+    assert!(job["queue"]["pending"].as_i64().unwrap() >= 2, "{job}");
+    assert!(job["last_success_slot"].is_null());
+
+    let mut cmd = common::sexton(&url, dir.path());
+    cmd.args(["worker", "--exit-when-idle"])
+        .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "2");
+    let (status, _) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
+    assert!(status.success());
+
+    let after = status_json(&url, dir.path()).await;
+    let job = &after["jobs"][0];
+    let pass = &job["passes"][0];
+    assert_eq!(
+        (pass["state"].as_str(), pass["outcome"].as_str()),
+        (Some("finished"), Some("finished"))
+    );
+    assert_eq!(
+        pass["pruned"], 5,
+        "the re-delivered first hop's own work is counted, nothing twice"
+    );
+    assert_eq!(
+        job["last_success_slot"]
+            .as_str()
+            .map(|s| s.parse::<DateTime<Utc>>().unwrap()),
+        Some(pass_start())
+    );
+    assert_eq!(job["queue"]["pending"], 0);
+    let failed = after["failed_jobs"].as_array().unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["queue"], PruneExecutionDetails::QUEUE);
+    assert!(
+        failed[0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("bad payload"),
+        "{}",
+        failed[0]
+    );
+
+    let output = common::sexton(&url, dir.path())
+        .arg("status")
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        text.contains(&format!("account t ({account}): slot")),
+        "{text}"
+    );
+    assert!(text.contains("finished (last hop finished)"), "{text}");
+    assert!(
+        text.contains("failed for good, kept for inspection"),
+        "{text}"
+    );
+}
