@@ -5,4 +5,5 @@ mod crash;
 mod execution_details;
 mod fleet;
 mod foundation;
+mod hostile;
 mod registry;

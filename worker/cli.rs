@@ -72,6 +72,9 @@ pub enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Seed even though the database already holds accounts.
+        #[arg(long)]
+        force: bool,
     },
     /// Migrate, seed a small dataset, run one nightly pass through the queue, report.
     Demo {
@@ -81,6 +84,19 @@ pub enum Command {
     },
 }
 
+/// The exit code for an error (OP-1): 2 for bad configuration or usage, 1 for any other
+/// failure.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    let bad_configuration = err.chain().any(|e| {
+        e.downcast_ref::<crate::config::ConfigError>().is_some()
+            || matches!(
+                e.downcast_ref::<db::DbError>(),
+                Some(db::DbError::BadUrl(_))
+            )
+    });
+    if bad_configuration { 2 } else { 1 }
+}
+
 /// Runs one command to completion.
 ///
 /// # Errors
@@ -88,6 +104,7 @@ pub enum Command {
 pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::CheckConfig => {
+            settings.check_roots()?;
             println!("configuration is valid");
             println!("{settings:#?}");
             Ok(())
@@ -99,6 +116,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Worker { exit_when_idle } => {
+            settings.check_roots()?;
             let mode = if exit_when_idle {
                 worker::Mode::UntilIdle
             } else {
@@ -110,6 +128,15 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             let pool = db::connect(&settings.database).await?;
             let at = at.unwrap_or_else(Utc::now);
             let ticked = tick::tick(&pool, &settings, at).await?;
+            if ticked.slot > Utc::now() {
+                // Accepted, and harmless: a pass never cuts off later than the database's
+                // now minus the window (EX-1).
+                eprintln!(
+                    "sexton: note: slot {} is in the future; its passes prune only what is \
+                     already past each account's window now",
+                    ticked.slot.to_rfc3339()
+                );
+            }
             if json {
                 println!("{}", serde_json::to_string(&ticked)?);
             } else {
@@ -146,8 +173,20 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             seed: random_seed,
             now,
             json,
+            force,
         } => {
             let pool = db::connect(&settings.database).await?;
+            let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+                .fetch_one(&pool)
+                .await
+                .context("could not count the accounts (run `sexton migrate` first?)")?;
+            if existing > 0 && !force {
+                anyhow::bail!(
+                    "the database already holds {existing} accounts; `sexton seed` writes \
+                     synthetic accounts and files, so it refuses a database in use \
+                     (pass --force to seed anyway)"
+                );
+            }
             let options = SeedOptions {
                 scale,
                 seed: random_seed,

@@ -347,8 +347,8 @@ impl RawSettings {
         let cron = c.parsed(
             "schedule.cron",
             &s.cron,
-            "a five-field cron expression such as \"0 3 * * *\"",
-            parse_cron,
+            "a five-field cron expression that fires, such as \"0 3 * * *\"",
+            |expr| parse_cron(expr).filter(|cron| cron.upcoming(chrono::Utc).next().is_some()),
         );
         let timezone = c.parsed(
             "schedule.timezone",
@@ -538,6 +538,42 @@ fn parsed_all(jobs: &[&dyn Section], parsed: &JobSettings) -> bool {
     jobs.iter().all(|job| parsed.contains(job.job()))
 }
 
+impl Settings {
+    /// Refuses file roots that do not exist or are not directories (OP-2, ER-3): under a
+    /// missing root every file would look "already deleted". For the commands that remove files.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming every such root.
+    pub fn check_roots(&self) -> Result<(), ConfigError> {
+        let p = &self.paths;
+        let problems: Vec<Problem> = [
+            ("paths.output_root", &p.output_root),
+            ("paths.attachments_root", &p.attachments_root),
+            ("paths.artifacts_root", &p.artifacts_root),
+            ("paths.sessions_root", &p.sessions_root),
+            ("paths.traces_root", &p.traces_root),
+        ]
+        .into_iter()
+        .filter_map(|(setting, path)| {
+            let why = match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => return None,
+                Ok(_) => "not a directory".to_owned(),
+                Err(err) => err.to_string(),
+            };
+            Some(Problem {
+                setting: setting.to_owned(),
+                message: format!("expected an existing directory, got {path:?} ({why})"),
+            })
+        })
+        .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
 /// Whether one directory contains the other (compared lexically, and canonically where both
 /// exist, so that a symlinked root is caught too).
 fn overlap(a: &Path, b: &Path) -> bool {
@@ -597,6 +633,41 @@ mod tests {
         assert!(text.contains("database.max_connections"), "{text}");
         assert!(text.contains("queue.concurrency (2)"), "{text}");
         assert!(load("[database]\nmax_connections = 6\n[queue]\nconcurrency = 2\n").is_ok());
+    }
+
+    #[test]
+    fn op2_a_schedule_that_never_fires_is_refused() {
+        let err = load("[schedule]\ncron = \"0 3 31 2 *\"\n").unwrap_err();
+        assert!(err.to_string().contains("schedule.cron"), "{err}");
+        assert!(load("[schedule]\ncron = \"0 3 29 2 *\"\n").is_ok());
+    }
+
+    #[test]
+    fn op2_a_missing_root_or_a_file_as_root_is_refused_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let mut settings = load("").unwrap();
+        for root in ["outputs", "attachments", "artifacts", "sessions", "traces"] {
+            std::fs::create_dir(dir.path().join(root)).unwrap();
+        }
+        settings.paths = PathSettings {
+            output_root: dir.path().join("gone"),
+            attachments_root: dir.path().join("attachments"),
+            artifacts_root: dir.path().join("artifacts"),
+            sessions_root: file.clone(),
+            traces_root: dir.path().join("traces"),
+        };
+        let text = settings.check_roots().unwrap_err().to_string();
+        assert!(text.contains("paths.output_root"), "{text}");
+        assert!(
+            text.contains("paths.sessions_root") && text.contains("not a directory"),
+            "{text}"
+        );
+        assert!(!text.contains("paths.traces_root"), "{text}");
+        settings.paths.output_root = dir.path().join("outputs");
+        settings.paths.sessions_root = dir.path().join("sessions");
+        assert!(settings.check_roots().is_ok());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 
 use std::str::FromStr;
 
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection as _, PgConnection, PgPool};
 
 use crate::config::DatabaseSettings;
 
@@ -26,6 +26,8 @@ pub enum DbError {
     Migrate(#[source] sqlx::migrate::MigrateError),
     #[error("could not apply the queue's (apalis-postgres) migrations: {0}")]
     QueueMigrate(#[source] apalis_postgres::Error),
+    #[error("could not install the guard on the queue's table: {0}")]
+    QueueGuard(#[source] sqlx::Error),
 }
 
 /// Connection options from `DATABASE_URL` if set, else from the libpq `PG*` variables.
@@ -71,6 +73,20 @@ pub fn describe(options: &PgConnectOptions) -> String {
 pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, DbError> {
     let options = connect_options(settings)?;
     let target = describe(&options);
+    // One direct connection first: the pool would only say "pool timed out", hiding why
+    // (connection refused, authentication failed, no such database).
+    let probe = tokio::time::timeout(
+        settings.acquire_timeout,
+        PgConnection::connect_with(&options),
+    )
+    .await
+    .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+    match probe {
+        Ok(conn) => {
+            let _ = conn.close().await;
+        }
+        Err(source) => return Err(DbError::Connect { target, source }),
+    }
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
@@ -102,8 +118,8 @@ pub async fn connect_with_retry(settings: &DatabaseSettings) -> Result<PgPool, D
     }
 }
 
-/// Applies the queue's schema (schema `apalis`, its own migration table) and then sexton's
-/// migrations. Idempotent.
+/// Applies the queue's schema (schema `apalis`, its own migration table), then sexton's
+/// migrations, then the guard on the queue's table. Idempotent.
 ///
 /// # Errors
 /// [`DbError::QueueMigrate`] or [`DbError::Migrate`] when a migration fails.
@@ -111,5 +127,13 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     apalis_postgres::PostgresStorage::setup(pool)
         .await
         .map_err(DbError::QueueMigrate)?;
-    MIGRATOR.run(pool).await.map_err(DbError::Migrate)
+    MIGRATOR.run(pool).await.map_err(DbError::Migrate)?;
+    sqlx::raw_sql(QUEUE_GUARD)
+        .execute(pool)
+        .await
+        .map_err(DbError::QueueGuard)?;
+    Ok(())
 }
+
+/// The guard on the queue's table that kills rows its poll could never decode (FL-1).
+const QUEUE_GUARD: &str = include_str!("queue_guard.sql");

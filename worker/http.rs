@@ -1,10 +1,11 @@
 //! The worker's HTTP endpoints (OP-3): `/metrics` in Prometheus text, `/healthz` (the process
-//! is alive) and `/readyz` (connected to the database and consuming the queue).
+//! is alive) and `/readyz` (connected to the database and consuming the queue, with no consumer
+//! failing in the last 30 seconds).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -19,7 +20,12 @@ use tokio::net::TcpListener;
 pub struct Health {
     pool: OnceLock<PgPool>,
     consuming: AtomicBool,
+    /// When a queue consumer last failed.
+    consumer_failed_at: Mutex<Option<Instant>>,
 }
+
+/// A worker whose consumers failed this recently is not ready.
+const FAILING_FOR: Duration = Duration::from_secs(30);
 
 impl Health {
     /// The database is reachable through this pool.
@@ -32,11 +38,26 @@ impl Health {
         self.consuming.store(consuming, Ordering::Relaxed);
     }
 
+    /// A queue consumer failed (it is restarted after a pause).
+    pub fn consumer_failed(&self) {
+        *self
+            .consumer_failed_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
     async fn ready(&self) -> bool {
         let Some(pool) = self.pool.get() else {
             return false;
         };
         if !self.consuming.load(Ordering::Relaxed) {
+            return false;
+        }
+        let failed_at = *self
+            .consumer_failed_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if failed_at.is_some_and(|at| at.elapsed() < FAILING_FOR) {
             return false;
         }
         let ping = sqlx::query("SELECT 1").execute(pool);

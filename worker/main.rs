@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("sexton: {err:#}");
-            ExitCode::FAILURE
+            ExitCode::from(sexton::cli::exit_code(&err))
         }
     }
 }

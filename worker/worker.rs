@@ -2,9 +2,10 @@
 //! queue under one monitor, until SIGTERM/SIGINT — or, with `--exit-when-idle`, only the queue
 //! workers, until the queue is empty.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use apalis::layers::WorkerBuilderExt;
@@ -186,7 +187,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     }
 
     let name = worker_name(&settings);
-    let monitor = monitor(&ctx, &wakeups, &name);
+    let monitor = monitor(&ctx, &wakeups, &health, &name);
 
     tracing::info!(worker = %name, queues = Consumer::all().count(), "worker started");
     health.consuming(true);
@@ -216,7 +217,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
 
 /// One apalis worker per queue under one monitor, which stops claiming on shutdown and waits
 /// up to the grace for running jobs (FL-5).
-fn monitor(ctx: &JobContext, wakeups: &Arc<Wakeups>, name: &str) -> Monitor {
+fn monitor(ctx: &JobContext, wakeups: &Arc<Wakeups>, health: &Arc<Health>, name: &str) -> Monitor {
     let poll = ctx.settings.queue.poll_interval;
     let concurrency = ctx.settings.queue.concurrency;
     let mut monitor = Monitor::new();
@@ -248,14 +249,86 @@ fn monitor(ctx: &JobContext, wakeups: &Arc<Wakeups>, name: &str) -> Monitor {
         });
     }
     // A worker stops when its backend fails (the database went away, ER-2): start it again.
-    // While the database is down each start waits out the pool's acquire timeout, which paces
-    // the restarts.
+    // Restarts are paced (ER-2): an error that repeats at once (a role without grants) must
+    // not become a hot loop. /readyz says not ready while consumers keep failing.
+    let pacer = Arc::new(Mutex::new(RestartPacer::default()));
+    let health = health.clone();
     monitor
-        .should_restart(|worker, err| {
-            tracing::warn!(worker = %worker.name(), restarts = worker.restarts(), error = %err, "queue worker failed; restarting it");
+        .should_restart(move |worker, err| {
+            health.consumer_failed();
+            let pause = pacer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .failed(worker.name(), &err.to_string());
+            // The monitor restarts synchronously: the pause holds this thread, not the runtime.
+            tokio::task::block_in_place(|| std::thread::sleep(pause));
             true
         })
         .shutdown_timeout(ctx.settings.queue.shutdown_grace)
+}
+
+/// How long a failed queue consumer waits before its restart, and when that is logged.
+#[derive(Debug, Default)]
+struct RestartPacer {
+    consumers: HashMap<String, Failing>,
+}
+
+#[derive(Debug)]
+struct Failing {
+    /// Failures in a row (reset after a quiet minute).
+    streak: u32,
+    last: Instant,
+    /// Failures not yet logged, and when the last log line was written.
+    unlogged: u32,
+    logged: Option<Instant>,
+}
+
+impl RestartPacer {
+    /// The first pause after a failure; doubled on every failure in a row, up to the longest.
+    const FIRST: Duration = Duration::from_millis(250);
+    const LONGEST: Duration = Duration::from_secs(10);
+    /// A consumer quiet this long starts a new streak.
+    const QUIET: Duration = Duration::from_secs(60);
+    /// A repeated error is logged once per this interval, with a count.
+    const LOG_EVERY: Duration = Duration::from_secs(10);
+
+    /// Records a failure of `consumer` and returns the pause before its restart.
+    fn failed(&mut self, consumer: &str, error: &str) -> Duration {
+        let now = Instant::now();
+        let failing = self
+            .consumers
+            .entry(consumer.to_owned())
+            .or_insert(Failing {
+                streak: 0,
+                last: now,
+                unlogged: 0,
+                logged: None,
+            });
+        if now.duration_since(failing.last) > Self::QUIET {
+            failing.streak = 0;
+        }
+        failing.streak += 1;
+        failing.last = now;
+        failing.unlogged += 1;
+        let pause =
+            (Self::FIRST * 2u32.saturating_pow(failing.streak.min(16) - 1)).min(Self::LONGEST);
+        if failing
+            .logged
+            .is_none_or(|at| now.duration_since(at) >= Self::LOG_EVERY)
+        {
+            tracing::warn!(
+                worker = consumer,
+                failures = failing.unlogged,
+                in_a_row = failing.streak,
+                pause_ms = pause.as_millis() as u64,
+                error,
+                "queue worker failed; restarting it after a pause"
+            );
+            failing.unlogged = 0;
+            failing.logged = Some(now);
+        }
+        pause
+    }
 }
 
 /// Keeps the queue, backlog and last-success gauges current (OP-3).

@@ -69,11 +69,20 @@ fn blockers(run: &str, render: impl Fn(RetainReason, String) -> String, separato
         .join(separator)
 }
 
-/// A cursor position before every real age (PostgreSQL cannot take chrono's minimum).
-const BEFORE_ANY_AGE: DateTime<Utc> = match DateTime::from_timestamp(-30_610_224_000, 0) {
+/// The earliest moment PostgreSQL represents (4714-11-24 BC): the cursor of a pass's first hop,
+/// before every finite age. Infinite ages are never candidates (EX-2).
+pub const EARLIEST: DateTime<Utc> = match DateTime::from_timestamp(-210_866_803_200, 0) {
     Some(at) => at,
     None => DateTime::UNIX_EPOCH,
 };
+
+/// The cutoff `days` before `reference`, or `None` when the window reaches back past the
+/// calendar (EARLIEST): then nothing is old enough (EX-1).
+pub fn days_before(reference: DateTime<Utc>, days: i32) -> Option<DateTime<Utc>> {
+    chrono::TimeDelta::try_days(days.into())
+        .and_then(|window| reference.checked_sub_signed(window))
+        .filter(|cutoff| *cutoff > EARLIEST)
+}
 
 /// `runner_effects` of a pruned run and its variant (EX-3).
 pub fn pruned_runner_effects() -> serde_json::Value {
@@ -313,31 +322,41 @@ pub async fn hop(
     // Files of owners pruned by an earlier hop that died between commit and unlink.
     report.add_files(drain_files(conn, settings, args.account_id).await?);
 
-    let days: Option<Option<i32>> =
-        sqlx::query_scalar("SELECT execution_details_retention_days FROM accounts WHERE id = $1")
-            .bind(args.account_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let days = match days {
+    let account: Option<(Option<i32>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT execution_details_retention_days, now() FROM accounts WHERE id = $1",
+    )
+    .bind(args.account_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let (days, database_now) = match account {
         None => {
             report.outcome = HopOutcome::AccountGone;
             return Ok(report);
         }
-        Some(None) => {
+        Some((None, _)) => {
             report.outcome = HopOutcome::Disabled;
             return Ok(report);
         }
-        Some(Some(days)) => days,
+        Some((Some(days), now)) => (days, now),
     };
-    let cutoff = args
-        .cutoff
-        .unwrap_or_else(|| args.pass_started_at - chrono::Duration::days(days.into()));
+    // A slot, a payload or a clock in the future never moves a cutoff past the database's
+    // now (EX-1).
+    let reference = args.pass_started_at.min(database_now);
+    let Some(current) = days_before(reference, days) else {
+        // A window longer than the calendar: nothing is old enough, the pass ends (EX-1).
+        return Ok(report);
+    };
+    let cutoff = args.cutoff.unwrap_or(current);
     // Never past the stricter of the carried cutoff and the current setting (EX-1, EX-7).
-    let bound = cutoff.min(args.pass_started_at - chrono::Duration::days(days.into()));
+    let bound = cutoff.min(current);
     let after = args.cursor.unwrap_or(Cursor {
-        age: BEFORE_ANY_AGE,
+        age: EARLIEST,
         run_id: Uuid::nil(),
     });
+    let after = Cursor {
+        age: after.age.max(EARLIEST),
+        ..after
+    };
 
     let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT id, conversation_id, {AGE} AS age FROM runs
@@ -365,7 +384,7 @@ pub async fn hop(
         clock,
         settings,
         bound,
-        pass_started_at: args.pass_started_at,
+        reference,
     };
     let mut rest = window.as_slice();
     while !rest.is_empty() {
@@ -445,7 +464,9 @@ struct Pass<'a> {
     settings: &'a HopSettings,
     /// The stricter of the carried cutoff and the current setting.
     bound: DateTime<Utc>,
-    pass_started_at: DateTime<Utc>,
+    /// What the current setting is measured back from: the pass start, or the database's
+    /// now if that is earlier.
+    reference: DateTime<Utc>,
 }
 
 /// One owner as the owner transaction's statement found it under lock, with — the same on
@@ -497,7 +518,10 @@ impl Locked {
 /// are locked, with the runs' lock taken as `lock` says (`SKIP LOCKED` or waiting): locks the
 /// runs in id order (EX-6), re-checks each under its lock (EX-1, EX-2, EX-5) and, for those
 /// still to go, deletes their detail, records their files in `sexton.pending_file_deletions`
-/// and sets the markers on runs and variants (EX-3, EX-9). One row per run locked.
+/// — each path once, and only if no surviving row still references it — and sets the markers
+/// on runs and on variants of the account's own conversations (EX-3, EX-4, EX-9). One row per
+/// run locked. The other rows' view of `output_files` is the statement's snapshot, which still
+/// holds the rows being deleted: hence "not of a run pruned here".
 /// `$3` is the bound, `$4` the pass start, `$5` the account, `$6` now, `$7` the effects.
 fn prune_locked(lock: &str) -> String {
     // Each table's deleted rows are the CTE `<table>_gone`; `output_files_gone` keeps the paths.
@@ -534,11 +558,17 @@ fn prune_locked(lock: &str) -> String {
              WHERE NOT pruned AND eligible AND NOT ({})),
          {},
          pending AS (INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-                     SELECT 'outputs', $5, relative_path FROM output_files_gone),
+                     SELECT DISTINCT 'outputs', $5, g.relative_path FROM output_files_gone g
+                     WHERE NOT EXISTS (
+                         SELECT 1 FROM output_files o
+                         WHERE o.relative_path = g.relative_path
+                           AND o.run_id <> ALL((SELECT runs FROM prune)::uuid[]))),
          run AS (UPDATE runs SET details_pruned_at = $6, runner_effects = $7
                  WHERE id = ANY((SELECT runs FROM prune)::uuid[])),
-         variant AS (UPDATE variants SET details_pruned_at = $6, runner_effects = $7
-                     WHERE id = ANY((SELECT variants FROM prune)::uuid[]))
+         variant AS (UPDATE variants v SET details_pruned_at = $6, runner_effects = $7
+                     FROM turns t JOIN conversations cv ON cv.id = t.conversation_id
+                     WHERE v.id = ANY((SELECT variants FROM prune)::uuid[])
+                       AND t.id = v.turn_id AND cv.account_id = $5)
          SELECT id, pruned, eligible, {},
                 ARRAY[{}]::bigint[] AS deleted
          FROM locked",
@@ -557,7 +587,8 @@ static PRUNE_WAITING: LazyLock<String> = LazyLock::new(|| prune_locked(""));
 
 /// The re-check of EX-1, EX-2 and EX-5 under lock, for `runs r JOIN accounts a`, with the
 /// conversation the run must still belong to written as `conversation`; $3 is the bound and $4
-/// the pass start.
+/// what the current setting is measured back from. The window is compared as an interval, so
+/// that a window longer than the calendar is "not old enough", never an overflow (EX-1).
 fn recheck_columns(conversation: &str) -> String {
     format!(
         "r.id, r.variant_id,
@@ -565,7 +596,9 @@ fn recheck_columns(conversation: &str) -> String {
          COALESCE(r.conversation_id = {conversation}
                   AND r.kind IN ('conversation', 'direct_reply')
                   AND {AGE} < $3
-                  AND {AGE} < $4 - make_interval(days => a.execution_details_retention_days),
+                  AND CASE WHEN isfinite({AGE})
+                           THEN $4 - {AGE} > make_interval(days => a.execution_details_retention_days)
+                      END,
                   false) AS eligible,
          {}",
         blockers(
@@ -604,7 +637,7 @@ async fn run_prune_locked(
         .bind(runs)
         .bind(conversations)
         .bind(pass.bound)
-        .bind(pass.pass_started_at)
+        .bind(pass.reference)
         .bind(pass.account_id)
         .bind(pass.clock.now())
         .bind(pruned_runner_effects())
@@ -704,7 +737,9 @@ async fn drain_files(
 }
 
 /// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
-/// nothing eligible waits): the backlog an operator watches grow or shrink (OP-3).
+/// nothing eligible waits): the backlog an operator watches grow or shrink (OP-3). An account
+/// whose window reaches back past the calendar has nothing old enough, and infinite ages are
+/// never candidates: neither can break the gauge (EX-1, EX-2).
 ///
 /// # Errors
 /// [`Error::Database`] on a database error.
@@ -712,15 +747,18 @@ pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, E
     let seconds: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT max(EXTRACT(EPOCH FROM (c.cutoff - o.age)))::float8
          FROM (SELECT id, $1 - make_interval(days => execution_details_retention_days) AS cutoff
-               FROM accounts WHERE execution_details_retention_days IS NOT NULL) c
+               FROM accounts
+               WHERE execution_details_retention_days IS NOT NULL
+                 AND make_interval(days => execution_details_retention_days) < $1 - $2) c
          CROSS JOIN LATERAL (
              SELECT {AGE} AS age FROM runs r
              WHERE r.account_id = c.id AND {UNPRUNED_OWNER} AND {AGE} < c.cutoff
-               AND {}
+               AND {AGE} > $2 AND {}
              ORDER BY {AGE}, r.id LIMIT 1) o",
         blockers("r.id", |_, sql| format!("NOT {sql}"), " AND ")
     )))
     .bind(now)
+    .bind(EARLIEST)
     .fetch_one(pool)
     .await?;
     Ok(seconds.unwrap_or(0.0).max(0.0))
@@ -768,8 +806,7 @@ pub async fn preview(
             rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
             bytes: 0,
         };
-        if let Some(days) = days {
-            let cutoff = now - chrono::Duration::days(days.into());
+        if let Some(cutoff) = days.and_then(|days| days_before(now, days)) {
             preview.cutoff = Some(cutoff);
             fill_preview(conn, &mut preview, cutoff).await?;
         }
@@ -785,10 +822,10 @@ async fn fill_preview(
 ) -> Result<(), Error> {
     let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH candidates AS (
-             SELECT id FROM runs
+             SELECT id, isfinite({AGE}) AS finite FROM runs
              WHERE account_id = $1 AND {UNPRUNED_OWNER} AND {AGE} < $2),
          classified AS (
-             SELECT c.id, CASE {} ELSE 'eligible' END AS class
+             SELECT c.id, CASE WHEN NOT c.finite THEN 'not_eligible' {} ELSE 'eligible' END AS class
              FROM candidates c),
          eligible AS (SELECT id FROM classified WHERE class = 'eligible')
          SELECT class, count(*) FROM classified GROUP BY class
@@ -949,10 +986,16 @@ impl Job for PruneExecutionDetails {
 
 impl std::fmt::Display for Preview {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Some(cutoff) = self.cutoff else {
+        let (Some(days), Some(cutoff)) = (self.retention_days, self.cutoff) else {
+            let why = match self.retention_days {
+                None => "retention disabled".to_owned(),
+                Some(days) => {
+                    format!("{days} days reach back past the calendar: nothing is old enough")
+                }
+            };
             return write!(
                 f,
-                "account {} ({}): retention disabled",
+                "account {} ({}): {why}",
                 self.account_name, self.account_id
             );
         };
@@ -961,7 +1004,7 @@ impl std::fmt::Display for Preview {
             "account {} ({}), {} days, cutoff {}: {} owners eligible, {} bytes of output files",
             self.account_name,
             self.account_id,
-            self.retention_days.unwrap_or_default(),
+            days,
             cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             self.eligible_owners,
             self.bytes

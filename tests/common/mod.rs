@@ -54,8 +54,12 @@ fn url_without_path(url: &str) -> String {
     }
 }
 
-/// The `sexton` binary with the test database and file roots under `dir`.
+/// The `sexton` binary with the test database and file roots under `dir` (created, as a
+/// platform's would be).
 pub fn sexton(database_url: &str, dir: &Path) -> Command {
+    for root in ["outputs", "attachments", "artifacts", "sessions", "traces"] {
+        std::fs::create_dir_all(dir.join(root)).expect("a file root");
+    }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sexton"));
     cmd.env("DATABASE_URL", database_url)
         .env("SEXTON_PATHS__OUTPUT_ROOT", dir.join("outputs"))

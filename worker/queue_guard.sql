@@ -1,0 +1,34 @@
+-- Installed by `sexton migrate` after the queue's schema and sexton's migrations, every time
+-- (idempotent): queue rows that the queue's poll could never decode are killed as they are
+-- written, with the reason, instead of failing the poll forever (FL-1, STACK.md).
+
+-- One migrating process at a time (the lock ends with this script's implicit transaction).
+SELECT pg_advisory_xact_lock(1584857088);
+
+-- Kills such a row as it is written, keeping it for inspection with the reason (FL-1).
+CREATE OR REPLACE FUNCTION sexton.kill_undecodable_job() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    reason text := sexton.undecodable_job(NEW.id, NEW.job);
+BEGIN
+    IF NEW.job_type LIKE 'sexton.%' AND reason IS NOT NULL THEN
+        NEW.status := 'Killed';
+        NEW.last_result := jsonb_build_object('Err', 'undecodable job, never run: ' || reason);
+        NEW.done_at := now();
+        NEW.lock_by := NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER sexton_kill_undecodable_job
+    BEFORE INSERT OR UPDATE OF id, job ON apalis.jobs
+    FOR EACH ROW EXECUTE FUNCTION sexton.kill_undecodable_job();
+
+-- Rows written before the guard existed.
+UPDATE apalis.jobs
+SET status = 'Killed', done_at = now(), lock_by = NULL,
+    last_result = jsonb_build_object('Err', 'undecodable job, never run: '
+                                            || sexton.undecodable_job(id, job))
+WHERE job_type LIKE 'sexton.%' AND status <> 'Killed'
+  AND sexton.undecodable_job(id, job) IS NOT NULL;
