@@ -265,19 +265,25 @@ async fn run_locked<J: Job>(
         }
     }
     log_hop_done(&report, seconds, locked_at, unlocked_at);
-    record::<J>(ctx, position, &report).await;
+    record::<J>(ctx, position, locked_at, &report).await;
     pushed
         .map_err(|err| retryable(anyhow::Error::new(err).context("could not enqueue the next hop")))
 }
 
 /// Adds the hop to the pass ledger, and refreshes the last-success gauge when a pass ended.
-async fn record<J: Job>(ctx: &JobContext, position: Position, report: &Report<J::Args>) {
+async fn record<J: Job>(
+    ctx: &JobContext,
+    position: Position,
+    started: DateTime<Utc>,
+    report: &Report<J::Args>,
+) {
     let recorded = ledger::record_hop(
         &ctx.pool,
         J::NAME,
         ledger::scope(position.account),
         position.pass_started_at,
         position.hop,
+        started,
         report,
     )
     .await;

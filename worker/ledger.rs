@@ -60,16 +60,17 @@ pub async fn record_hop<A>(
     scope: Uuid,
     slot: DateTime<Utc>,
     hop: u32,
+    started: DateTime<Utc>,
     report: &Report<A>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO sexton.passes AS p
              (job, scope, slot, started_at, finished_at, outcome, hops, last_hop, candidates,
               pruned, retained, rows_deleted, files_deleted, bytes_reclaimed, file_errors)
-         VALUES ($1, $2, $3, now(), CASE WHEN $4 THEN now() END, $5, 1, $6, $7, $8, $9, $10,
+         VALUES ($1, $2, $3, $14, CASE WHEN $4 THEN now() END, $5, 1, $6, $7, $8, $9, $10,
                  $11, $12, $13)
          ON CONFLICT (job, scope, slot) DO UPDATE SET
-             started_at = COALESCE(p.started_at, now()),
+             started_at = COALESCE(p.started_at, EXCLUDED.started_at),
              updated_at = now(),
              finished_at = COALESCE(p.finished_at, EXCLUDED.finished_at),
              outcome = CASE WHEN p.finished_at IS NULL OR EXCLUDED.last_hop >= p.last_hop
@@ -98,6 +99,7 @@ pub async fn record_hop<A>(
     .bind(report.files.deleted as i64)
     .bind(report.files.bytes as i64)
     .bind(report.files.errors as i64)
+    .bind(started)
     .execute(pool)
     .await?;
     Ok(())

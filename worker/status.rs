@@ -123,9 +123,13 @@ impl Status {
         for job in &self.jobs {
             let _ = writeln!(
                 out,
-                "\n{} ({} passes): last complete slot {}, backlog {}",
+                "\n{} ({}): last complete slot {}, backlog {}",
                 job.job,
-                job.scope,
+                if job.scope == "global" {
+                    "one global pass per slot"
+                } else {
+                    "one pass per account per slot"
+                },
                 time(job.last_success_slot),
                 job.backlog_seconds
                     .map_or_else(|| "not measured".to_owned(), |s| format!("{s:.0} s")),
