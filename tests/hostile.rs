@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rand::{Rng, SeedableRng};
 use sexton_jobs::clock::ManualClock;
+use sexton_jobs::job::Job as _;
 use sexton_jobs::prune_execution_details::{self as job, Args, HopOutcome, HopReport, HopSettings};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -718,4 +719,112 @@ async fn er2_a_role_without_grants_restarts_paced_and_readyz_says_not_ready(pool
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// A job kind whose hop panics, to prove what the runtime does with it.
+struct Panicking;
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct PanickingArgs {
+    account: Uuid,
+}
+
+impl sexton_jobs::job::Job for Panicking {
+    const NAME: &'static str = "test_panicking";
+    const QUEUE: &'static str = "sexton.test_panicking";
+    const SCOPE: sexton_jobs::job::Scope = sexton_jobs::job::Scope::Account;
+    const SECTION: &'static str = "test_panicking";
+    const RETAIN_REASONS: &'static [&'static str] = &[];
+    type Args = PanickingArgs;
+    type Settings = ();
+    type Preview = String;
+    type Error = std::io::Error;
+
+    fn settings(
+        _: &serde_json::Value,
+        _: &sexton_jobs::files::PathSettings,
+        _: &mut sexton_jobs::settings::Check<'_>,
+    ) -> Option<()> {
+        Some(())
+    }
+
+    fn first(account: Option<Uuid>, _: DateTime<Utc>) -> PanickingArgs {
+        PanickingArgs {
+            account: account.unwrap_or_default(),
+        }
+    }
+
+    fn position(args: &PanickingArgs) -> sexton_jobs::job::Position {
+        sexton_jobs::job::Position {
+            account: Some(args.account),
+            pass_started_at: pass_start(),
+            hop: 0,
+        }
+    }
+
+    async fn run(
+        _: sexton_jobs::job::Env<'_>,
+        _: &(),
+        _: &PanickingArgs,
+    ) -> Result<sexton_jobs::job::Report<PanickingArgs>, std::io::Error> {
+        panic!("a bug in a job");
+    }
+
+    async fn backlog_seconds(
+        _: &PgPool,
+        _: &(),
+        _: DateTime<Utc>,
+    ) -> Result<Option<f64>, std::io::Error> {
+        Ok(None)
+    }
+
+    async fn preview(
+        _: &mut sqlx::PgConnection,
+        _: &(),
+        _: DateTime<Utc>,
+        _: Option<Uuid>,
+    ) -> Result<Vec<String>, std::io::Error> {
+        Ok(Vec::new())
+    }
+}
+
+#[sqlx::test]
+async fn ex1_a_panicking_hop_fails_its_job_and_never_keeps_its_lock(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(dir.path());
+    settings.jobs.set(Panicking::NAME, ());
+    let ctx = sexton::context::JobContext::new(
+        pool.clone(),
+        std::sync::Arc::new(settings),
+        std::sync::Arc::new(ManualClock::new(pass_start())),
+    );
+    let account = Uuid::new_v4();
+    for _ in 0..2 {
+        let err = sexton::hop::run::<Panicking>(&ctx, PanickingArgs { account })
+            .await
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("a bug in a job"), "{err:#}");
+        // The lock died with the connection that held it: another session takes it.
+        poll_until(Duration::from_secs(10), || async {
+            let free: bool = sqlx::query_scalar(
+                "SELECT count(*) = 0 FROM pg_locks WHERE locktype = 'advisory' AND granted",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            free
+        })
+        .await;
+    }
+    let failed: (String, String) = sqlx::query_as(
+        "SELECT outcome, last_error FROM sexton.passes WHERE job = $1 AND scope = $2",
+    )
+    .bind(Panicking::NAME)
+    .bind(account)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(failed.0, "failed");
+    assert!(failed.1.contains("panicked"), "{}", failed.1);
 }
