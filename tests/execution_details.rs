@@ -5,81 +5,15 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sexton_jobs::clock::ManualClock;
 use sexton_jobs::prune_execution_details::{
-    self as job, Args, HopOutcome, HopReport, HopSettings, RetainReason,
+    self as job, Args, HopOutcome, HopReport, RetainReason,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::common;
 use crate::common::fixture::{self, RunSpec, days_before_pass, pass_start};
-
-struct Env {
-    pool: PgPool,
-    /// Holds the file roots for as long as the test runs.
-    _dir: tempfile::TempDir,
-    clock: ManualClock,
-    settings: HopSettings,
-}
-
-impl Env {
-    async fn new(pool: PgPool) -> Self {
-        common::migrate(&pool).await;
-        let dir = tempfile::tempdir().unwrap();
-        let settings = HopSettings {
-            window_size: 500,
-            owners_per_transaction: 50,
-            transaction_target: Duration::from_millis(50),
-            budget: Duration::from_secs(600),
-            owner_lock_timeout: Duration::from_millis(200),
-            output_root: dir.path().join("outputs"),
-        };
-        Self {
-            pool,
-            _dir: dir,
-            clock: ManualClock::new(pass_start()),
-            settings,
-        }
-    }
-
-    async fn run(&self, spec: RunSpec) -> fixture::Run {
-        fixture::run(&self.pool, &self.settings.output_root, spec).await
-    }
-
-    async fn hop(&self, args: &Args) -> HopReport {
-        job::run(
-            &self.pool,
-            &self.clock,
-            &self.settings,
-            args,
-            &AtomicBool::new(false),
-        )
-        .await
-        .unwrap()
-    }
-
-    /// A whole nightly pass for one account, hop after hop; returns every hop's report.
-    async fn pass(&self, account: Uuid) -> Vec<HopReport> {
-        let mut args = Args::first(account, pass_start());
-        let mut reports = Vec::new();
-        loop {
-            let report = self.hop(&args).await;
-            let next = report.next.clone();
-            reports.push(report);
-            match next {
-                Some(next) => args = next,
-                None => return reports,
-            }
-        }
-    }
-
-    fn output_file(&self, account: Uuid, run: Uuid) -> std::path::PathBuf {
-        self.settings
-            .output_root
-            .join(format!("{account}/{run}/out.bin"))
-    }
-}
+use crate::common::hops::Env;
 
 fn retained(reports: &[HopReport], reason: RetainReason) -> u32 {
     reports

@@ -286,14 +286,20 @@ struct Failing {
 impl RestartPacer {
     /// The first pause after a failure; doubled on every failure in a row, up to the longest.
     const FIRST: Duration = Duration::from_millis(250);
-    const LONGEST: Duration = Duration::from_secs(10);
+    /// Kept well under the shutdown grace: a pause holds off SIGTERM handling until it ends.
+    const LONGEST: Duration = Duration::from_secs(5);
     /// A consumer quiet this long starts a new streak.
     const QUIET: Duration = Duration::from_secs(60);
     /// A repeated error is logged once per this interval, with a count.
     const LOG_EVERY: Duration = Duration::from_secs(10);
 
-    /// Records a failure of `consumer` and returns the pause before its restart.
-    fn failed(&mut self, consumer: &str, error: &str) -> Duration {
+    /// Records a failure of the worker `name` and returns the pause before its restart. A
+    /// restarted worker's name carries `.r<n>`; its failures count for the consumer it restarts.
+    fn failed(&mut self, name: &str, error: &str) -> Duration {
+        let consumer = match name.rsplit_once(".r") {
+            Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
+            _ => name,
+        };
         let now = Instant::now();
         let failing = self
             .consumers
@@ -377,5 +383,28 @@ async fn wait_until_idle(pool: &PgPool) -> std::io::Result<()> {
             Err(err) => tracing::warn!(error = %err, "could not read the queue"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn er2_restarts_of_one_consumer_pause_longer_each_time_up_to_the_longest() {
+        let mut pacer = RestartPacer::default();
+        let pauses: Vec<u128> = ["w.nightly", "w.nightly.r1", "w.nightly.r2", "w.nightly.r3"]
+            .iter()
+            .chain(["w.nightly.r4"; 6].iter())
+            .map(|name| pacer.failed(name, "permission denied").as_millis())
+            .collect();
+        assert_eq!(
+            pauses,
+            [250, 500, 1000, 2000, 4000, 5000, 5000, 5000, 5000, 5000]
+        );
+        assert_eq!(
+            pacer.failed("w.prune_execution_details", "x").as_millis(),
+            250
+        );
     }
 }

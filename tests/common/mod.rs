@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod fixture;
+pub mod hops;
 pub mod process;
 
 use std::path::Path;
