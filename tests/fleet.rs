@@ -208,7 +208,7 @@ fn hop_intervals(lines: &[String]) -> BTreeMap<String, Vec<Interval>> {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if event["message"] != "hop done" {
+        if event["message"] != "hop done" || event["span"]["job"] != "prune_execution_details" {
             continue;
         }
         let at = |field: &str| -> DateTime<Utc> { event[field].as_str().unwrap().parse().unwrap() };
@@ -547,7 +547,7 @@ async fn op4_each_hop_is_a_span_with_account_pass_hop_window_and_outcome(pool: P
     let hop: serde_json::Value = lines
         .iter()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|e| e["message"] == "hop done")
+        .find(|e| e["message"] == "hop done" && e["span"]["job"] == "prune_execution_details")
         .expect("a structured hop event");
     let span = &hop["span"];
     assert_eq!(span["name"], "hop");

@@ -184,10 +184,11 @@ async fn op3_last_success_advances_only_when_every_accounts_pass_finished(pool: 
     let (finished, failed): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE finished_at IS NOT NULL),
                 count(*) FILTER (WHERE outcome = 'failed' AND scope = $2)
-         FROM sexton.passes WHERE slot = $1",
+         FROM sexton.passes WHERE slot = $1 AND job = $3",
     )
     .bind(slots[1])
     .bind(stuck)
+    .bind(PED)
     .fetch_one(&pool)
     .await
     .unwrap();

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
-use crate::{db, demo, preview, status, tick, worker};
+use crate::{db, demo, preview, sessions, status, tick, worker};
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -50,6 +50,11 @@ pub enum Command {
         /// Print JSON: one object per account.
         #[arg(long)]
         json: bool,
+    },
+    /// Old agent sessions (SPEC §3) with ages from SEXTON_SESSION_{MAIN,TASK,SUBAGENT}_DAYS.
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
     },
     /// Per job and account the last pass, the backlog, and the queue's pending, running and
     /// failed jobs (failed ones with their last error).
@@ -95,6 +100,22 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             )
     });
     if bad_configuration { 2 } else { 1 }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionsCommand {
+    /// List every session these ages would delete now; delete them only with --confirm.
+    Prune {
+        /// Delete the sessions listed (without it nothing is deleted).
+        #[arg(long)]
+        confirm: bool,
+        /// Only this account.
+        #[arg(long, value_name = "ID")]
+        account: Option<uuid::Uuid>,
+        /// Print one JSON object: ages, targets and (with --confirm) what was deleted.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs one command to completion.
@@ -155,6 +176,22 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 );
             } else {
                 print!("{}", preview::render(&previews));
+            }
+            Ok(())
+        }
+        Command::Sessions {
+            command:
+                SessionsCommand::Prune {
+                    confirm,
+                    account,
+                    json,
+                },
+        } => {
+            let outcome = sessions::prune(&settings, account, confirm, json).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&outcome)?);
+            } else {
+                print!("{}", outcome.render());
             }
             Ok(())
         }

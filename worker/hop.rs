@@ -75,15 +75,24 @@ async fn defer<J: Job>(ctx: &JobContext, args: &J::Args) -> Result<PushOutcome, 
 /// A connection holding a hop's scope lock. Dropped without [`ScopeLock::release`] — a panic,
 /// a cancelled future — it is closed rather than returned to the pool, so the lock dies with
 /// it and never outlives the hop.
-struct ScopeLock {
+pub struct ScopeLock {
     conn: Option<PoolConnection<sqlx::Postgres>>,
     key: String,
 }
 
 impl ScopeLock {
-    /// Takes the lock if it is free; `Ok(None)` if another hop holds it.
-    async fn try_take(ctx: &JobContext, key: String) -> Result<Option<Self>, sqlx::Error> {
-        let mut conn = ctx.pool.acquire().await?;
+    /// Takes the lock of `job` for `account` (or the whole job) if it is free; `Ok(None)` if
+    /// another hop — of this fleet, or a CLI run — holds it (FL-3).
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn try_take(
+        pool: &sqlx::PgPool,
+        job: &str,
+        account: Option<Uuid>,
+    ) -> Result<Option<Self>, sqlx::Error> {
+        let key = lock_key(job, account);
+        let mut conn = pool.acquire().await?;
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext($2))")
             .bind(HOP_LOCK_CLASS)
             .bind(&key)
@@ -95,12 +104,13 @@ impl ScopeLock {
         }))
     }
 
-    fn conn(&mut self) -> &mut PgConnection {
+    /// The connection that holds the lock, for the hop's own work.
+    pub fn conn(&mut self) -> &mut PgConnection {
         self.conn.as_mut().expect("held until released")
     }
 
     /// Releases the lock and returns the connection to the pool.
-    async fn release(mut self) {
+    pub async fn release(mut self) {
         let Some(mut conn) = self.conn.take() else {
             return;
         };
@@ -200,8 +210,7 @@ async fn run_locked<J: Job>(
         .await
         .context("the hop budget is closed")
         .map_err(retryable)?;
-    let key = lock_key(J::NAME, position.account);
-    let Some(mut lock) = ScopeLock::try_take(ctx, key)
+    let Some(mut lock) = ScopeLock::try_take(&ctx.pool, J::NAME, position.account)
         .await
         .context("could not take the hop's scope lock")
         .map_err(retryable)?

@@ -3,7 +3,7 @@
 //!
 //! Dependencies run one way (checked by `tests/architecture.rs`):
 //! config ← db, queue ← context, ledger, telemetry ← hop ← registry ← tick, schedule, status
-//! ← worker (the runtime) ← demo, cli.
+//! ← worker (the runtime) ← demo, sessions, cli.
 
 pub mod cli;
 pub mod config;
@@ -18,6 +18,7 @@ pub mod queue;
 pub mod registry;
 pub mod schedule;
 pub mod seed;
+pub mod sessions;
 pub mod status;
 pub mod telemetry;
 pub mod text;

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sexton_jobs::job::{Job, Scope};
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
+use sexton_jobs::session_retention::SessionRetention;
 use sexton_jobs::settings::Check;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -20,7 +21,10 @@ use crate::hop;
 use crate::queue::{PushOutcome, QueueError};
 
 /// Every registered job kind, in the order reports list them.
-pub static KINDS: &[&dyn Kind] = &[&Registered::<PruneExecutionDetails>(PhantomData)];
+pub static KINDS: &[&dyn Kind] = &[
+    &Registered::<PruneExecutionDetails>(PhantomData),
+    &Registered::<SessionRetention>(PhantomData),
+];
 
 /// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every
 /// job by [`Registered`].

@@ -4,8 +4,10 @@
 //! metrics and the CLI.
 
 pub mod clock;
+pub mod cutoff;
 pub mod files;
 pub mod job;
 pub mod payload;
 pub mod prune_execution_details;
+pub mod session_retention;
 pub mod settings;

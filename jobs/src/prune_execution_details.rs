@@ -22,6 +22,7 @@ use sqlx::{Connection as _, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::cutoff::{EARLIEST, days_before};
 use crate::files::{self, DrainError, PathSettings, Root};
 use crate::job::{Env, Job, Position, Report, Scope};
 use crate::payload::V1;
@@ -67,21 +68,6 @@ fn blockers(run: &str, render: impl Fn(RetainReason, String) -> String, separato
         .map(|(reason, sql)| render(*reason, sql.replace("{run}", run)))
         .collect::<Vec<_>>()
         .join(separator)
-}
-
-/// The earliest moment PostgreSQL represents (4714-11-24 BC): the cursor of a pass's first hop,
-/// before every finite age. Infinite ages are never candidates (EX-2).
-pub const EARLIEST: DateTime<Utc> = match DateTime::from_timestamp(-210_866_803_200, 0) {
-    Some(at) => at,
-    None => DateTime::UNIX_EPOCH,
-};
-
-/// The cutoff `days` before `reference`, or `None` when the window reaches back past the
-/// calendar (EARLIEST): then nothing is old enough (EX-1).
-pub fn days_before(reference: DateTime<Utc>, days: i32) -> Option<DateTime<Utc>> {
-    chrono::TimeDelta::try_days(days.into())
-        .and_then(|window| reference.checked_sub_signed(window))
-        .filter(|cutoff| *cutoff > EARLIEST)
 }
 
 /// `runner_effects` of a pruned run and its variant (EX-3).
@@ -341,7 +327,7 @@ pub async fn hop(
     };
     // A slot, a payload or a clock in the future never moves a cutoff past the database's
     // now (EX-1).
-    let reference = args.pass_started_at.min(database_now);
+    let reference = crate::cutoff::reference(args.pass_started_at, database_now);
     let Some(current) = days_before(reference, days) else {
         // A window longer than the calendar: nothing is old enough, the pass ends (EX-1).
         return Ok(report);

@@ -1,0 +1,45 @@
+//! Cutoffs (EX-1): a window measured back from a moment, never before the calendar
+//! PostgreSQL can hold, and never past the database's now.
+
+use chrono::{DateTime, Utc};
+
+/// The earliest moment PostgreSQL represents (4714-11-24 BC): the cursor of a pass's first hop,
+/// before every finite age. Infinite ages are never candidates (EX-2).
+pub const EARLIEST: DateTime<Utc> = match DateTime::from_timestamp(-210_866_803_200, 0) {
+    Some(at) => at,
+    None => DateTime::UNIX_EPOCH,
+};
+
+/// The cutoff `days` before `reference`, or `None` when the window reaches back past the
+/// calendar (EARLIEST): then nothing is old enough (EX-1).
+pub fn days_before(reference: DateTime<Utc>, days: i32) -> Option<DateTime<Utc>> {
+    chrono::TimeDelta::try_days(days.into())
+        .and_then(|window| reference.checked_sub_signed(window))
+        .filter(|cutoff| *cutoff > EARLIEST)
+}
+
+/// What a pass measures its windows back from: its start, or the database's now if that is
+/// earlier, so that a slot, a payload or a clock in the future prunes nothing early (EX-1).
+pub fn reference(pass_started_at: DateTime<Utc>, database_now: DateTime<Utc>) -> DateTime<Utc> {
+    pass_started_at.min(database_now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ex1_a_window_past_the_calendar_has_no_cutoff() {
+        let now: DateTime<Utc> = "2026-12-01T03:00:00Z".parse().unwrap();
+        assert_eq!(
+            days_before(now, 30),
+            Some("2026-11-01T03:00:00Z".parse().unwrap())
+        );
+        assert_eq!(days_before(now, 3_000_000), None);
+        assert_eq!(days_before(now, i32::MAX), None);
+        assert_eq!(
+            reference(now, now - chrono::Duration::days(1)),
+            now - chrono::Duration::days(1)
+        );
+    }
+}

@@ -1,0 +1,1040 @@
+//! SessionRetention (SPEC §3, seeds 000 and 002): deletes old agent sessions with their history
+//! — live entries, archives and archive entries — and, after commit, their archive frame
+//! directories; handoffs that point at a deleted session keep their rows with the reference
+//! nulled.
+//!
+//! A nightly pass per account is a chain of hops over the account's sessions, kind by kind
+//! (main, task, subagent), each kind in (last activity, id) order through
+//! `sessions_retention_window`. The policy is the account's persisted one (SS-1: missing or
+//! disabled prunes nothing) or, for `sexton sessions prune`, ages given by the operator. The
+//! verdict on a session — old enough (SS-2), not protected (SS-3), with its evidence (SS-4) —
+//! is `sexton.session_verdict`, one SQL function used for the window, the re-check and the
+//! preview alike. Sessions go in short transactions of a few: their agents are share-locked and
+//! the sessions locked (SKIP LOCKED: a busy session is counted and revisited next pass), the
+//! verdict re-checked under those locks (SS-5), and a session's whole history deleted with its
+//! row in the same transaction, so no surviving session ever loses part of its history. The
+//! store guard (`sexton.guard_protected_session`) refuses the delete of a protected session
+//! independently of all this.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{Connection as _, PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::{EARLIEST, days_before};
+use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
+use crate::job::{Env, Job, Position, Report, Scope};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+/// A session kind, in the order a pass visits them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionKind {
+    Main,
+    Task,
+    Subagent,
+}
+
+impl SessionKind {
+    pub const ALL: [SessionKind; 3] = [SessionKind::Main, SessionKind::Task, SessionKind::Subagent];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionKind::Main => "main",
+            SessionKind::Task => "task",
+            SessionKind::Subagent => "subagent",
+        }
+    }
+
+    fn next(self) -> Option<SessionKind> {
+        match self {
+            SessionKind::Main => Some(SessionKind::Task),
+            SessionKind::Task => Some(SessionKind::Subagent),
+            SessionKind::Subagent => None,
+        }
+    }
+}
+
+/// Ages in days per kind (SS-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ages {
+    pub main_days: i32,
+    pub task_days: i32,
+    pub subagent_days: i32,
+}
+
+impl Ages {
+    /// The fallback ages of an enabled policy, and the CLI's defaults: 60, 30, 7 days.
+    pub const FALLBACK: Ages = Ages {
+        main_days: 60,
+        task_days: 30,
+        subagent_days: 7,
+    };
+
+    fn days(&self, kind: SessionKind) -> i32 {
+        match kind {
+            SessionKind::Main => self.main_days,
+            SessionKind::Task => self.task_days,
+            SessionKind::Subagent => self.subagent_days,
+        }
+    }
+
+    fn cutoffs(&self, reference: DateTime<Utc>) -> Cutoffs {
+        Cutoffs {
+            main: days_before(reference, self.main_days),
+            task: days_before(reference, self.task_days),
+            subagent: days_before(reference, self.subagent_days),
+        }
+    }
+}
+
+/// Where the ages come from (SS-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Policy {
+    /// The account's `session_retention_policies` row: missing or disabled prunes nothing; an
+    /// enabled one's missing ages fall back to [`Ages::FALLBACK`]. The nightly job.
+    Persisted,
+    /// Ages the operator gave (`sexton sessions prune`), whatever the persisted policy says.
+    Fixed(Ages),
+}
+
+/// An account's row of `session_retention_policies`, if it has one.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct PolicyRow {
+    account_id: Uuid,
+    enabled: Option<bool>,
+    main_days: Option<i32>,
+    task_days: Option<i32>,
+    subagent_days: Option<i32>,
+}
+
+impl PolicyRow {
+    /// The ages of an enabled policy, its missing ones falling back (SS-1); `None` when the
+    /// policy is missing or disabled: nothing goes.
+    fn ages(&self) -> Option<Ages> {
+        (self.enabled == Some(true)).then(|| Ages {
+            main_days: self.main_days.unwrap_or(Ages::FALLBACK.main_days),
+            task_days: self.task_days.unwrap_or(Ages::FALLBACK.task_days),
+            subagent_days: self.subagent_days.unwrap_or(Ages::FALLBACK.subagent_days),
+        })
+    }
+}
+
+/// The cutoff of each kind; `None` where the window reaches back past the calendar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cutoffs {
+    pub main: Option<DateTime<Utc>>,
+    pub task: Option<DateTime<Utc>>,
+    pub subagent: Option<DateTime<Utc>>,
+}
+
+impl Cutoffs {
+    pub fn of(&self, kind: SessionKind) -> Option<DateTime<Utc>> {
+        match kind {
+            SessionKind::Main => self.main,
+            SessionKind::Task => self.task,
+            SessionKind::Subagent => self.subagent,
+        }
+    }
+
+    /// The stricter of two cutoffs, kind by kind (EX-7's rule, for sessions).
+    fn min(&self, other: &Cutoffs) -> Cutoffs {
+        let min =
+            |a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>| a.zip(b).map(|(a, b)| a.min(b));
+        Cutoffs {
+            main: min(self.main, other.main),
+            task: min(self.task, other.task),
+            subagent: min(self.subagent, other.subagent),
+        }
+    }
+}
+
+/// A position in a pass: the kind being visited and the last session visited in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    pub kind: SessionKind,
+    /// The last session visited of that kind; `None` at the start of the kind.
+    pub after: Option<(DateTime<Utc>, Uuid)>,
+}
+
+/// One hop's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub account_id: Uuid,
+    pub pass_started_at: DateTime<Utc>,
+    pub policy: Policy,
+    /// Fixed by the first hop and carried by every later one.
+    pub cutoffs: Option<Cutoffs>,
+    pub cursor: Option<Cursor>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+impl Args {
+    /// The first hop of an account's pass under `policy`.
+    pub fn first(account_id: Uuid, pass_started_at: DateTime<Utc>, policy: Policy) -> Self {
+        Self {
+            version: V1,
+            account_id,
+            pass_started_at,
+            policy,
+            cutoffs: None,
+            cursor: None,
+            hop: 0,
+        }
+    }
+}
+
+/// How much one hop may do.
+#[derive(Debug, Clone)]
+pub struct HopSettings {
+    /// Sessions read per hop.
+    pub window_size: u32,
+    /// Sessions deleted together in one transaction (a session's whole history goes with it).
+    pub sessions_per_transaction: u32,
+    /// Time after which a hop stops taking sessions and hands over to the next hop.
+    pub budget: Duration,
+    /// Longest wait for any lock inside a deletion (child rows an application holds).
+    pub lock_timeout: Duration,
+    /// Root of the per-session archive frame directories.
+    pub sessions_root: PathBuf,
+}
+
+/// Why a session was left in place this pass, as counted in metrics.
+pub const RETAIN_REASONS: [&str; 7] = [
+    "not_eligible",
+    "protected_state",
+    "protected_pointer",
+    "missing_evidence",
+    "malformed_evidence",
+    "task_not_terminal",
+    "busy",
+];
+
+/// The history tables, in the order reports list them; `sessions` itself last.
+pub const TABLES: [&str; 4] = [
+    "conversation_entries",
+    "conversation_archive_entries",
+    "conversation_archives",
+    "sessions",
+];
+
+/// How a hop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HopOutcome {
+    Continued,
+    Finished,
+    /// The account has no policy, or it is disabled (SS-1): nothing goes.
+    Disabled,
+    AccountGone,
+}
+
+impl HopOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HopOutcome::Continued => "continued",
+            HopOutcome::Finished => "finished",
+            HopOutcome::Disabled => "disabled",
+            HopOutcome::AccountGone => "account_gone",
+        }
+    }
+}
+
+/// What one hop did.
+#[derive(Debug, Clone, Serialize)]
+pub struct HopReport {
+    pub outcome: HopOutcome,
+    pub candidates: u64,
+    /// Sessions deleted.
+    pub deleted: u64,
+    pub retained: BTreeMap<&'static str, u64>,
+    /// Rows deleted per table of [`TABLES`].
+    pub rows: BTreeMap<&'static str, u64>,
+    /// Handoffs whose reference to a deleted session was nulled.
+    pub handoffs_unlinked: u64,
+    pub files: FileCounts,
+    pub owner_seconds: f64,
+    pub next: Option<Args>,
+}
+
+impl HopReport {
+    fn new() -> Self {
+        Self {
+            outcome: HopOutcome::Finished,
+            candidates: 0,
+            deleted: 0,
+            retained: BTreeMap::new(),
+            rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+            handoffs_unlinked: 0,
+            files: FileCounts::default(),
+            owner_seconds: 0.0,
+            next: None,
+        }
+    }
+
+    fn retain(&mut self, reason: &str) {
+        let reason = RETAIN_REASONS
+            .iter()
+            .find(|r| **r == reason)
+            .copied()
+            .unwrap_or("not_eligible");
+        *self.retained.entry(reason).or_default() += 1;
+    }
+}
+
+/// Why a hop failed; it is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Files(#[from] DrainError),
+}
+
+/// Runs one hop on a connection of the pool (tests, and `sexton sessions prune`).
+///
+/// # Errors
+/// [`Error`] when the database or the file root fails; nothing is half-done and the hop can
+/// be run again.
+pub async fn run(
+    pool: &PgPool,
+    settings: &HopSettings,
+    args: &Args,
+    stop: &AtomicBool,
+) -> Result<HopReport, Error> {
+    let mut conn = pool.acquire().await?;
+    hop(&mut conn, settings, args, stop).await
+}
+
+/// One hop on the caller's connection: sessions of one kind, one window, short transactions.
+///
+/// # Errors
+/// As [`run`].
+pub async fn hop(
+    conn: &mut PgConnection,
+    settings: &HopSettings,
+    args: &Args,
+    stop: &AtomicBool,
+) -> Result<HopReport, Error> {
+    let started = Instant::now();
+    let mut report = HopReport::new();
+    report
+        .files
+        .add(drain(conn, settings, args.account_id).await?);
+
+    let Some((ages, database_now)) = ages(conn, args.account_id, args.policy, &mut report).await?
+    else {
+        return Ok(report);
+    };
+    let current = ages.cutoffs(crate::cutoff::reference(args.pass_started_at, database_now));
+    let cutoffs = args.cutoffs.unwrap_or(current);
+    let bound = cutoffs.min(&current);
+    let cursor = args.cursor.unwrap_or(Cursor {
+        kind: SessionKind::Main,
+        after: None,
+    });
+    let kind = cursor.kind;
+    let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
+
+    let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = match bound.of(kind) {
+        None => Vec::new(),
+        Some(cutoff) => {
+            sqlx::query_as(
+                "SELECT id, agent_id, last_activity_at FROM sessions
+                 WHERE account_id = $1 AND kind = $2 AND last_activity_at < $3
+                   AND (last_activity_at, id) > ($4, $5)
+                 ORDER BY last_activity_at, id
+                 LIMIT $6",
+            )
+            .bind(args.account_id)
+            .bind(kind.as_str())
+            .bind(cutoff)
+            .bind(after_at.max(EARLIEST))
+            .bind(after_id)
+            .bind(i64::from(settings.window_size))
+            .fetch_all(&mut *conn)
+            .await?
+        }
+    };
+
+    let mut last = cursor.after;
+    let mut out_of_budget = false;
+    for chunk in window.chunks(settings.sessions_per_transaction.max(1) as usize) {
+        if started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed) {
+            out_of_budget = true;
+            break;
+        }
+        let chunk_started = Instant::now();
+        let sessions: Vec<(Uuid, Uuid)> = chunk.iter().map(|(s, a, _)| (*s, *a)).collect();
+        let cutoff = bound.of(kind);
+        match delete_sessions(conn, settings, args.account_id, kind, cutoff, &sessions).await? {
+            Deleted::Done(outcome) => report.record(&outcome),
+            // The store guard saw what the statement's snapshot did not (an agent pointed at a
+            // session just now): take them one by one, and keep the one it guards.
+            Deleted::Guarded => {
+                for session in &sessions {
+                    match delete_sessions(
+                        conn,
+                        settings,
+                        args.account_id,
+                        kind,
+                        cutoff,
+                        &[*session],
+                    )
+                    .await?
+                    {
+                        Deleted::Done(outcome) => report.record(&outcome),
+                        Deleted::Guarded => report.retain("protected_pointer"),
+                    }
+                }
+            }
+        }
+        report.owner_seconds += chunk_started.elapsed().as_secs_f64();
+        report.candidates += chunk.len() as u64;
+        if let Some((id, _, at)) = chunk.last() {
+            last = Some((*at, *id));
+        }
+    }
+    report
+        .files
+        .add(drain(conn, settings, args.account_id).await?);
+
+    let full = window.len() as u64 == u64::from(settings.window_size);
+    let next_cursor = if full || out_of_budget {
+        Some(Cursor { kind, after: last })
+    } else {
+        kind.next().map(|kind| Cursor { kind, after: None })
+    };
+    if let Some(cursor) = next_cursor {
+        report.outcome = HopOutcome::Continued;
+        report.next = Some(Args {
+            version: V1,
+            account_id: args.account_id,
+            pass_started_at: args.pass_started_at,
+            policy: args.policy,
+            cutoffs: Some(cutoffs),
+            cursor: Some(cursor),
+            hop: args.hop + 1,
+        });
+    }
+    Ok(report)
+}
+
+/// The ages in force for the account and the database's now, or `None` (with the outcome set)
+/// when the account is gone or its policy prunes nothing (SS-1).
+async fn ages(
+    conn: &mut PgConnection,
+    account_id: Uuid,
+    policy: Policy,
+    report: &mut HopReport,
+) -> Result<Option<(Ages, DateTime<Utc>)>, Error> {
+    type Row = (
+        Option<bool>,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+        DateTime<Utc>,
+    );
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT p.enabled, p.main_days, p.task_days, p.subagent_days, now()
+         FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
+         WHERE a.id = $1",
+    )
+    .bind(account_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((enabled, main, task, subagent, now)) = row else {
+        report.outcome = HopOutcome::AccountGone;
+        return Ok(None);
+    };
+    let ages = match policy {
+        Policy::Fixed(ages) => ages,
+        Policy::Persisted if enabled == Some(true) => Ages {
+            main_days: main.unwrap_or(Ages::FALLBACK.main_days),
+            task_days: task.unwrap_or(Ages::FALLBACK.task_days),
+            subagent_days: subagent.unwrap_or(Ages::FALLBACK.subagent_days),
+        },
+        Policy::Persisted => {
+            report.outcome = HopOutcome::Disabled;
+            return Ok(None);
+        }
+    };
+    Ok(Some((ages, now)))
+}
+
+async fn drain(
+    conn: &mut PgConnection,
+    settings: &HopSettings,
+    account_id: Uuid,
+) -> Result<FileCounts, DrainError> {
+    files::drain(
+        conn,
+        Root::Sessions,
+        &settings.sessions_root,
+        Some(account_id),
+    )
+    .await
+}
+
+/// What one deletion transaction found and did.
+struct Outcome {
+    /// Sessions of the chunk that could not be locked at once.
+    busy: u64,
+    /// The verdict on each session locked: `None` for deleted.
+    verdicts: Vec<Option<String>>,
+    /// Rows deleted per table of [`TABLES`].
+    rows: [i64; 4],
+    handoffs: i64,
+}
+
+enum Deleted {
+    Done(Outcome),
+    /// The store guard refused a session: nothing of the transaction happened.
+    Guarded,
+}
+
+impl HopReport {
+    fn record(&mut self, outcome: &Outcome) {
+        for _ in 0..outcome.busy {
+            self.retain("busy");
+        }
+        for verdict in &outcome.verdicts {
+            match verdict {
+                None => self.deleted += 1,
+                Some(reason) => self.retain(reason),
+            }
+        }
+        for (table, n) in TABLES.iter().zip(outcome.rows) {
+            *self.rows.entry(table).or_default() += n.max(0) as u64;
+        }
+        self.handoffs_unlinked += outcome.handoffs.max(0) as u64;
+    }
+}
+
+/// Deletes the sessions of `chunk` that are still to go, in one transaction: their agents
+/// share-locked (so no pointer to them can be set meanwhile) and the sessions locked, each
+/// only if free at once; the verdict re-checked under those locks (SS-5); history, session
+/// and frame-directory record together (SS-6).
+async fn delete_sessions(
+    conn: &mut PgConnection,
+    settings: &HopSettings,
+    account_id: Uuid,
+    kind: SessionKind,
+    cutoff: Option<DateTime<Utc>>,
+    chunk: &[(Uuid, Uuid)],
+) -> Result<Deleted, Error> {
+    let mut tx = conn
+        .begin_with(sqlx::AssertSqlSafe(format!(
+            "BEGIN; SET LOCAL lock_timeout = {}",
+            settings.lock_timeout.as_millis().max(1)
+        )))
+        .await?;
+    let mut agents: Vec<Uuid> = chunk.iter().map(|(_, agent)| *agent).collect();
+    agents.sort();
+    agents.dedup();
+    let locked_agents: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR SHARE SKIP LOCKED",
+    )
+    .bind(&agents)
+    .fetch_all(&mut *tx)
+    .await?;
+    let sessions: Vec<Uuid> = chunk
+        .iter()
+        .filter(|(_, agent)| locked_agents.contains(agent))
+        .map(|(session, _)| *session)
+        .collect();
+    let rows: Result<Vec<Judged>, sqlx::Error> = sqlx::query_as(DELETE_SESSIONS)
+        .bind(&sessions)
+        .bind(account_id)
+        .bind(kind.as_str())
+        .bind(cutoff)
+        .fetch_all(&mut *tx)
+        .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(sqlx::Error::Database(db))
+            if db.message().contains("is protected and cannot be deleted") =>
+        {
+            return Ok(Deleted::Guarded);
+        }
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+            // A child row an application holds: the chunk is busy, revisited next pass.
+            return Ok(Deleted::Done(Outcome {
+                busy: chunk.len() as u64,
+                verdicts: Vec::new(),
+                rows: [0; 4],
+                handoffs: 0,
+            }));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    tx.commit().await?;
+    let counts = rows.first().map(|r| r.counts.clone()).unwrap_or_default();
+    let count = |i: usize| counts.get(i).copied().unwrap_or_default();
+    Ok(Deleted::Done(Outcome {
+        busy: (chunk.len() - rows.len()) as u64,
+        verdicts: rows.into_iter().map(|r| r.verdict).collect(),
+        rows: [count(0), count(1), count(2), count(3)],
+        handoffs: count(4),
+    }))
+}
+
+/// One session as the deletion statement found it under lock.
+#[derive(sqlx::FromRow)]
+struct Judged {
+    verdict: Option<String>,
+    /// The same on every row: see [`DELETE_SESSIONS`].
+    counts: Vec<i64>,
+}
+
+/// The deletion statement: `$1` the sessions whose agents are locked, `$2` the account, `$3`
+/// the kind, `$4` its cutoff. One row per session locked, with its verdict (NULL: deleted) and,
+/// the same on every row, the rows deleted per table of [`TABLES`] and the handoffs unlinked.
+/// The frame directory of each deleted session is recorded for removal after commit.
+const DELETE_SESSIONS: &str = "
+    WITH locked AS (
+        SELECT s.id, sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                            s.last_activity_at, $4) AS verdict
+        FROM sessions s
+        WHERE s.id = ANY($1) AND s.account_id = $2 AND s.kind = $3
+        ORDER BY s.id
+        FOR UPDATE OF s SKIP LOCKED),
+    doomed AS (SELECT COALESCE(array_agg(id), '{}') AS ids FROM locked WHERE verdict IS NULL),
+    archive_entries_gone AS (
+        DELETE FROM conversation_archive_entries
+        WHERE archive_id IN (SELECT id FROM conversation_archives
+                             WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[]))
+        RETURNING 1),
+    archives_gone AS (
+        DELETE FROM conversation_archives WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[])
+        RETURNING 1),
+    entries_gone AS (
+        DELETE FROM conversation_entries WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[])
+        RETURNING 1),
+    unlinked AS (
+        SELECT count(*) AS n FROM handoffs
+        WHERE from_session_id = ANY((SELECT ids FROM doomed)::uuid[])
+           OR to_session_id = ANY((SELECT ids FROM doomed)::uuid[])),
+    sessions_gone AS (
+        DELETE FROM sessions WHERE id = ANY((SELECT ids FROM doomed)::uuid[]) RETURNING id),
+    frames AS (
+        INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+        SELECT 'sessions', $2, id::text FROM sessions_gone)
+    SELECT verdict,
+           ARRAY[(SELECT count(*) FROM entries_gone),
+                 (SELECT count(*) FROM archive_entries_gone),
+                 (SELECT count(*) FROM archives_gone),
+                 (SELECT count(*) FROM sessions_gone),
+                 (SELECT n FROM unlinked)]::bigint[] AS counts
+    FROM locked";
+
+/// How far past its cutoff the oldest session still to go is, over every account whose policy
+/// is enabled, in seconds (0 when none waits).
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
+    let policies: Vec<PolicyRow> = sqlx::query_as(
+        "SELECT account_id, enabled, main_days, task_days, subagent_days
+         FROM session_retention_policies WHERE enabled",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut worst: f64 = 0.0;
+    for policy in policies {
+        let (account, Some(ages)) = (policy.account_id, policy.ages()) else {
+            continue;
+        };
+        for kind in SessionKind::ALL {
+            let Some(cutoff) = days_before(now, ages.days(kind)) else {
+                continue;
+            };
+            let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(
+                "SELECT last_activity_at FROM sessions s
+                 WHERE account_id = $1 AND kind = $2 AND last_activity_at < $3
+                   AND last_activity_at > $4
+                   AND sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                              s.last_activity_at, $3) IS NULL
+                 ORDER BY last_activity_at, id LIMIT 1",
+            )
+            .bind(account)
+            .bind(kind.as_str())
+            .bind(cutoff)
+            .bind(EARLIEST)
+            .fetch_optional(pool)
+            .await?;
+            if let Some(oldest) = oldest {
+                worst = worst.max((cutoff - oldest).as_seconds_f64());
+            }
+        }
+    }
+    Ok(worst)
+}
+
+/// One session a pass would delete now, with the evidence it goes on (`sexton sessions prune`).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Target {
+    pub session_id: Uuid,
+    pub agent_id: Uuid,
+    pub account_id: Uuid,
+    pub kind: String,
+    pub last_activity_at: DateTime<Utc>,
+    pub evidence: String,
+}
+
+/// Every session that `ages` would delete now, for every account or one, oldest first. The
+/// persisted policies are not consulted: these are the CLI's targets (SS-1).
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn targets(
+    conn: &mut PgConnection,
+    ages: Ages,
+    now: DateTime<Utc>,
+    account: Option<Uuid>,
+) -> Result<Vec<Target>, Error> {
+    let cutoffs = ages.cutoffs(now);
+    Ok(sqlx::query_as(
+        "SELECT s.id AS session_id, s.agent_id, s.account_id, s.kind, s.last_activity_at,
+                CASE s.kind
+                    WHEN 'main' THEN 'main session: age alone'
+                    WHEN 'task' THEN 'board task ' || b.id || ' ' || b.status || ' at '
+                                     || to_char(b.terminal_at AT TIME ZONE 'UTC',
+                                                'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+                    ELSE 'completed at ' || to_char(
+                        COALESCE(sexton.jsonb_timestamptz(s.metadata -> 'completed_at'),
+                                 sexton.jsonb_timestamptz(s.metadata -> 'completion' -> 'completed_at'))
+                        AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+                END AS evidence
+         FROM sessions s
+         CROSS JOIN LATERAL (SELECT CASE s.kind WHEN 'main' THEN $2::timestamptz
+                                                WHEN 'task' THEN $3::timestamptz
+                                                WHEN 'subagent' THEN $4::timestamptz END AS cutoff) c
+         LEFT JOIN board_tasks b
+                ON s.kind = 'task'
+               AND b.id = COALESCE(sexton.jsonb_uuid(s.metadata -> 'board_task_id'),
+                                   sexton.jsonb_uuid(s.metadata -> 'board_task' -> 'id'))
+         WHERE ($1::uuid IS NULL OR s.account_id = $1)
+           AND s.last_activity_at < c.cutoff
+           AND sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                      s.last_activity_at, c.cutoff) IS NULL
+         ORDER BY s.last_activity_at, s.id",
+    )
+    .bind(account)
+    .bind(cutoffs.main)
+    .bind(cutoffs.task)
+    .bind(cutoffs.subagent)
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+/// What a nightly pass would do for one account now (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub account_id: Uuid,
+    pub account_name: String,
+    /// `None` when the account has no policy or it is disabled: nothing goes.
+    pub ages: Option<Ages>,
+    pub cutoffs: Option<Cutoffs>,
+    /// Sessions that would go, per kind.
+    pub eligible: BTreeMap<&'static str, i64>,
+    /// Old enough but kept, by reason.
+    pub retained: BTreeMap<String, i64>,
+    /// History rows that would go with them, per table.
+    pub rows: BTreeMap<&'static str, i64>,
+}
+
+/// Previews every account, or one.
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn preview(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    account: Option<Uuid>,
+) -> Result<Vec<Preview>, Error> {
+    type Row = (
+        Uuid,
+        String,
+        Option<bool>,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+    );
+    let accounts: Vec<Row> = sqlx::query_as(
+        "SELECT a.id, a.name, p.enabled, p.main_days, p.task_days, p.subagent_days
+         FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
+         WHERE $1::uuid IS NULL OR a.id = $1 ORDER BY a.name, a.id",
+    )
+    .bind(account)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut previews = Vec::with_capacity(accounts.len());
+    for (account_id, account_name, enabled, main, task, subagent) in accounts {
+        let mut preview = Preview {
+            account_id,
+            account_name,
+            ages: None,
+            cutoffs: None,
+            eligible: BTreeMap::new(),
+            retained: BTreeMap::new(),
+            rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+        };
+        if enabled == Some(true) {
+            let ages = Ages {
+                main_days: main.unwrap_or(Ages::FALLBACK.main_days),
+                task_days: task.unwrap_or(Ages::FALLBACK.task_days),
+                subagent_days: subagent.unwrap_or(Ages::FALLBACK.subagent_days),
+            };
+            let cutoffs = ages.cutoffs(now);
+            preview.ages = Some(ages);
+            preview.cutoffs = Some(cutoffs);
+            fill_preview(conn, &mut preview, &cutoffs).await?;
+        }
+        previews.push(preview);
+    }
+    Ok(previews)
+}
+
+async fn fill_preview(
+    conn: &mut PgConnection,
+    preview: &mut Preview,
+    cutoffs: &Cutoffs,
+) -> Result<(), Error> {
+    let counts: Vec<(String, String, i64)> = sqlx::query_as(
+        "WITH judged AS (
+             SELECT s.id, s.kind,
+                    sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                           s.last_activity_at, c.cutoff) AS verdict
+             FROM sessions s
+             CROSS JOIN LATERAL (SELECT CASE s.kind WHEN 'main' THEN $2::timestamptz
+                                                    WHEN 'task' THEN $3::timestamptz
+                                                    WHEN 'subagent' THEN $4::timestamptz END AS cutoff) c
+             WHERE s.account_id = $1 AND s.last_activity_at < c.cutoff),
+         doomed AS (SELECT id FROM judged WHERE verdict IS NULL)
+         SELECT 'eligible', kind, count(*) FROM judged WHERE verdict IS NULL GROUP BY kind
+         UNION ALL SELECT 'retained', verdict, count(*) FROM judged WHERE verdict IS NOT NULL GROUP BY verdict
+         UNION ALL SELECT 'rows', 'conversation_entries', count(*) FROM conversation_entries
+                   WHERE session_id IN (SELECT id FROM doomed)
+         UNION ALL SELECT 'rows', 'conversation_archives', count(*) FROM conversation_archives
+                   WHERE session_id IN (SELECT id FROM doomed)
+         UNION ALL SELECT 'rows', 'conversation_archive_entries', count(*)
+                   FROM conversation_archive_entries e JOIN conversation_archives a ON a.id = e.archive_id
+                   WHERE a.session_id IN (SELECT id FROM doomed)
+         UNION ALL SELECT 'rows', 'sessions', count(*) FROM doomed",
+    )
+    .bind(preview.account_id)
+    .bind(cutoffs.main)
+    .bind(cutoffs.task)
+    .bind(cutoffs.subagent)
+    .fetch_all(&mut *conn)
+    .await?;
+    for (class, key, n) in counts {
+        match class.as_str() {
+            "eligible" => {
+                if let Some(kind) = SessionKind::ALL.iter().find(|k| k.as_str() == key) {
+                    preview.eligible.insert(kind.as_str(), n);
+                }
+            }
+            "retained" => {
+                preview.retained.insert(key, n);
+            }
+            _ => {
+                if let Some(table) = TABLES.iter().find(|t| **t == key) {
+                    preview.rows.insert(table, n);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(ages) = self.ages else {
+            return write!(
+                f,
+                "account {} ({}): no enabled session retention policy, nothing goes",
+                self.account_name, self.account_id
+            );
+        };
+        write!(
+            f,
+            "account {} ({}), main {} / task {} / subagent {} days: {} sessions eligible",
+            self.account_name,
+            self.account_id,
+            ages.main_days,
+            ages.task_days,
+            ages.subagent_days,
+            self.eligible.values().sum::<i64>()
+        )?;
+        for (kind, n) in &self.eligible {
+            write!(f, "\n  eligible {kind:<24} {n:>10}")?;
+        }
+        for (reason, n) in &self.retained {
+            write!(f, "\n  retained {reason:<24} {n:>10}")?;
+        }
+        for (table, n) in &self.rows {
+            write!(f, "\n  rows     {table:<28} {n:>10}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The `[sessions]` section as given.
+#[derive(Debug, Deserialize)]
+struct RawSettings {
+    window_size: Raw<i64>,
+    sessions_per_transaction: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+    lock_timeout_ms: Raw<i64>,
+}
+
+/// The job kind, as the worker registers it.
+pub struct SessionRetention;
+
+impl Job for SessionRetention {
+    const NAME: &'static str = "session_retention";
+    const QUEUE: &'static str = "sexton.session_retention";
+    const SCOPE: Scope = Scope::Account;
+    const SECTION: &'static str = "sessions";
+    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
+
+    type Args = Args;
+    type Settings = HopSettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        paths: &PathSettings,
+        c: &mut Check<'_>,
+    ) -> Option<HopSettings> {
+        let s: RawSettings = c.section(Self::SECTION, section)?;
+        let window_size = c.int(
+            "sessions.window_size",
+            &s.window_size,
+            1..=100_000,
+            "an integer from 1 to 100000",
+        );
+        let sessions_per_transaction = c.int(
+            "sessions.sessions_per_transaction",
+            &s.sessions_per_transaction,
+            1..=1000,
+            "an integer from 1 to 1000",
+        );
+        let budget = c.millis("sessions.hop_budget_ms", &s.hop_budget_ms);
+        let lock_timeout = c.millis("sessions.lock_timeout_ms", &s.lock_timeout_ms);
+        Some(HopSettings {
+            window_size: window_size?,
+            sessions_per_transaction: sessions_per_transaction?,
+            budget: budget?,
+            lock_timeout: lock_timeout?,
+            sessions_root: paths.sessions_root.clone(),
+        })
+    }
+
+    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args::first(account.unwrap_or_default(), slot, Policy::Persisted)
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: Some(args.account_id),
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(env: Env<'_>, settings: &HopSettings, args: &Args) -> Result<Report<Args>, Error> {
+        // The worker's roots are the ones in force, whatever the settings were loaded with.
+        let settings = &HopSettings {
+            sessions_root: env.paths.sessions_root.clone(),
+            ..settings.clone()
+        };
+        let report = hop(env.conn, settings, args, env.stop).await?;
+        Ok(Report {
+            outcome: report.outcome.as_str(),
+            window: settings.window_size,
+            candidates: report.candidates,
+            pruned: report.deleted,
+            retained: report.retained.iter().map(|(r, n)| (*r, *n)).collect(),
+            rows: report.rows.iter().map(|(t, n)| (*t, *n)).collect(),
+            files: report.files,
+            owner_seconds: report.owner_seconds,
+            next: report.next,
+        })
+    }
+
+    async fn backlog_seconds(
+        pool: &PgPool,
+        _settings: &HopSettings,
+        now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        backlog_seconds(pool, now).await.map(Some)
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        now: DateTime<Utc>,
+        account: Option<Uuid>,
+    ) -> Result<Vec<Preview>, Error> {
+        preview(conn, now, account).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fl1_args_round_trip_and_refuse_unknown_fields() {
+        let args = Args::first(
+            Uuid::nil(),
+            "2026-12-01T03:00:00Z".parse().unwrap(),
+            Policy::Fixed(Ages::FALLBACK),
+        );
+        let json = serde_json::to_value(&args).unwrap();
+        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
+        let mut bad = json;
+        bad["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Args>(bad).is_err());
+    }
+
+    #[test]
+    fn ss1_cutoffs_take_the_stricter_of_carried_and_current_kind_by_kind() {
+        let at = |s: &str| Some(s.parse::<DateTime<Utc>>().unwrap());
+        let carried = Cutoffs {
+            main: at("2026-10-01T00:00:00Z"),
+            task: at("2026-11-01T00:00:00Z"),
+            subagent: None,
+        };
+        let current = Cutoffs {
+            main: at("2026-10-15T00:00:00Z"),
+            task: at("2026-10-20T00:00:00Z"),
+            subagent: at("2026-11-20T00:00:00Z"),
+        };
+        assert_eq!(
+            carried.min(&current),
+            Cutoffs {
+                main: at("2026-10-01T00:00:00Z"),
+                task: at("2026-10-20T00:00:00Z"),
+                subagent: None,
+            }
+        );
+    }
+}
