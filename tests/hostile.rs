@@ -508,6 +508,22 @@ async fn fl1_rows_the_queue_cannot_decode_end_killed_with_a_reason_alone(pool: P
         br#"{"version":1,"slot":"2026-11-01T03:00:00Z"}"#,
     )
     .await;
+    // JSON that PostgreSQL reads but the worker's decoder refuses: too deep, too large.
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    raw_job(
+        &pool,
+        &ulid(&mut rng),
+        "sexton.prune_execution_details",
+        deep.as_bytes(),
+    )
+    .await;
+    raw_job(
+        &pool,
+        &ulid(&mut rng),
+        "sexton.nightly",
+        br#"{"version":1,"slot":1e400}"#,
+    )
+    .await;
     let run = good_work(&pool, dir.path()).await;
 
     let lines = worker_until_idle(&pool, dir.path()).await;
@@ -522,7 +538,15 @@ async fn fl1_rows_the_queue_cannot_decode_end_killed_with_a_reason_alone(pool: P
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(killed.len(), 2, "{killed:?}");
+    assert_eq!(killed.len(), 4, "{killed:?}");
+    assert_eq!(
+        killed
+            .iter()
+            .filter(|(_, why)| why.contains("payload is not JSON"))
+            .count(),
+        3,
+        "{killed:?}"
+    );
     assert!(
         killed
             .iter()
@@ -754,4 +778,187 @@ async fn ex1_a_panicking_hop_fails_its_job_and_never_keeps_its_lock(pool: PgPool
     .unwrap();
     assert_eq!(failed.0, "failed");
     assert!(failed.1.contains("panicked"), "{}", failed.1);
+}
+
+#[sqlx::test]
+async fn ex3_an_output_path_naming_a_directory_never_removes_a_tree(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let other = fixture::account(&env.pool, Some(30)).await;
+    let other_conversation = fixture::conversation(&env.pool, other).await;
+    let theirs = env
+        .run(RunSpec::conversation(other, other_conversation, 5.0))
+        .await;
+    let their_file = env.output_file(other, theirs.id);
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let hostile = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    set_path(&env.pool, hostile.id, &other.to_string()).await;
+
+    let reports = env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, hostile.id).await);
+    assert!(
+        their_file.exists(),
+        "another account's directory was removed"
+    );
+    assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 1);
+}
+
+#[sqlx::test]
+async fn ex3_another_spelling_of_a_referenced_path_is_never_deleted(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let young = env
+        .run(RunSpec::conversation(account, conversation, 5.0))
+        .await;
+    let young_file = env.output_file(account, young.id);
+    let old = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    set_path(
+        &env.pool,
+        old.id,
+        &format!("./{account}//{}/out.bin", young.id),
+    )
+    .await;
+    // A record made before a surviving row took the path (a crash, a late writer): the drain
+    // checks again just before unlinking.
+    sqlx::query("INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path) VALUES ('outputs', $1, $2)")
+        .bind(account)
+        .bind(format!("{account}/{}/out.bin", young.id))
+        .execute(&env.pool)
+        .await
+        .unwrap();
+
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, old.id).await);
+    assert!(young_file.exists(), "a surviving run's file was deleted");
+}
+
+#[sqlx::test]
+async fn ex5_pending_work_committed_while_an_owner_waits_for_its_run_wins(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.owner_lock_timeout = Duration::from_secs(30);
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let run = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    // A writer adds pending work: its foreign key holds the run until it commits.
+    let mut writer = env.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO invocation_attempts (run_id, attempt, status) VALUES ($1, 2, 'pending')",
+    )
+    .bind(run.id)
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    let (pool, clock, settings) = (env.pool.clone(), env.clock.clone(), env.settings.clone());
+    let hop = tokio::spawn(async move {
+        job::run(
+            &pool,
+            &clock,
+            &settings,
+            &Args::first(account, pass_start()),
+            &std::sync::atomic::AtomicBool::new(false),
+        )
+        .await
+        .unwrap()
+    });
+    common::wait_for_lock_waiter(&env.pool).await;
+    writer.commit().await.unwrap();
+    let report = hop.await.unwrap();
+    assert!(
+        !fixture::is_pruned(&env.pool, run.id).await,
+        "the writer wins"
+    );
+    assert_eq!(
+        report
+            .retained
+            .get(&job::RetainReason::PendingWork)
+            .copied(),
+        Some(1)
+    );
+}
+
+#[sqlx::test]
+async fn ex6_a_detail_row_an_application_holds_is_busy_not_a_failed_hop(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let held = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    let free = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+    let mut app = env.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tool_results WHERE run_id = $1 FOR UPDATE")
+        .bind(held.id)
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    let report = env.hop(&Args::first(account, pass_start())).await;
+    app.rollback().await.unwrap();
+    assert!(!fixture::is_pruned(&env.pool, held.id).await);
+    assert!(
+        fixture::is_pruned(&env.pool, free.id).await,
+        "the other owner still goes"
+    );
+    assert_eq!(
+        report.retained.get(&job::RetainReason::Busy).copied(),
+        Some(1)
+    );
+}
+
+#[sqlx::test]
+async fn ex7_a_spent_budget_still_moves_every_hop_forward(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.budget = Duration::from_millis(1);
+    env.settings.owners_per_transaction = 1;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let mut runs = Vec::new();
+    for days in [40.0, 41.0, 42.0] {
+        runs.push(
+            env.run(RunSpec::conversation(account, conversation, days))
+                .await
+                .id,
+        );
+    }
+    let mut args = Args::first(account, pass_start());
+    for _ in 0..20 {
+        let report = env.hop(&args).await;
+        match report.next {
+            Some(next) => args = next,
+            None => break,
+        }
+    }
+    for run in runs {
+        assert!(
+            fixture::is_pruned(&env.pool, run).await,
+            "the pass got through"
+        );
+    }
+}
+
+#[sqlx::test]
+async fn op3_a_slot_ticked_ahead_of_time_is_never_the_last_success(pool: PgPool) {
+    common::migrate(&pool).await;
+    let account = fixture::account(&pool, Some(30)).await;
+    for slot in ["2026-11-01T03:00:00Z", "2030-01-01T03:00:00Z"] {
+        sqlx::query(
+            "INSERT INTO sexton.passes (job, scope, slot, finished_at, outcome)
+             VALUES ('prune_execution_details', $1, $2::timestamptz, now(), 'finished')",
+        )
+        .bind(account)
+        .bind(slot)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let last = sexton::ledger::last_success(&pool).await.unwrap();
+    assert_eq!(last, [("prune_execution_details".to_owned(), pass_start())]);
 }

@@ -133,14 +133,15 @@ pub async fn record_failure(
     Ok(())
 }
 
-/// The latest slot of each job for which every pass finished (OP-3).
+/// The latest slot of each job, not in the future, for which every pass finished (OP-3): a
+/// slot ticked ahead of time must not hide tonight's.
 ///
 /// # Errors
 /// A database error.
 pub async fn last_success(pool: &PgPool) -> Result<Vec<(String, DateTime<Utc>)>, sqlx::Error> {
     sqlx::query_as(
         "SELECT job, max(slot) FROM (
-             SELECT job, slot FROM sexton.passes GROUP BY job, slot
+             SELECT job, slot FROM sexton.passes WHERE slot <= now() GROUP BY job, slot
              HAVING bool_and(finished_at IS NOT NULL)) complete
          GROUP BY job ORDER BY job",
     )

@@ -30,5 +30,5 @@ UPDATE apalis.jobs
 SET status = 'Killed', done_at = now(), lock_by = NULL,
     last_result = jsonb_build_object('Err', 'undecodable job, never run: '
                                             || sexton.undecodable_job(id, job))
-WHERE job_type LIKE 'sexton.%' AND status <> 'Killed'
+WHERE job_type LIKE 'sexton.%' AND status IN ('Pending', 'Queued', 'Running', 'Failed')
   AND sexton.undecodable_job(id, job) IS NOT NULL;

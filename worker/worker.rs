@@ -115,15 +115,27 @@ async fn handle(
     attempt: Attempt,
 ) -> Result<(), BoxDynError> {
     let QueueWorker { ctx, consumer } = &*worker;
-    let outcome = match consumer {
-        Consumer::Nightly => match decode::<NightlySlot>(tick::NIGHTLY, payload) {
-            Ok(slot) => tick::fan_out(ctx, &slot)
-                .await
-                .map_err(JobFailure::Retryable),
-            Err(err) => Err(err),
-        },
-        Consumer::Job(kind) => kind.handle(ctx, payload).await,
+    // The job runs on a task of its own: the monitor that polls this handler also pauses a
+    // failing consumer before its restart, and a hop must not stall, locks held, meanwhile.
+    let job = {
+        let (ctx, consumer) = (ctx.clone(), *consumer);
+        tokio::spawn(async move {
+            match consumer {
+                Consumer::Nightly => match decode::<NightlySlot>(tick::NIGHTLY, payload) {
+                    Ok(slot) => tick::fan_out(&ctx, &slot)
+                        .await
+                        .map_err(JobFailure::Retryable),
+                    Err(err) => Err(err),
+                },
+                Consumer::Job(kind) => kind.handle(&ctx, payload).await,
+            }
+        })
     };
+    let outcome = job.await.unwrap_or_else(|err| {
+        Err(JobFailure::Retryable(anyhow::anyhow!(
+            "the job's task ended abnormally: {err}"
+        )))
+    });
     settle(ctx, *consumer, &attempt, outcome).await
 }
 
@@ -260,7 +272,8 @@ fn monitor(ctx: &JobContext, wakeups: &Arc<Wakeups>, health: &Arc<Health>, name:
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .failed(worker.name(), &err.to_string());
-            // The monitor restarts synchronously: the pause holds this thread, not the runtime.
+            // The monitor restarts synchronously: the pause holds the monitor's thread, not the
+            // runtime; running jobs go on, each on a task of its own (see `handle`).
             tokio::task::block_in_place(|| std::thread::sleep(pause));
             true
         })

@@ -15,11 +15,11 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use serde::Serialize;
-use sqlx::PgConnection;
+use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
 /// The platform's file roots (SPEC §1.2); relative paths in the database resolve under them.
@@ -98,9 +98,55 @@ pub enum DrainError {
     },
 }
 
-/// Removes the files recorded under `root` (found at `root_path`) for `scope` (an account, or `None` for a global
-/// job), and forgets each record once its path is gone or refused. The caller guarantees that
-/// no other drain of the same root and scope runs at the same time (the scope lock).
+/// How often a removal that failed for a reason that may pass (permissions, a busy file
+/// system) is tried again, one drain after another, before its record is given up.
+pub const MAX_ATTEMPTS: i32 = 10;
+
+impl Root {
+    /// Whether a recorded path may name a directory, removed with what is in it: a session's
+    /// frame directory may; an output file or an attachment is a file, never a tree.
+    fn holds_directories(self) -> bool {
+        matches!(self, Root::Sessions)
+    }
+
+    /// Which of `paths` a surviving row still references: those stay on disk (EX-3, SS-6).
+    async fn referenced(
+        self,
+        conn: &mut PgConnection,
+        paths: &[String],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let sql = match self {
+            Root::Outputs => {
+                "SELECT p FROM unnest($1::text[]) p
+                 WHERE EXISTS (SELECT 1 FROM output_files o WHERE o.relative_path = p)"
+            }
+            Root::Sessions => {
+                "SELECT p FROM unnest($1::text[]) p
+                 WHERE EXISTS (SELECT 1 FROM sessions s
+                               WHERE s.id = sexton.jsonb_uuid(to_jsonb(p)))"
+            }
+            Root::Attachments => {
+                "SELECT p FROM unnest($1::text[]) p
+                 WHERE EXISTS (SELECT 1 FROM attachments a
+                               WHERE a.relative_path = p AND a.bytes_expired_at IS NULL)"
+            }
+            Root::Traces => return Ok(Vec::new()),
+        };
+        sqlx::query_scalar(sql)
+            .bind(paths)
+            .fetch_all(&mut *conn)
+            .await
+    }
+}
+
+/// Removes the paths recorded under `root` (found at `root_path`) for `scope` (an account, or
+/// `None` for a global job). Before anything is unlinked, a synchronous commit that writes
+/// (counting the attempt) makes durable every commit that recorded these paths; a path a
+/// surviving row still references stays. A record is forgotten once its path is gone, refused
+/// (outside the root, not canonical, not of the root's kind) or still referenced; a removal
+/// that failed otherwise is tried again by later drains, [`MAX_ATTEMPTS`] times in all. The
+/// caller guarantees that no other drain of the same root and scope runs at the same time
+/// (the scope lock).
 ///
 /// # Errors
 /// [`DrainError`] when the database fails or the root cannot be opened; what was not yet
@@ -112,43 +158,64 @@ pub async fn drain(
     scope: Option<Uuid>,
 ) -> Result<FileCounts, DrainError> {
     let mut counts = FileCounts::default();
+    let mut after = 0_i64;
     loop {
-        let batch: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT id, relative_path FROM sexton.pending_file_deletions
-             WHERE root = $1 AND account_id = $2 ORDER BY id LIMIT 500",
-        )
-        .bind(root.as_str())
-        .bind(scope.unwrap_or_default())
-        .fetch_all(&mut *conn)
-        .await?;
-        if batch.is_empty() {
-            return Ok(counts);
-        }
-        // Durability barrier: this synchronous commit flushes the WAL past the (possibly
-        // asynchronous) commits that recorded these paths, so a file goes only once the removal
-        // of its rows can no longer be undone by a database crash.
-        sqlx::query("SELECT txid_current()")
-            .execute(&mut *conn)
+        let batch: Vec<(i64, String, i32)> = {
+            let mut tx = conn
+                .begin_with("BEGIN; SET LOCAL synchronous_commit = on")
+                .await?;
+            let batch = sqlx::query_as(
+                "UPDATE sexton.pending_file_deletions SET attempts = attempts + 1
+                 WHERE id IN (SELECT id FROM sexton.pending_file_deletions
+                              WHERE root = $1 AND account_id = $2 AND id > $3
+                              ORDER BY id LIMIT 500)
+                 RETURNING id, relative_path, attempts",
+            )
+            .bind(root.as_str())
+            .bind(scope.unwrap_or_default())
+            .bind(after)
+            .fetch_all(&mut *tx)
             .await?;
+            tx.commit().await?;
+            batch
+        };
+        let Some(last) = batch.iter().map(|(id, _, _)| *id).max() else {
+            return Ok(counts);
+        };
+        after = last;
+        let paths: Vec<String> = batch.iter().map(|(_, p, _)| p.clone()).collect();
+        let referenced = root.referenced(conn, &paths).await?;
         let dir = open_root(root_path).map_err(|source| DrainError::Root {
             path: root_path.to_owned(),
             source,
         })?;
-        for (_, relative) in &batch {
-            match remove_under(&dir, relative) {
+        let mut forget = Vec::with_capacity(batch.len());
+        for (id, relative, attempts) in &batch {
+            if referenced.contains(relative) {
+                forget.push(*id);
+                continue;
+            }
+            match remove_under(&dir, relative, root.holds_directories()) {
                 Ok(removed) => {
-                    counts.deleted += removed.deleted;
-                    counts.bytes += removed.bytes;
+                    counts.add(removed);
+                    forget.push(*id);
                 }
                 Err(err) => {
                     counts.errors += 1;
-                    tracing::warn!(root = root.as_str(), path = %relative, error = %err, "file not deleted");
+                    let refused = err.kind() == io::ErrorKind::InvalidInput;
+                    if refused || *attempts >= MAX_ATTEMPTS {
+                        forget.push(*id);
+                    }
+                    tracing::warn!(
+                        root = root.as_str(), path = %relative, error = %err, attempts,
+                        given_up = refused || *attempts >= MAX_ATTEMPTS,
+                        "file not deleted"
+                    );
                 }
             }
         }
-        let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
         sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
-            .bind(&ids)
+            .bind(&forget)
             .execute(&mut *conn)
             .await?;
     }
@@ -167,21 +234,23 @@ fn escape(why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, why.to_owned())
 }
 
-/// Removes `relative` below the open root `root`: a regular file, or a directory with
-/// everything in it. A path that is already gone removes nothing.
+/// Removes `relative` below the open root `root`: a regular file, or — where `directories`
+/// — a directory with everything in it. A path that is already gone removes nothing.
 ///
 /// # Errors
-/// `InvalidInput` when the path is absolute, has `..`, passes through a symlink or a
-/// non-directory, or names something that is neither a regular file nor a directory; any
-/// other I/O error of the removal.
-pub fn remove_under(root: &OwnedFd, relative: &str) -> io::Result<FileCounts> {
-    let mut names = Vec::new();
-    for component in Path::new(relative).components() {
-        match component {
-            Component::Normal(name) => names.push(name),
-            Component::CurDir => {}
-            _ => return Err(escape("path is absolute or climbs out of its root")),
-        }
+/// `InvalidInput` when the path is not canonical (absolute, empty, `.`, `..` or repeated `/`:
+/// another spelling of a path could hide that a surviving row references it), passes through
+/// a symlink or a non-directory, or names something that is not a regular file (or, where
+/// allowed, a directory); any other I/O error of the removal.
+pub fn remove_under(root: &OwnedFd, relative: &str, directories: bool) -> io::Result<FileCounts> {
+    let names: Vec<&str> = relative.split('/').collect();
+    if names
+        .iter()
+        .any(|name| name.is_empty() || *name == "." || *name == ".." || name.contains('\0'))
+    {
+        return Err(escape(
+            "path is not a canonical relative path (absolute, empty, `.`, `..` or `//`)",
+        ));
     }
     let Some((last, parents)) = names.split_last() else {
         return Err(escape("path names the root itself"));
@@ -204,11 +273,15 @@ pub fn remove_under(root: &OwnedFd, relative: &str) -> io::Result<FileCounts> {
         }
     }
     let parent = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
-    remove_entry(parent, *last)
+    remove_entry(parent, *last, directories)
 }
 
 /// Removes the entry `name` of the open directory `parent` without following a symlink.
-fn remove_entry(parent: impl AsFd, name: impl rustix::path::Arg + Copy) -> io::Result<FileCounts> {
+fn remove_entry(
+    parent: impl AsFd,
+    name: impl rustix::path::Arg + Copy,
+    directories: bool,
+) -> io::Result<FileCounts> {
     let stat = match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) => stat,
         Err(rustix::io::Errno::NOENT) => return Ok(FileCounts::default()),
@@ -223,7 +296,8 @@ fn remove_entry(parent: impl AsFd, name: impl rustix::path::Arg + Copy) -> io::R
                 errors: 0,
             })
         }
-        FileType::Directory => remove_tree(parent, name),
+        FileType::Directory if directories => remove_tree(parent, name),
+        FileType::Directory => Err(escape("a directory where a file was expected")),
         _ => Err(escape("not a regular file or directory")),
     }
 }
@@ -247,7 +321,7 @@ fn remove_tree(parent: impl AsFd, name: impl rustix::path::Arg + Copy) -> io::Re
         match kind {
             FileType::Directory => counts.add(remove_tree(&dir, child.as_c_str())?),
             FileType::Symlink => rustix::fs::unlinkat(&dir, child.as_c_str(), AtFlags::empty())?,
-            _ => match remove_entry(&dir, child.as_c_str()) {
+            _ => match remove_entry(&dir, child.as_c_str(), true) {
                 Ok(removed) => counts.add(removed),
                 // Something that is neither file nor directory (a socket, a FIFO): unlinked too.
                 Err(err) if err.kind() == io::ErrorKind::InvalidInput => {
@@ -278,8 +352,17 @@ mod tests {
     #[test]
     fn ex3_paths_that_climb_out_or_are_absolute_are_refused() {
         let (_dir, fd) = root();
-        for path in ["../etc/passwd", "/etc/passwd", "a/../../b", "", "."] {
-            assert!(remove_under(&fd, path).is_err(), "{path}");
+        for path in [
+            "../etc/passwd",
+            "/etc/passwd",
+            "a/../../b",
+            "",
+            ".",
+            "./a",
+            "a//b",
+            "a/",
+        ] {
+            assert!(remove_under(&fd, path, true).is_err(), "{path}");
         }
     }
 
@@ -292,8 +375,8 @@ mod tests {
         std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("evil")).unwrap();
         std::os::unix::fs::symlink(&secret, dir.path().join("link.txt")).unwrap();
 
-        assert!(remove_under(&fd, "evil/secret.txt").is_err());
-        assert!(remove_under(&fd, "link.txt").is_err());
+        assert!(remove_under(&fd, "evil/secret.txt", false).is_err());
+        assert!(remove_under(&fd, "link.txt", false).is_err());
         assert!(secret.exists(), "a file outside the root was deleted");
         assert!(dir.path().join("link.txt").symlink_metadata().is_ok());
     }
@@ -309,10 +392,18 @@ mod tests {
         std::fs::write(session.join("b.frame"), b"678").unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), session.join("out")).unwrap();
 
-        let removed = remove_under(&fd, "s1").unwrap();
+        assert!(
+            remove_under(&fd, "s1", false).is_err(),
+            "a file's root never removes a tree"
+        );
+        assert!(session.join("a.frame").exists());
+        let removed = remove_under(&fd, "s1", true).unwrap();
         assert_eq!((removed.deleted, removed.bytes), (2, 8));
         assert!(!dir.path().join("s1").exists());
         assert!(elsewhere.path().join("keep.txt").exists());
-        assert_eq!(remove_under(&fd, "s1").unwrap(), FileCounts::default());
+        assert_eq!(
+            remove_under(&fd, "s1", true).unwrap(),
+            FileCounts::default()
+        );
     }
 }

@@ -374,7 +374,10 @@ pub async fn hop(
     };
     let mut rest = window.as_slice();
     while !rest.is_empty() {
-        if started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed) {
+        // A hop always takes its first owners, however slow what came before: a budget spent
+        // before them would hand the same cursor on forever.
+        let budget_spent = rest.len() < window.len() && started.elapsed() >= settings.budget;
+        if budget_spent || stop.load(Ordering::Relaxed) {
             out_of_budget = true;
             break;
         }
@@ -655,7 +658,13 @@ async fn prune_together(
         .filter(|o| locked.contains(&o.conversation_id))
         .map(|o| (o.run_id, o.conversation_id))
         .unzip();
-    let locked = run_prune_locked(&mut tx, pass, &PRUNE_LOCKED, &runs, &expected).await?;
+    let locked = run_prune_locked(&mut tx, pass, &PRUNE_LOCKED, &runs, &expected).await;
+    // A detail or variant row an application holds past the lock timeout: nothing of this
+    // transaction happened, and every owner is taken alone.
+    let Some(locked) = busy_or(locked)? else {
+        drop(tx);
+        return Ok(owners.to_vec());
+    };
     tx.commit().await?;
     report.record(&locked);
     Ok(owners
@@ -683,6 +692,17 @@ async fn prune_owner(
         None => report.retain(RetainReason::Busy),
         Some(None) => {}
         Some(Some(_)) => {
+            // The run's lock is taken by a statement of its own, so that the re-check below
+            // runs on a snapshot taken after the wait: a writer that committed pending work
+            // while this owner waited wins (EX-5, EX-6).
+            let run = sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+                .bind(owner.run_id)
+                .fetch_optional(&mut *tx)
+                .await;
+            if busy_or(run)?.is_none() {
+                report.retain(RetainReason::Busy);
+                return Ok(());
+            }
             let locked = run_prune_locked(
                 &mut tx,
                 pass,
