@@ -7,3 +7,4 @@ mod fleet;
 mod foundation;
 mod hostile;
 mod registry;
+mod sessions;
