@@ -68,6 +68,17 @@ const ELIGIBLE: &str = "INSERT INTO bench_owners (id)
       AND NOT EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id
                       WHERE s.source_run_id = r.id AND h.sealed_at IS NULL)";
 
+/// Sessions a complete SessionRetention pass deletes (SS-1 … SS-4), by the job's own verdict.
+const ELIGIBLE_SESSIONS: &str = "INSERT INTO bench_sessions (id)
+    SELECT s.id FROM sessions s
+    JOIN session_retention_policies p ON p.account_id = s.account_id AND p.enabled
+    CROSS JOIN LATERAL (SELECT $1 - make_interval(days => CASE s.kind
+                                WHEN 'main' THEN COALESCE(p.main_days, 60)
+                                WHEN 'task' THEN COALESCE(p.task_days, 30)
+                                ELSE COALESCE(p.subagent_days, 7) END) AS cutoff) c
+    WHERE sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                 s.last_activity_at, c.cutoff) IS NULL";
+
 #[derive(Debug, Clone, Copy, Serialize)]
 struct Latency {
     p50_ms: f64,
@@ -125,6 +136,10 @@ struct Scale {
     seed_seconds: f64,
     idle_writer: Latency,
     methods: Vec<Method>,
+    /// SessionRetention: sessions a pass deletes, their history rows, and the methods.
+    sessions: i64,
+    session_rows: i64,
+    session_methods: Vec<Method>,
 }
 
 #[tokio::main]
@@ -186,6 +201,20 @@ async fn measure_scale(
         .bind(pass_start())
         .execute(&pool)
         .await?;
+    sqlx::query("CREATE TABLE bench_sessions (id uuid PRIMARY KEY)")
+        .execute(&pool)
+        .await?;
+    sqlx::query(ELIGIBLE_SESSIONS)
+        .bind(pass_start())
+        .execute(&pool)
+        .await?;
+    // The execution-details methods compare that job alone: sessions wait for their own rows.
+    sqlx::query("CREATE TABLE bench_policies AS SELECT * FROM session_retention_policies")
+        .execute(&pool)
+        .await?;
+    sqlx::query("UPDATE session_retention_policies SET enabled = false")
+        .execute(&pool)
+        .await?;
     sqlx::query("ANALYZE").execute(&pool).await?;
     let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
         .fetch_one(&pool)
@@ -194,7 +223,26 @@ async fn measure_scale(
         .fetch_one(&pool)
         .await?;
     let detail_rows = detail_rows(&pool).await?;
+    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_sessions")
+        .fetch_one(&pool)
+        .await?;
+    let session_rows: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM conversation_entries WHERE session_id IN (SELECT id FROM bench_sessions))
+              + (SELECT count(*) FROM conversation_archives WHERE session_id IN (SELECT id FROM bench_sessions))
+              + (SELECT count(*) FROM conversation_archive_entries e JOIN conversation_archives a
+                 ON a.id = e.archive_id WHERE a.session_id IN (SELECT id FROM bench_sessions))
+              + (SELECT count(*) FROM bench_sessions)",
+    )
+    .fetch_one(&pool)
+    .await?;
     let targets = writer_targets(&pool).await?;
+    let session_targets: Vec<Uuid> = sqlx::query_scalar(
+        "(SELECT id FROM bench_sessions ORDER BY id LIMIT 100)
+         UNION ALL
+         (SELECT id FROM sessions WHERE id NOT IN (SELECT id FROM bench_sessions) ORDER BY id LIMIT 100)",
+    )
+    .fetch_all(&pool)
+    .await?;
     pool.close().await;
 
     eprintln!(
@@ -238,8 +286,8 @@ async fn measure_scale(
         ));
         // Each method times itself (sexton from its worker being up, see `run_sexton`).
         let mut method = match name {
-            "sexton" => run_sexton(cli, &db, &run_files, name, 2).await?,
-            "sexton c=1" => run_sexton(cli, &db, &run_files, name, 1).await?,
+            "sexton" => run_sexton(cli, &db, &run_files, name, 2, PED).await?,
+            "sexton c=1" => run_sexton(cli, &db, &run_files, name, 1, PED).await?,
             "raw" => run_raw(base, &db, false).await?,
             "raw+markers" => run_raw(base, &db, true).await?,
             _ => run_naive(base, &db).await?,
@@ -272,6 +320,76 @@ async fn measure_scale(
         drop_db(admin, &db).await?;
         let _ = std::fs::remove_dir_all(&run_files);
     }
+    let mut session_methods = Vec::new();
+    for name in ["sessions", "sessions raw"] {
+        eprintln!("scale {scale}: {name}");
+        let db = format!("bench_{}_{scale}", name.replace(' ', "_"));
+        recreate(admin, &db, Some(&template)).await?;
+        let run_files = cli.scratch.join(format!("run-{scale}"));
+        let _ = std::fs::remove_dir_all(&run_files);
+        copy_dir(&files, &run_files)?;
+        let setup = connect(base, &db, "bench").await?;
+        // This job alone: the policies back, execution retention off.
+        sqlx::query(
+            "UPDATE session_retention_policies p SET enabled = b.enabled
+             FROM bench_policies b WHERE b.account_id = p.account_id",
+        )
+        .execute(&setup)
+        .await?;
+        sqlx::query("UPDATE accounts SET execution_details_retention_days = NULL")
+            .execute(&setup)
+            .await?;
+        let before: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+            .fetch_one(&setup)
+            .await?;
+        setup.close().await;
+        let writer_pool = connect(base, &db, "bench-writer").await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = tokio::spawn(append_at_rate(
+            writer_pool.clone(),
+            session_targets.clone(),
+            cli.writer_rate,
+            stop.clone(),
+        ));
+        let sampler = tokio::spawn(longest_transaction(
+            connect(base, &db, "bench-sampler").await?,
+            stop.clone(),
+        ));
+        let mut method = match name {
+            "sessions" => run_sexton(cli, &db, &run_files, name, 2, SESSIONS).await?,
+            _ => run_raw_sessions(base, &db).await?,
+        };
+        stop.store(true, Ordering::Relaxed);
+        let writer = writer.await??;
+        let longest = sampler.await??;
+        let check = connect(base, &db, "bench").await?;
+        let (left, after): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM sessions WHERE id IN (SELECT id FROM bench_sessions)),
+                    (SELECT count(*) FROM sessions)",
+        )
+        .fetch_one(&check)
+        .await?;
+        if left > 0 || before - after != sessions {
+            bail!(
+                "{name} left {left} sessions and deleted {} at scale {scale}",
+                before - after
+            );
+        }
+        check.close().await;
+        writer_pool.close().await;
+        method.owners_per_s = sessions as f64 / method.seconds;
+        method.rows_per_s = session_rows as f64 / method.seconds;
+        method.writer = Latency::of(writer.total_ms);
+        method.writer_longest_lock_wait_ms =
+            writer.lock_wait_ms.iter().copied().fold(0.0, f64::max);
+        (
+            method.longest_transaction_ms,
+            method.longest_transaction_query,
+        ) = longest;
+        session_methods.push(method);
+        drop_db(admin, &db).await?;
+        let _ = std::fs::remove_dir_all(&run_files);
+    }
     drop_db(admin, &template).await?;
     let _ = std::fs::remove_dir_all(&files);
     Ok(Scale {
@@ -282,8 +400,15 @@ async fn measure_scale(
         seed_seconds,
         idle_writer,
         methods,
+        sessions,
+        session_rows,
+        session_methods,
     })
 }
+
+/// The job labels a run of sexton is timed by.
+const PED: &str = "prune_execution_details";
+const SESSIONS: &str = "session_retention";
 
 fn method(name: &'static str) -> Method {
     Method {
@@ -337,6 +462,7 @@ async fn run_sexton(
     files: &Path,
     name: &'static str,
     concurrency: u32,
+    job: &str,
 ) -> anyhow::Result<Method> {
     let tick = sexton(
         cli,
@@ -376,7 +502,7 @@ async fn run_sexton(
         if event["message"] == "worker started" {
             started = Instant::now();
         }
-        if event["message"] == "hop done" {
+        if event["message"] == "hop done" && event["span"]["job"] == job {
             let ms = event["elapsed_ms"].as_f64().unwrap_or(0.0);
             let candidates = event["candidates"].as_f64().unwrap_or(0.0);
             if candidates > 0.0 {
@@ -440,6 +566,72 @@ async fn run_raw(base: &PgConnectOptions, db: &str, markers: bool) -> anyhow::Re
     let mut m = method(if markers { "raw+markers" } else { "raw" });
     m.seconds = started.elapsed().as_secs_f64();
     Ok(m)
+}
+
+/// The floor for sessions: batched deletes of exactly the same sessions, 100 per transaction;
+/// the foreign keys cascade to their history and null the handoffs, as sexton's end state has
+/// it (frame files are left on disk: sexton also removes those).
+async fn run_raw_sessions(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
+    let started = Instant::now();
+    let pool = connect(base, db, "bench-raw").await?;
+    let sessions: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_sessions ORDER BY id")
+        .fetch_all(&pool)
+        .await?;
+    for batch in sessions.chunks(100) {
+        sqlx::query("DELETE FROM sessions WHERE id = ANY($1)")
+            .bind(batch)
+            .execute(&pool)
+            .await?;
+    }
+    pool.close().await;
+    let mut m = method("sessions raw");
+    m.seconds = started.elapsed().as_secs_f64();
+    Ok(m)
+}
+
+/// An application appending to sessions at `rate` per second, old and young alike: lock the
+/// session row (as the platform's append does), add an entry if the session is still there.
+async fn append_at_rate(
+    pool: PgPool,
+    targets: Vec<Uuid>,
+    rate: u32,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Writes> {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut writes = Writes {
+        total_ms: Vec::new(),
+        lock_wait_ms: Vec::new(),
+    };
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) && !targets.is_empty() {
+        tick.tick().await;
+        let session = targets[i % targets.len()];
+        i += 1;
+        let started = Instant::now();
+        let mut tx = pool.begin().await?;
+        let locking = Instant::now();
+        let found = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+            .bind(session)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let lock_wait = locking.elapsed();
+        if found.is_some() {
+            sqlx::query(
+                "INSERT INTO conversation_entries (session_id, entry_id, seq, payload)
+                 VALUES ($1, gen_random_uuid()::text, 0, '{}')",
+            )
+            .bind(session)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        writes
+            .total_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
+        writes.lock_wait_ms.push(lock_wait.as_secs_f64() * 1000.0);
+    }
+    Ok(writes)
 }
 
 /// The naive delete: one statement per table over every owner.
@@ -668,6 +860,28 @@ fn markdown(results: &[Scale]) -> String {
                 m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
                 m.share_outside_owner_transactions.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
                 m.share_outside_hops.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
+            ));
+        }
+    }
+    md.push_str(
+        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading).\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | writer p50 / p99 / max ms | writer longest lock wait ms | longest tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in results {
+        let raw = s
+            .session_methods
+            .iter()
+            .find(|m| m.name == "sessions raw")
+            .map_or(0.0, |m| m.owners_per_s);
+        for m in &s.session_methods {
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.2}× | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {} | {} |\n",
+                s.scale, s.sessions, s.session_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
+                m.owners_per_s / raw,
+                m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
+                m.writer_longest_lock_wait_ms,
+                m.longest_transaction_ms,
+                m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
+                m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
             ));
         }
     }
