@@ -731,6 +731,9 @@ async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Res
              FROM pg_stat_activity
              WHERE datname = current_database() AND xact_start IS NOT NULL
                AND application_name IN ('sexton', 'bench-raw', 'bench-naive')
+               -- The worker's LISTEN connection holds no data locks; it was once seen
+               -- running LISTEN for 10 s, which is not a deleter's transaction.
+               AND query NOT LIKE 'LISTEN %'
              ORDER BY xact_start LIMIT 1",
         )
         .fetch_optional(&pool)
