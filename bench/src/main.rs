@@ -274,16 +274,18 @@ async fn measure_scale(
         copy_dir(&files, &run_files)?;
         let writer_pool = connect(base, &db, "bench-writer").await?;
         let stop = Arc::new(AtomicBool::new(false));
-        let writer = tokio::spawn(write_at_rate(
-            writer_pool.clone(),
-            targets.clone(),
-            cli.writer_rate,
-            stop.clone(),
-        ));
-        let sampler = tokio::spawn(longest_transaction(
-            connect(base, &db, "bench-sampler").await?,
-            stop.clone(),
-        ));
+        let (writer, sampler) = beside(
+            base,
+            &db,
+            write_at_rate(
+                writer_pool.clone(),
+                targets.clone(),
+                cli.writer_rate,
+                stop.clone(),
+            ),
+            &stop,
+        )
+        .await?;
         // Each method times itself (sexton from its worker being up, see `run_sexton`).
         let mut method = match name {
             "sexton" => run_sexton(cli, &db, &run_files, name, 2, PED).await?,
@@ -307,15 +309,7 @@ async fn measure_scale(
         }
         check.close().await;
         writer_pool.close().await;
-        method.owners_per_s = owners as f64 / method.seconds;
-        method.rows_per_s = detail_rows as f64 / method.seconds;
-        method.writer = Latency::of(writer.total_ms);
-        method.writer_longest_lock_wait_ms =
-            writer.lock_wait_ms.iter().copied().fold(0.0, f64::max);
-        (
-            method.longest_transaction_ms,
-            method.longest_transaction_query,
-        ) = longest;
+        score(&mut method, owners, detail_rows, writer, longest);
         methods.push(method);
         drop_db(admin, &db).await?;
         let _ = std::fs::remove_dir_all(&run_files);
@@ -345,16 +339,18 @@ async fn measure_scale(
         setup.close().await;
         let writer_pool = connect(base, &db, "bench-writer").await?;
         let stop = Arc::new(AtomicBool::new(false));
-        let writer = tokio::spawn(append_at_rate(
-            writer_pool.clone(),
-            session_targets.clone(),
-            cli.writer_rate,
-            stop.clone(),
-        ));
-        let sampler = tokio::spawn(longest_transaction(
-            connect(base, &db, "bench-sampler").await?,
-            stop.clone(),
-        ));
+        let (writer, sampler) = beside(
+            base,
+            &db,
+            append_at_rate(
+                writer_pool.clone(),
+                session_targets.clone(),
+                cli.writer_rate,
+                stop.clone(),
+            ),
+            &stop,
+        )
+        .await?;
         let mut method = match name {
             "sessions" => run_sexton(cli, &db, &run_files, name, 2, SESSIONS).await?,
             _ => run_raw_sessions(base, &db).await?,
@@ -377,15 +373,7 @@ async fn measure_scale(
         }
         check.close().await;
         writer_pool.close().await;
-        method.owners_per_s = sessions as f64 / method.seconds;
-        method.rows_per_s = session_rows as f64 / method.seconds;
-        method.writer = Latency::of(writer.total_ms);
-        method.writer_longest_lock_wait_ms =
-            writer.lock_wait_ms.iter().copied().fold(0.0, f64::max);
-        (
-            method.longest_transaction_ms,
-            method.longest_transaction_query,
-        ) = longest;
+        score(&mut method, sessions, session_rows, writer, longest);
         session_methods.push(method);
         drop_db(admin, &db).await?;
         let _ = std::fs::remove_dir_all(&run_files);
@@ -409,6 +397,37 @@ async fn measure_scale(
 /// The job labels a run of sexton is timed by.
 const PED: &str = "prune_execution_details";
 const SESSIONS: &str = "session_retention";
+
+/// What runs beside a method until `stop`: the application's `writes` and the sampler of the
+/// deleter's longest transaction.
+async fn beside(
+    base: &PgConnectOptions,
+    db: &str,
+    writes: impl std::future::Future<Output = anyhow::Result<Writes>> + Send + 'static,
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<(
+    tokio::task::JoinHandle<anyhow::Result<Writes>>,
+    tokio::task::JoinHandle<anyhow::Result<(f64, String)>>,
+)> {
+    let writer = tokio::spawn(writes);
+    let sampler = tokio::spawn(longest_transaction(
+        connect(base, db, "bench-sampler").await?,
+        stop.clone(),
+    ));
+    Ok((writer, sampler))
+}
+
+/// A method's rates over `items` and `rows`, and what the writer and the sampler saw.
+fn score(method: &mut Method, items: i64, rows: i64, writer: Writes, longest: (f64, String)) {
+    method.owners_per_s = items as f64 / method.seconds;
+    method.rows_per_s = rows as f64 / method.seconds;
+    method.writer = Latency::of(writer.total_ms);
+    method.writer_longest_lock_wait_ms = writer.lock_wait_ms.iter().copied().fold(0.0, f64::max);
+    (
+        method.longest_transaction_ms,
+        method.longest_transaction_query,
+    ) = longest;
+}
 
 fn method(name: &'static str) -> Method {
     Method {
