@@ -135,9 +135,15 @@ pub async fn seeded_backlog(pool: &PgPool, seed: u64) -> Backlog {
     }
 }
 
-/// Waits until some session of the test's database is blocked on a lock.
+/// Waits until some session of the test's database is blocked on a lock; fails the test after
+/// 60 s rather than hang.
 pub async fn wait_for_lock_waiter(pool: &PgPool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no session waited for a lock within 60 s"
+        );
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
              WHERE datname = current_database() AND wait_event_type = 'Lock'",
@@ -148,6 +154,6 @@ pub async fn wait_for_lock_waiter(pool: &PgPool) {
         if waiting > 0 {
             return;
         }
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
