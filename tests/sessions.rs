@@ -422,6 +422,27 @@ async fn ss4_evidence_flattened_or_nested_and_anything_malformed_is_not_eligible
         ),
         ("subagent", json!("a string"), Some("missing_evidence")),
         ("main", json!({"anything": [1, 2]}), None),
+        // Both spellings present: both must be well formed, and both tasks terminal.
+        (
+            "task",
+            json!({"board_task_id": "garbage", "board_task": {"id": done}}),
+            Some("malformed_evidence"),
+        ),
+        (
+            "task",
+            json!({"board_task_id": done, "board_task": {"id": open}}),
+            Some("task_not_terminal"),
+        ),
+        (
+            "subagent",
+            json!({"completed_at": "not a date", "completion": {"completed_at": "2026-01-01T00:00:00Z"}}),
+            Some("malformed_evidence"),
+        ),
+        (
+            "subagent",
+            json!({"completed_at": "2999-01-01T00:00:00Z"}),
+            Some("malformed_evidence"),
+        ),
     ];
     let mut made = Vec::new();
     for (kind, metadata, verdict) in &cases {
@@ -450,6 +471,194 @@ async fn ss4_evidence_flattened_or_nested_and_anything_malformed_is_not_eligible
         assert_eq!(retained(&reports, reason), expected, "{reason}");
     }
     assert_eq!(deleted(&reports), 5);
+}
+
+/// The verdict alone on a session, at a cutoff a year after the pass start.
+async fn verdict(pool: &PgPool, session: Uuid) -> Option<String> {
+    sqlx::query_scalar(
+        "SELECT sexton.session_verdict(id, account_id, kind, state, metadata, last_activity_at,
+                                       $2::timestamptz + interval '365 days')
+         FROM sessions WHERE id = $1",
+    )
+    .bind(session)
+    .bind(pass_start())
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test]
+async fn ss3_the_verdict_itself_protects_and_a_column_the_platform_adds_changes_nothing(
+    pool: PgPool,
+) {
+    let env = Env::new(pool).await;
+    // Columns named like the rules' parameters, as the contract allows the platform to add.
+    for sql in [
+        "ALTER TABLE agents ADD COLUMN session_id uuid",
+        "ALTER TABLE agents ADD COLUMN state text",
+        "ALTER TABLE board_tasks ADD COLUMN metadata jsonb",
+        "ALTER TABLE board_tasks ADD COLUMN account uuid",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&env.pool)
+            .await
+            .unwrap();
+    }
+    let account = fixture::account(&env.pool, Some(30)).await;
+    env.policy(account, true, [Some(1), Some(1), Some(1)]).await;
+    let agent = env.agent(account).await;
+    let current = env.session(session(account, agent, "main", 100.0)).await;
+    sqlx::query("UPDATE agents SET current_session_id = $1 WHERE id = $2")
+        .bind(current)
+        .bind(agent)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let running = env
+        .session(Session {
+            state: "running",
+            ..session(account, agent, "main", 100.0)
+        })
+        .await;
+    let control = env.session(session(account, agent, "main", 100.0)).await;
+    assert_eq!(
+        verdict(&env.pool, current).await.as_deref(),
+        Some("protected_pointer")
+    );
+    assert_eq!(
+        verdict(&env.pool, running).await.as_deref(),
+        Some("protected_state")
+    );
+    assert_eq!(verdict(&env.pool, control).await, None);
+    let mut conn = env.pool.acquire().await.unwrap();
+    let targets = job::targets(
+        &mut conn,
+        job::Ages::FALLBACK,
+        sexton_now(&env.pool).await,
+        None,
+    )
+    .await
+    .unwrap();
+    let targeted: Vec<Uuid> = targets.iter().map(|t| t.session_id).collect();
+    assert!(!targeted.contains(&current) && !targeted.contains(&running));
+    assert!(targeted.contains(&control));
+    let reports = env.nightly(account).await;
+    assert!(env.exists(current).await && env.exists(running).await);
+    assert!(!env.exists(control).await);
+    assert_eq!(retained(&reports, "protected_pointer"), 1);
+}
+
+async fn sexton_now(pool: &PgPool) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test]
+async fn ss5_another_agent_pointed_at_a_session_mid_pass_keeps_it_whole(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    env.policy(account, true, [Some(1), Some(1), Some(1)]).await;
+    let owner = env.agent(account).await;
+    let other = env.agent(account).await;
+    let adopted = env.session(session(account, owner, "main", 100.0)).await;
+    let control = env
+        .session(session(account, owner, "subagent", 100.0))
+        .await;
+    // Another agent is being pointed at the old session; its writer has not committed.
+    let mut app = env.pool.begin().await.unwrap();
+    sqlx::query("UPDATE agents SET main_session_id = $1 WHERE id = $2")
+        .bind(adopted)
+        .bind(other)
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    let during = env.nightly(account).await;
+    assert!(env.exists(adopted).await, "the session being adopted stays");
+    assert_eq!(history(&env.pool, adopted).await, (3, 1, 2));
+    assert!(
+        !env.exists(control).await,
+        "its sibling, pointed at by no one, goes"
+    );
+    assert_eq!(retained(&during, "busy"), 1);
+    app.commit().await.unwrap();
+    let after = env.nightly(account).await;
+    assert!(env.exists(adopted).await);
+    assert_eq!(retained(&after, "protected_pointer"), 1);
+}
+
+#[sqlx::test]
+async fn ss5_a_delete_issued_from_inside_a_trigger_is_refused_too(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let agent = env.agent(account).await;
+    let current = env.session(session(account, agent, "main", 1.0)).await;
+    sqlx::query("UPDATE agents SET current_session_id = $1 WHERE id = $2")
+        .bind(current)
+        .bind(agent)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE TABLE purge_requests (session_id uuid)",
+        "CREATE FUNCTION purge() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN DELETE FROM sessions WHERE id = NEW.session_id; RETURN NEW; END $$",
+        "CREATE TRIGGER purge AFTER INSERT ON purge_requests FOR EACH ROW EXECUTE FUNCTION purge()",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&env.pool)
+            .await
+            .unwrap();
+    }
+    let err = sqlx::query("INSERT INTO purge_requests VALUES ($1)")
+        .bind(current)
+        .execute(&env.pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("is protected"), "{err}");
+    assert!(env.exists(current).await);
+    // The platform deleting the whole agent still takes its sessions.
+    sqlx::query("DELETE FROM agents WHERE id = $1")
+        .bind(agent)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    assert!(!env.exists(current).await);
+}
+
+#[sqlx::test]
+async fn ss2_an_infinite_last_activity_breaks_neither_the_cli_nor_the_preview(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    env.policy(account, true, [None, None, None]).await;
+    let agent = env.agent(account).await;
+    let odd = env.session(session(account, agent, "main", 100.0)).await;
+    sqlx::query("UPDATE sessions SET last_activity_at = '-infinity' WHERE id = $1")
+        .bind(odd)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let normal = env.session(session(account, agent, "main", 100.0)).await;
+    let mut conn = env.pool.acquire().await.unwrap();
+    let targets = job::targets(
+        &mut conn,
+        job::Ages::FALLBACK,
+        sexton_now(&env.pool).await,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        targets.iter().map(|t| t.session_id).collect::<Vec<_>>(),
+        [normal]
+    );
+    let previews = job::preview(&mut conn, sexton_now(&env.pool).await, Some(account))
+        .await
+        .unwrap();
+    assert_eq!(previews[0].eligible.values().sum::<i64>(), 1);
+    env.nightly(account).await;
+    assert!(env.exists(odd).await && !env.exists(normal).await);
 }
 
 #[sqlx::test]

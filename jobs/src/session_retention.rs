@@ -349,14 +349,19 @@ pub async fn hop(
     let kind = cursor.kind;
     let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
 
-    let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = match bound.of(kind) {
+    // The verdict is taken first without locks, so that only sessions that would go are
+    // locked: a retained session (protected, lacking evidence) is never held from the platform.
+    let window: Vec<(Uuid, Uuid, DateTime<Utc>, Option<String>)> = match bound.of(kind) {
         None => Vec::new(),
         Some(cutoff) => {
             sqlx::query_as(
-                "SELECT id, agent_id, last_activity_at FROM sessions
-                 WHERE account_id = $1 AND kind = $2 AND last_activity_at < $3
-                   AND (last_activity_at, id) > ($4, $5)
-                 ORDER BY last_activity_at, id
+                "SELECT s.id, s.agent_id, s.last_activity_at,
+                        sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                               s.last_activity_at, $3)
+                 FROM sessions s
+                 WHERE s.account_id = $1 AND s.kind = $2 AND s.last_activity_at < $3
+                   AND (s.last_activity_at, s.id) > ($4, $5)
+                 ORDER BY s.last_activity_at, s.id
                  LIMIT $6",
             )
             .bind(args.account_id)
@@ -382,9 +387,20 @@ pub async fn hop(
             break;
         }
         let chunk_started = Instant::now();
-        let sessions: Vec<(Uuid, Uuid)> = chunk.iter().map(|(s, a, _)| (*s, *a)).collect();
+        let mut sessions: Vec<(Uuid, Uuid)> = Vec::with_capacity(chunk.len());
+        for (session, agent, _, verdict) in chunk {
+            match verdict {
+                None => sessions.push((*session, *agent)),
+                Some(reason) => report.retain(reason),
+            }
+        }
         let cutoff = bound.of(kind);
-        match delete_sessions(conn, settings, args.account_id, kind, cutoff, &sessions).await? {
+        let deleted = if sessions.is_empty() {
+            Deleted::Done(Outcome::nothing())
+        } else {
+            delete_sessions(conn, settings, args.account_id, kind, cutoff, &sessions).await?
+        };
+        match deleted {
             Deleted::Done(outcome) => report.record(&outcome),
             // The store guard saw what the statement's snapshot did not (an agent pointed at a
             // session just now): take them one by one, and keep the one it guards.
@@ -408,7 +424,7 @@ pub async fn hop(
         }
         report.owner_seconds += chunk_started.elapsed().as_secs_f64();
         report.candidates += chunk.len() as u64;
-        if let Some((id, _, at)) = chunk.last() {
+        if let Some((id, _, at, _)) = chunk.last() {
             last = Some((*at, *id));
         }
     }
@@ -502,6 +518,17 @@ struct Outcome {
     /// Rows deleted per table of [`TABLES`].
     rows: [i64; 4],
     handoffs: i64,
+}
+
+impl Outcome {
+    fn nothing() -> Self {
+        Self {
+            busy: 0,
+            verdicts: Vec::new(),
+            rows: [0; 4],
+            handoffs: 0,
+        }
+    }
 }
 
 enum Deleted {
@@ -732,7 +759,7 @@ pub async fn targets(
                AND b.id = COALESCE(sexton.jsonb_uuid(s.metadata -> 'board_task_id'),
                                    sexton.jsonb_uuid(s.metadata -> 'board_task' -> 'id'))
          WHERE ($1::uuid IS NULL OR s.account_id = $1)
-           AND s.last_activity_at < c.cutoff
+           AND s.last_activity_at < c.cutoff AND s.last_activity_at > $5
            AND sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
                                       s.last_activity_at, c.cutoff) IS NULL
          ORDER BY s.last_activity_at, s.id",
@@ -741,6 +768,7 @@ pub async fn targets(
     .bind(cutoffs.main)
     .bind(cutoffs.task)
     .bind(cutoffs.subagent)
+    .bind(EARLIEST)
     .fetch_all(&mut *conn)
     .await?)
 }
@@ -827,7 +855,8 @@ async fn fill_preview(
              CROSS JOIN LATERAL (SELECT CASE s.kind WHEN 'main' THEN $2::timestamptz
                                                     WHEN 'task' THEN $3::timestamptz
                                                     WHEN 'subagent' THEN $4::timestamptz END AS cutoff) c
-             WHERE s.account_id = $1 AND s.last_activity_at < c.cutoff),
+             WHERE s.account_id = $1 AND s.last_activity_at < c.cutoff
+               AND s.last_activity_at > $5),
          doomed AS (SELECT id FROM judged WHERE verdict IS NULL)
          SELECT 'eligible', kind, count(*) FROM judged WHERE verdict IS NULL GROUP BY kind
          UNION ALL SELECT 'retained', verdict, count(*) FROM judged WHERE verdict IS NOT NULL GROUP BY verdict
@@ -844,6 +873,7 @@ async fn fill_preview(
     .bind(cutoffs.main)
     .bind(cutoffs.task)
     .bind(cutoffs.subagent)
+    .bind(EARLIEST)
     .fetch_all(&mut *conn)
     .await?;
     for (class, key, n) in counts {
