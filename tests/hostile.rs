@@ -350,6 +350,13 @@ async fn op2_a_missing_root_is_refused_at_start_naming_the_setting() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("paths.output_root"), "{stderr}");
     assert!(stderr.contains("nowhere"), "{stderr}");
+    // The control: the same roots, all present, pass.
+    let valid = common::sexton("postgres://127.0.0.1:1/x", dir.path())
+        .arg("check-config")
+        .output()
+        .await
+        .unwrap();
+    assert!(valid.status.success(), "{valid:?}");
 }
 
 #[tokio::test]
@@ -363,6 +370,14 @@ async fn op2_a_schedule_that_never_fires_is_refused_at_start() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("schedule.cron"));
+    // The control: February 29th fires, if rarely.
+    let rare = common::sexton("postgres://127.0.0.1:1/x", dir.path())
+        .arg("check-config")
+        .env("SEXTON_SCHEDULE__CRON", "0 3 29 2 *")
+        .output()
+        .await
+        .unwrap();
+    assert!(rare.status.success(), "{rare:?}");
 }
 
 #[tokio::test]
@@ -795,12 +810,19 @@ async fn ex3_an_output_path_naming_a_directory_never_removes_a_tree(pool: PgPool
         .run(RunSpec::conversation(account, conversation, 40.0))
         .await;
     set_path(&env.pool, hostile.id, &other.to_string()).await;
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
 
     let reports = env.pass(account).await;
     assert!(fixture::is_pruned(&env.pool, hostile.id).await);
     assert!(
         their_file.exists(),
         "another account's directory was removed"
+    );
+    assert!(
+        !env.output_file(account, control.id).exists(),
+        "the control's own file goes"
     );
     assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 1);
 }
@@ -832,9 +854,17 @@ async fn ex3_another_spelling_of_a_referenced_path_is_never_deleted(pool: PgPool
         .await
         .unwrap();
 
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+
     env.pass(account).await;
     assert!(fixture::is_pruned(&env.pool, old.id).await);
     assert!(young_file.exists(), "a surviving run's file was deleted");
+    assert!(
+        !env.output_file(account, control.id).exists(),
+        "an unreferenced file in canonical spelling goes"
+    );
 }
 
 #[sqlx::test]
@@ -855,24 +885,21 @@ async fn ex5_pending_work_committed_while_an_owner_waits_for_its_run_wins(pool: 
     .execute(&mut *writer)
     .await
     .unwrap();
-    let (pool, clock, settings) = (env.pool.clone(), env.clock.clone(), env.settings.clone());
-    let hop = tokio::spawn(async move {
-        job::run(
-            &pool,
-            &clock,
-            &settings,
-            &Args::first(account, pass_start()),
-            &std::sync::atomic::AtomicBool::new(false),
-        )
-        .await
-        .unwrap()
-    });
+    let elsewhere = fixture::conversation(&env.pool, account).await;
+    let control = env
+        .run(RunSpec::conversation(account, elsewhere, 41.0))
+        .await;
+    let hop = env.spawn_hop(Args::first(account, pass_start()));
     common::wait_for_lock_waiter(&env.pool).await;
     writer.commit().await.unwrap();
     let report = hop.await.unwrap();
     assert!(
         !fixture::is_pruned(&env.pool, run.id).await,
         "the writer wins"
+    );
+    assert!(
+        fixture::is_pruned(&env.pool, control.id).await,
+        "an owner no writer held goes"
     );
     assert_eq!(
         report
@@ -928,6 +955,9 @@ async fn ex7_a_spent_budget_still_moves_every_hop_forward(pool: PgPool) {
                 .id,
         );
     }
+    let young = env
+        .run(RunSpec::conversation(account, conversation, 5.0))
+        .await;
     let mut args = Args::first(account, pass_start());
     for _ in 0..20 {
         let report = env.hop(&args).await;
@@ -942,6 +972,10 @@ async fn ex7_a_spent_budget_still_moves_every_hop_forward(pool: PgPool) {
             "the pass got through"
         );
     }
+    assert!(
+        !fixture::is_pruned(&env.pool, young.id).await,
+        "inside its window"
+    );
 }
 
 #[sqlx::test]

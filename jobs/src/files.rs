@@ -379,6 +379,11 @@ mod tests {
         assert!(remove_under(&fd, "link.txt", false).is_err());
         assert!(secret.exists(), "a file outside the root was deleted");
         assert!(dir.path().join("link.txt").symlink_metadata().is_ok());
+        // The control: a real file inside the root goes.
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::fs::write(dir.path().join("real/out.bin"), b"12345").unwrap();
+        assert_eq!(remove_under(&fd, "real/out.bin", false).unwrap().bytes, 5);
+        assert!(!dir.path().join("real/out.bin").exists());
     }
 
     #[test]

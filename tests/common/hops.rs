@@ -68,6 +68,17 @@ impl Env {
         self.try_hop(args).await.unwrap()
     }
 
+    /// One hop on a task of its own, for the cases where the test holds locks meanwhile.
+    pub fn spawn_hop(&self, args: Args) -> tokio::task::JoinHandle<HopReport> {
+        let (pool, clock, settings) =
+            (self.pool.clone(), self.clock.clone(), self.settings.clone());
+        tokio::spawn(async move {
+            job::run(&pool, &clock, &settings, &args, &AtomicBool::new(false))
+                .await
+                .unwrap()
+        })
+    }
+
     /// A whole pass from `args`, hop after hop; returns every hop's report.
     pub async fn pass_from(&self, mut args: Args) -> Vec<HopReport> {
         let mut reports = Vec::new();
