@@ -6,6 +6,10 @@
 -- is the nil uuid for a global job's files.
 ALTER TABLE sexton.pending_file_deletions
     ADD COLUMN IF NOT EXISTS root text NOT NULL DEFAULT 'outputs';
+-- A removal that failed for a reason that may pass is tried again by later drains; this
+-- counts the tries.
+ALTER TABLE sexton.pending_file_deletions
+    ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS pending_file_deletions_scope
     ON sexton.pending_file_deletions (root, account_id, id);
 

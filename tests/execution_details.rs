@@ -558,20 +558,7 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
         .execute(&mut *writer)
         .await
         .unwrap();
-    let hop = {
-        let (pool, clock, settings) = (env.pool.clone(), env.clock.clone(), env.settings.clone());
-        tokio::spawn(async move {
-            job::run(
-                &pool,
-                &clock,
-                &settings,
-                &Args::first(account, pass_start()),
-                &AtomicBool::new(false),
-            )
-            .await
-            .unwrap()
-        })
-    };
+    let hop = env.spawn_hop(Args::first(account, pass_start()));
     common::wait_for_lock_waiter(&env.pool).await;
     sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
         .bind(run.id)

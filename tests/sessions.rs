@@ -105,6 +105,19 @@ impl Env {
         .unwrap()
     }
 
+    /// Points `agent`'s `pointer` (current_session_id, main_session_id, default_session_id) at
+    /// `session`, committed.
+    async fn point(&self, agent: Uuid, pointer: &str, session: Uuid) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE agents SET {pointer} = $1 WHERE id = $2"
+        )))
+        .bind(session)
+        .bind(agent)
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
     async fn exists(&self, session: Uuid) -> bool {
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sessions WHERE id = $1)")
             .bind(session)
@@ -307,14 +320,7 @@ async fn ss3_every_pointer_and_a_running_or_finalizing_state_protect(pool: PgPoo
         let s = env.session(session(account, agent, "main", 100.0)).await;
         // Another agent's pointer protects too.
         let other = env.agent(account).await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE agents SET {pointer} = $1 WHERE id = $2"
-        )))
-        .bind(s)
-        .bind(other)
-        .execute(&env.pool)
-        .await
-        .unwrap();
+        env.point(other, pointer, s).await;
         protected.push(s);
     }
     for state in ["running", "finalizing"] {
@@ -508,12 +514,7 @@ async fn ss3_the_verdict_itself_protects_and_a_column_the_platform_adds_changes_
     env.policy(account, true, [Some(1), Some(1), Some(1)]).await;
     let agent = env.agent(account).await;
     let current = env.session(session(account, agent, "main", 100.0)).await;
-    sqlx::query("UPDATE agents SET current_session_id = $1 WHERE id = $2")
-        .bind(current)
-        .bind(agent)
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.point(agent, "current_session_id", current).await;
     let running = env
         .session(Session {
             state: "running",
@@ -594,12 +595,7 @@ async fn ss5_a_delete_issued_from_inside_a_trigger_is_refused_too(pool: PgPool) 
     let account = fixture::account(&env.pool, Some(30)).await;
     let agent = env.agent(account).await;
     let current = env.session(session(account, agent, "main", 1.0)).await;
-    sqlx::query("UPDATE agents SET current_session_id = $1 WHERE id = $2")
-        .bind(current)
-        .bind(agent)
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.point(agent, "current_session_id", current).await;
     for sql in [
         "CREATE TABLE purge_requests (session_id uuid)",
         "CREATE FUNCTION purge() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -709,12 +705,7 @@ async fn ss5_the_store_refuses_a_hand_written_delete_of_a_protected_session(pool
     let account = fixture::account(&env.pool, Some(30)).await;
     let agent = env.agent(account).await;
     let current = env.session(session(account, agent, "main", 1.0)).await;
-    sqlx::query("UPDATE agents SET current_session_id = $1 WHERE id = $2")
-        .bind(current)
-        .bind(agent)
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.point(agent, "current_session_id", current).await;
     let running = env
         .session(Session {
             state: "running",

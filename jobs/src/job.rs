@@ -50,6 +50,32 @@ pub struct Env<'a> {
     pub paths: &'a PathSettings,
 }
 
+/// How a hop ended, for every job kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HopOutcome {
+    /// The window was full or the budget ran out: another hop follows.
+    Continued,
+    /// The pass is complete.
+    Finished,
+    /// The account's policy turns this job off (EX-1, SS-1): the pass ends, nothing goes.
+    Disabled,
+    /// The account no longer exists (ER-4): the pass ends quietly.
+    AccountGone,
+}
+
+impl HopOutcome {
+    /// The label in metrics, logs and the pass ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HopOutcome::Continued => "continued",
+            HopOutcome::Finished => "finished",
+            HopOutcome::Disabled => "disabled",
+            HopOutcome::AccountGone => "account_gone",
+        }
+    }
+}
+
 /// What one hop did, in the terms every job shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report<A> {

@@ -24,6 +24,7 @@ use uuid::Uuid;
 use crate::clock::Clock;
 use crate::cutoff::{EARLIEST, days_before};
 use crate::files::{self, DrainError, PathSettings, Root};
+pub use crate::job::HopOutcome;
 use crate::job::{Env, Job, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
@@ -178,31 +179,6 @@ impl RetainReason {
             RetainReason::ActiveHistoryRequest => "active_history_request",
             RetainReason::NotEligible => "not_eligible",
             RetainReason::Busy => "busy",
-        }
-    }
-}
-
-/// How a hop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HopOutcome {
-    /// The window was full or the budget ran out: another hop follows.
-    Continued,
-    /// The window came back short: the pass is complete.
-    Finished,
-    /// The account disabled retention (EX-1): the pass ends.
-    Disabled,
-    /// The account no longer exists (ER-4): the pass ends quietly.
-    AccountGone,
-}
-
-impl HopOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HopOutcome::Continued => "continued",
-            HopOutcome::Finished => "finished",
-            HopOutcome::Disabled => "disabled",
-            HopOutcome::AccountGone => "account_gone",
         }
     }
 }

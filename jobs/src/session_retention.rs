@@ -28,6 +28,7 @@ use uuid::Uuid;
 
 use crate::cutoff::{EARLIEST, days_before};
 use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
+pub use crate::job::HopOutcome;
 use crate::job::{Env, Job, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
@@ -230,28 +231,6 @@ pub const TABLES: [&str; 4] = [
     "conversation_archives",
     "sessions",
 ];
-
-/// How a hop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HopOutcome {
-    Continued,
-    Finished,
-    /// The account has no policy, or it is disabled (SS-1): nothing goes.
-    Disabled,
-    AccountGone,
-}
-
-impl HopOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HopOutcome::Continued => "continued",
-            HopOutcome::Finished => "finished",
-            HopOutcome::Disabled => "disabled",
-            HopOutcome::AccountGone => "account_gone",
-        }
-    }
-}
 
 /// What one hop did.
 #[derive(Debug, Clone, Serialize)]
