@@ -453,6 +453,18 @@ async fn op1_seed_refuses_a_database_that_holds_accounts(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(accounts, 1, "nothing was written");
+    // The control: --force seeds all the same.
+    let forced = common::sexton(&url, dir.path())
+        .args(["seed", "--scale", "1", "--json", "--force"])
+        .output()
+        .await
+        .unwrap();
+    assert!(forced.status.success(), "{forced:?}");
+    let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(accounts > 1, "seeded beside the existing account");
 }
 
 /// Writes a queue row by hand, as an attacker or a broken producer would.
