@@ -3,6 +3,7 @@ mod architecture;
 mod common;
 mod crash;
 mod execution_details;
+mod expiry;
 mod fleet;
 mod foundation;
 mod hostile;

@@ -399,14 +399,7 @@ impl RawSettings {
         );
         let retry_backoff = c.millis("queue.retry_backoff_ms", &q.retry_backoff_ms);
         let shutdown_grace = c.millis("queue.shutdown_grace_ms", &q.shutdown_grace_ms);
-        let finished_job_retention = c
-            .int::<i64>(
-                "queue.finished_job_retention_days",
-                &q.finished_job_retention_days,
-                1..=3650,
-                "a number of days from 1 to 3650",
-            )
-            .map(chrono::Duration::days);
+        let finished_job_retention = c.finished_job_retention(&q.finished_job_retention_days);
         if let (Some(catch_up), Some(retention)) = (catch_up, finished_job_retention)
             && catch_up >= retention
         {

@@ -1,6 +1,7 @@
 -- Installed by `sexton migrate` after the queue's schema and sexton's migrations, every time
 -- (idempotent): queue rows that the queue's poll could never decode are killed as they are
--- written, with the reason, instead of failing the poll forever (FL-1, STACK.md).
+-- written, with the reason, instead of failing the poll forever (FL-1, STACK.md); and the index
+-- the queue's own retention reads (FL-7).
 
 -- One migrating process at a time (the lock ends with this script's implicit transaction).
 SELECT pg_advisory_xact_lock(1584857088);
@@ -32,3 +33,9 @@ SET status = 'Killed', done_at = now(), lock_by = NULL,
                                             || sexton.undecodable_job(id, job))
 WHERE job_type LIKE 'sexton.%' AND status IN ('Pending', 'Queued', 'Running', 'Failed')
   AND sexton.undecodable_job(id, job) IS NOT NULL;
+
+-- The queue's own retention (FL-7) finds finished jobs through this partial index, which holds
+-- only done, killed and failed-for-good rows (the queue's schema exists only from here on).
+CREATE INDEX IF NOT EXISTS sexton_finished_jobs
+    ON apalis.jobs ((COALESCE(done_at, run_at)))
+    WHERE status IN ('Done', 'Killed') OR (status = 'Failed' AND attempts >= max_attempts);

@@ -10,6 +10,10 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sexton_jobs::job::{Job, Scope};
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
+use sexton_jobs::queue_retention::QueueRetention;
+use sexton_jobs::record_expiry::{
+    ConversationEvents, DreamPreloads, Expire, Handoffs, WorkingRecords,
+};
 use sexton_jobs::session_retention::SessionRetention;
 use sexton_jobs::settings::Check;
 use sqlx::{PgConnection, PgPool};
@@ -24,6 +28,11 @@ use crate::queue::{PushOutcome, QueueError};
 pub static KINDS: &[&dyn Kind] = &[
     &Registered::<PruneExecutionDetails>(PhantomData),
     &Registered::<SessionRetention>(PhantomData),
+    &Registered::<Expire<Handoffs>>(PhantomData),
+    &Registered::<Expire<DreamPreloads>>(PhantomData),
+    &Registered::<Expire<WorkingRecords>>(PhantomData),
+    &Registered::<Expire<ConversationEvents>>(PhantomData),
+    &Registered::<QueueRetention>(PhantomData),
 ];
 
 /// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every

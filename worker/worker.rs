@@ -284,6 +284,10 @@ fn monitor(ctx: &JobContext, wakeups: &Arc<Wakeups>, health: &Arc<Health>, name:
 #[derive(Debug, Default)]
 struct RestartPacer {
     consumers: HashMap<String, Failing>,
+    /// Failures of any consumer not yet logged, and when the last log line was written: one
+    /// line per interval for the whole worker, however many queues it consumes.
+    unlogged: u32,
+    logged: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -291,9 +295,6 @@ struct Failing {
     /// Failures in a row (reset after a quiet minute).
     streak: u32,
     last: Instant,
-    /// Failures not yet logged, and when the last log line was written.
-    unlogged: u32,
-    logged: Option<Instant>,
 }
 
 impl RestartPacer {
@@ -303,7 +304,7 @@ impl RestartPacer {
     const LONGEST: Duration = Duration::from_secs(5);
     /// A consumer quiet this long starts a new streak.
     const QUIET: Duration = Duration::from_secs(60);
-    /// A repeated error is logged once per this interval, with a count.
+    /// Failures are logged once per this interval, with a count of them all.
     const LOG_EVERY: Duration = Duration::from_secs(10);
 
     /// Records a failure of the worker `name` and returns the pause before its restart. A
@@ -320,31 +321,31 @@ impl RestartPacer {
             .or_insert(Failing {
                 streak: 0,
                 last: now,
-                unlogged: 0,
-                logged: None,
             });
         if now.duration_since(failing.last) > Self::QUIET {
             failing.streak = 0;
         }
         failing.streak += 1;
         failing.last = now;
-        failing.unlogged += 1;
-        let pause =
-            (Self::FIRST * 2u32.saturating_pow(failing.streak.min(16) - 1)).min(Self::LONGEST);
-        if failing
+        let (streak, pause) = (
+            failing.streak,
+            (Self::FIRST * 2u32.saturating_pow(failing.streak.min(16) - 1)).min(Self::LONGEST),
+        );
+        self.unlogged += 1;
+        if self
             .logged
             .is_none_or(|at| now.duration_since(at) >= Self::LOG_EVERY)
         {
             tracing::warn!(
                 worker = consumer,
-                failures = failing.unlogged,
-                in_a_row = failing.streak,
+                failures = self.unlogged,
+                in_a_row = streak,
                 pause_ms = pause.as_millis() as u64,
                 error,
                 "queue worker failed; restarting it after a pause"
             );
-            failing.unlogged = 0;
-            failing.logged = Some(now);
+            self.unlogged = 0;
+            self.logged = Some(now);
         }
         pause
     }

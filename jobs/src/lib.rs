@@ -9,5 +9,7 @@ pub mod files;
 pub mod job;
 pub mod payload;
 pub mod prune_execution_details;
+pub mod queue_retention;
+pub mod record_expiry;
 pub mod session_retention;
 pub mod settings;

@@ -48,10 +48,17 @@ impl<'a> Check<'a> {
 
     /// Records that `setting` is not of the `expected` form.
     pub fn fail(&mut self, setting: &str, expected: &str, got: impl fmt::Display) {
-        self.problems.push(Problem {
+        self.push(Problem {
             setting: setting.to_owned(),
             message: format!("expected {expected}, got {got}"),
         });
+    }
+
+    /// Records a problem once: job kinds that share a section each read all of it.
+    fn push(&mut self, problem: Problem) {
+        if !self.problems.contains(&problem) {
+            self.problems.push(problem);
+        }
     }
 
     /// A section's fields, read into the raw struct `T` (whose leaves are [`Raw`]); a missing or
@@ -64,7 +71,7 @@ impl<'a> Check<'a> {
         match serde_json::from_value(value.clone()) {
             Ok(raw) => Some(raw),
             Err(err) => {
-                self.problems.push(Problem {
+                self.push(Problem {
                     setting: section.to_owned(),
                     message: err.to_string(),
                 });
@@ -103,6 +110,19 @@ impl<'a> Check<'a> {
             "a positive number of milliseconds (at most one day)",
         )
         .map(Duration::from_millis)
+    }
+
+    /// `queue.finished_job_retention_days` (FL-7): how long finished queue jobs and the pass
+    /// ledger are kept. The worker reads it (the catch-up bound, the ledger) and so does the
+    /// queue's own retention job.
+    pub fn finished_job_retention(&mut self, raw: &Raw<i64>) -> Option<chrono::Duration> {
+        self.int::<i64>(
+            "queue.finished_job_retention_days",
+            raw,
+            1..=3650,
+            "a number of days from 1 to 3650",
+        )
+        .map(chrono::Duration::days)
     }
 
     /// A string that `parse` accepts.

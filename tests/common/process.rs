@@ -70,6 +70,12 @@ impl Proc {
         (status, lines)
     }
 
+    /// SIGKILL: the process ends wherever it is, with no chance to clean up.
+    pub async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+        self.reader.await.unwrap();
+    }
+
     pub async fn stop(mut self) -> Vec<String> {
         self.sigterm();
         let status = super::wait(&mut self.child, Duration::from_secs(60)).await;

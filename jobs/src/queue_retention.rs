@@ -1,0 +1,270 @@
+//! The queue keeps itself small (SPEC FL-7): finished queue jobs — done, killed (a payload that
+//! never decoded) or failed for good (attempts exhausted) — older than
+//! `queue.finished_job_retention_days` are deleted in bounded batches, so a failed job stays at
+//! least that long for inspection; then worker registrations not seen for a day and no longer
+//! named by any job are removed. Pending, running and retrying jobs are never touched, nor are
+//! the rows of queues other than sexton's (`sexton.*`) that may share the schema.
+//!
+//! The slot keys that make a nightly slot exactly-once live in these rows, which is why the
+//! configuration refuses a catch-up window reaching past the retention.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff;
+use crate::files::{FileCounts, PathSettings};
+pub use crate::job::HopOutcome;
+use crate::job::{Env, Job, Position, Report, Scope};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+/// Rows deleted together in one statement.
+pub const BATCH_SIZE: u32 = 1000;
+
+/// A hop stops taking batches after this long and hands over to the next hop.
+pub const HOP_BUDGET: Duration = Duration::from_secs(10);
+
+/// A worker registration not seen for this long is stale. Rescue re-queues a silent worker's
+/// jobs long before (FL-4); a registration still named by a job is kept whatever its age,
+/// because rescue finds a dead worker's jobs through it.
+pub const STALE_WORKER_AFTER: chrono::Duration = chrono::Duration::days(1);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueRetentionSettings {
+    /// Finished jobs older than this go.
+    pub retention: chrono::Duration,
+}
+
+/// One hop's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub pass_started_at: DateTime<Utc>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// The tables this job deletes from, in the order reports list them.
+pub const TABLES: [&str; 2] = ["apalis.jobs", "apalis.workers"];
+
+/// One batch of finished jobs older than `$1`, at most `$2`; a row a worker holds is left for
+/// the next batch or pass. The partial index `sexton_finished_jobs` serves it.
+const DELETE_FINISHED: &str = "
+    WITH doomed AS (
+        SELECT id FROM apalis.jobs
+        WHERE (status IN ('Done', 'Killed') OR (status = 'Failed' AND attempts >= max_attempts))
+          AND COALESCE(done_at, run_at) < $1 AND job_type LIKE 'sexton.%'
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED)
+    DELETE FROM apalis.jobs j USING doomed WHERE j.id = doomed.id";
+
+/// Worker registrations not seen since `$1` that no job names, at most `$2`.
+const DELETE_STALE_WORKERS: &str = "
+    DELETE FROM apalis.workers w
+    WHERE w.id IN (SELECT s.id FROM apalis.workers s
+                   WHERE s.last_seen < $1 AND s.worker_type LIKE 'sexton.%'
+                     AND NOT EXISTS (SELECT 1 FROM apalis.jobs j WHERE j.lock_by = s.id)
+                   LIMIT $2)
+      AND NOT EXISTS (SELECT 1 FROM apalis.jobs j WHERE j.lock_by = w.id)";
+
+/// One hop: batches of finished jobs until none is old enough (or the budget is spent), then
+/// the stale registrations.
+///
+/// # Errors
+/// [`Error::Database`]; what was deleted stays deleted and the hop can be run again.
+pub async fn hop(
+    conn: &mut PgConnection,
+    settings: &QueueRetentionSettings,
+    args: &Args,
+    stop: &AtomicBool,
+) -> Result<Report<Args>, Error> {
+    let started = Instant::now();
+    let mut report = Report {
+        outcome: HopOutcome::Finished.as_str(),
+        window: BATCH_SIZE,
+        candidates: 0,
+        pruned: 0,
+        retained: Vec::new(),
+        rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+        files: FileCounts::default(),
+        owner_seconds: 0.0,
+        next: None,
+    };
+    let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let reference = cutoff::reference(args.pass_started_at, database_now);
+    let finished_before = reference - settings.retention;
+
+    let mut batches = 0;
+    loop {
+        if batches > 0 && (started.elapsed() >= HOP_BUDGET || stop.load(Ordering::Relaxed)) {
+            report.outcome = HopOutcome::Continued.as_str();
+            report.next = Some(Args {
+                version: V1,
+                pass_started_at: args.pass_started_at,
+                hop: args.hop + 1,
+            });
+            return Ok(report);
+        }
+        let batch_started = Instant::now();
+        let deleted = sqlx::query(DELETE_FINISHED)
+            .bind(finished_before)
+            .bind(i64::from(BATCH_SIZE))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        report.owner_seconds += batch_started.elapsed().as_secs_f64();
+        batches += 1;
+        report.candidates += deleted;
+        report.pruned += deleted;
+        report.rows[0].1 += deleted;
+        if deleted < u64::from(BATCH_SIZE) {
+            break;
+        }
+    }
+
+    let workers = sqlx::query(DELETE_STALE_WORKERS)
+        .bind(reference - STALE_WORKER_AFTER)
+        .bind(i64::from(BATCH_SIZE))
+        .execute(&mut *conn)
+        .await;
+    match workers {
+        Ok(done) => report.rows[1].1 += done.rows_affected(),
+        // A job claimed by that worker in between (it was not dead after all): next pass.
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {}
+        Err(err) => return Err(err.into()),
+    }
+    Ok(report)
+}
+
+/// The `[queue]` section, of which this job reads one setting.
+#[derive(Debug, Deserialize)]
+struct RawSettings {
+    finished_job_retention_days: Raw<i64>,
+}
+
+/// The job kind, as the worker registers it.
+pub struct QueueRetention;
+
+impl Job for QueueRetention {
+    const NAME: &'static str = "queue_retention";
+    const QUEUE: &'static str = "sexton.queue_retention";
+    const SCOPE: Scope = Scope::Global;
+    const SECTION: &'static str = "queue";
+    const RETAIN_REASONS: &'static [&'static str] = &[];
+
+    type Args = Args;
+    type Settings = QueueRetentionSettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        _paths: &PathSettings,
+        c: &mut Check<'_>,
+    ) -> Option<QueueRetentionSettings> {
+        let s: RawSettings = c.section(Self::SECTION, section)?;
+        Some(QueueRetentionSettings {
+            retention: c.finished_job_retention(&s.finished_job_retention_days)?,
+        })
+    }
+
+    fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args {
+            version: V1,
+            pass_started_at: slot,
+            hop: 0,
+        }
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: None,
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(
+        env: Env<'_>,
+        settings: &QueueRetentionSettings,
+        args: &Args,
+    ) -> Result<Report<Args>, Error> {
+        hop(env.conn, settings, args, env.stop).await
+    }
+
+    async fn backlog_seconds(
+        _pool: &PgPool,
+        _settings: &QueueRetentionSettings,
+        _now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        Ok(None)
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        settings: &QueueRetentionSettings,
+        now: DateTime<Utc>,
+        _account: Option<Uuid>,
+    ) -> Result<Vec<Preview>, Error> {
+        let finished_before = now - settings.retention;
+        let (jobs, workers): (i64, i64) = sqlx::query_as(
+            "SELECT
+                (SELECT count(*) FROM apalis.jobs
+                 WHERE (status IN ('Done', 'Killed')
+                        OR (status = 'Failed' AND attempts >= max_attempts))
+                   AND COALESCE(done_at, run_at) < $1 AND job_type LIKE 'sexton.%'),
+                (SELECT count(*) FROM apalis.workers w
+                 WHERE last_seen < $2 AND worker_type LIKE 'sexton.%'
+                   AND NOT EXISTS (SELECT 1 FROM apalis.jobs j WHERE j.lock_by = w.id))",
+        )
+        .bind(finished_before)
+        .bind(now - STALE_WORKER_AFTER)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(vec![Preview {
+            retention_days: settings.retention.num_days(),
+            finished_before,
+            finished_jobs: jobs,
+            stale_workers: workers,
+        }])
+    }
+}
+
+/// What a pass would delete now (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub retention_days: i64,
+    pub finished_before: DateTime<Utc>,
+    /// Done, killed and failed-for-good jobs that finished before then.
+    pub finished_jobs: i64,
+    /// Registrations not seen for a day that no job names.
+    pub stale_workers: i64,
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "queue (FL-7), kept {} days: {} finished jobs (before {}) and {} stale worker \
+             registrations go",
+            self.retention_days,
+            self.finished_jobs,
+            self.finished_before.format("%Y-%m-%dT%H:%M:%SZ"),
+            self.stale_workers
+        )
+    }
+}

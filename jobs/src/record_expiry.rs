@@ -1,0 +1,597 @@
+//! Short-lived records (SPEC §4, TTL-1 … TTL-5): handoffs, dream preloads, working records and
+//! rolling cards, and conversation event replay expire by age, each kind its own job
+//! (`expire_handoffs`, `expire_dream_preloads`, `expire_working_records`,
+//! `expire_conversation_events`), global rather than per account: age alone decides, whatever
+//! the account's other policies (TTL-4: events go after 30 days even where execution retention
+//! is disabled).
+//!
+//! A pass is a chain of hops over one table in (age, id) order through an index, with its
+//! cutoff fixed by the first hop and carried. A hop deletes batch after batch, each batch one
+//! statement and so its own short transaction: it reads the next `batch_size` expired rows,
+//! locks those no application holds (`SKIP LOCKED`: a held row is counted `busy` and revisited
+//! by the next pass, never waited on), re-checks their age under the lock (an update that made
+//! a record young again, or pinned it, wins), and deletes them. Nothing here reads or writes
+//! `brain_memories` (TTL-5).
+
+use std::marker::PhantomData;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::{self, EARLIEST, days_before};
+use crate::files::{FileCounts, PathSettings};
+pub use crate::job::HopOutcome;
+use crate::job::{Env, Job, Position, Report, Scope};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+/// The `[expiry]` section: one age per record kind (0 disables that kind) and the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpirySettings {
+    pub handoffs_days: i32,
+    pub dream_preloads_days: i32,
+    pub working_records_days: i32,
+    pub conversation_events_days: i32,
+    /// Rows read, locked and deleted together in one statement.
+    pub batch_size: u32,
+    /// A hop stops taking batches after this long and hands over to the next hop.
+    pub budget: Duration,
+}
+
+/// A kind of short-lived record: its table, what its age is measured from, and the statements
+/// that read and delete it. Every statement names its table and columns in full.
+pub trait Record: Send + Sync + 'static {
+    /// The job's name, and so its metric label and queue (`sexton.<JOB>`).
+    const JOB: &'static str;
+    const QUEUE: &'static str;
+    const TABLE: &'static str;
+    /// The rule it implements, for logs and `preview`.
+    const RULE: &'static str;
+    /// The `[expiry]` setting of its age.
+    const SETTING: &'static str;
+    /// The smallest id, as text: where the cursor of a pass's first hop stands.
+    const FIRST_ID: &'static str;
+    /// One batch. `$1` the cutoff, `$2`/`$3` the cursor (age, id as text), `$4` the batch size.
+    /// Returns the rows read and deleted and the last row read (the next cursor).
+    const BATCH: &'static str;
+    /// The oldest expired age. `$1` the cutoff, `$2` the earliest finite age.
+    const OLDEST: &'static str;
+    /// Expired rows, of one account or all. `$1` the cutoff, `$2` the earliest finite age,
+    /// `$3` the account or NULL.
+    const COUNT: &'static str;
+
+    fn days(settings: &ExpirySettings) -> i32;
+}
+
+/// TTL-1: handoffs, 14 days after `created_at`.
+pub struct Handoffs;
+
+impl Record for Handoffs {
+    const JOB: &'static str = "expire_handoffs";
+    const QUEUE: &'static str = "sexton.expire_handoffs";
+    const TABLE: &'static str = "handoffs";
+    const RULE: &'static str = "TTL-1";
+    const SETTING: &'static str = "expiry.handoffs_days";
+    const FIRST_ID: &'static str = "00000000-0000-0000-0000-000000000000";
+    const BATCH: &'static str = "
+        WITH batch AS (
+            SELECT id, created_at FROM handoffs
+            WHERE created_at < $1 AND (created_at, id) > ($2, $3::uuid)
+            ORDER BY created_at, id
+            LIMIT $4),
+        locked AS (
+            SELECT h.id FROM handoffs h JOIN batch b ON b.id = h.id
+            WHERE h.created_at < $1
+            FOR UPDATE OF h SKIP LOCKED),
+        gone AS (
+            DELETE FROM handoffs h USING locked WHERE h.id = locked.id RETURNING 1),
+        last AS (
+            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+        SELECT (SELECT count(*) FROM batch) AS read,
+               (SELECT count(*) FROM gone) AS deleted,
+               (SELECT created_at FROM last) AS last_at,
+               (SELECT id FROM last) AS last_id";
+    const OLDEST: &'static str =
+        "SELECT min(created_at) FROM handoffs WHERE created_at < $1 AND created_at > $2";
+    const COUNT: &'static str = "
+        SELECT count(*) FROM handoffs
+        WHERE created_at < $1 AND created_at > $2 AND ($3::uuid IS NULL OR account_id = $3)";
+
+    fn days(settings: &ExpirySettings) -> i32 {
+        settings.handoffs_days
+    }
+}
+
+/// TTL-2: dream preloads, 7 days after `created_at`.
+pub struct DreamPreloads;
+
+impl Record for DreamPreloads {
+    const JOB: &'static str = "expire_dream_preloads";
+    const QUEUE: &'static str = "sexton.expire_dream_preloads";
+    const TABLE: &'static str = "dream_preloads";
+    const RULE: &'static str = "TTL-2";
+    const SETTING: &'static str = "expiry.dream_preloads_days";
+    const FIRST_ID: &'static str = "00000000-0000-0000-0000-000000000000";
+    const BATCH: &'static str = "
+        WITH batch AS (
+            SELECT id, created_at FROM dream_preloads
+            WHERE created_at < $1 AND (created_at, id) > ($2, $3::uuid)
+            ORDER BY created_at, id
+            LIMIT $4),
+        locked AS (
+            SELECT d.id FROM dream_preloads d JOIN batch b ON b.id = d.id
+            WHERE d.created_at < $1
+            FOR UPDATE OF d SKIP LOCKED),
+        gone AS (
+            DELETE FROM dream_preloads d USING locked WHERE d.id = locked.id RETURNING 1),
+        last AS (
+            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+        SELECT (SELECT count(*) FROM batch) AS read,
+               (SELECT count(*) FROM gone) AS deleted,
+               (SELECT created_at FROM last) AS last_at,
+               (SELECT id FROM last) AS last_id";
+    const OLDEST: &'static str =
+        "SELECT min(created_at) FROM dream_preloads WHERE created_at < $1 AND created_at > $2";
+    const COUNT: &'static str = "
+        SELECT count(*) FROM dream_preloads
+        WHERE created_at < $1 AND created_at > $2 AND ($3::uuid IS NULL OR account_id = $3)";
+
+    fn days(settings: &ExpirySettings) -> i32 {
+        settings.dream_preloads_days
+    }
+}
+
+/// TTL-3: working records and rolling cards, 90 days after `updated_at`; pinned ones never.
+pub struct WorkingRecords;
+
+impl Record for WorkingRecords {
+    const JOB: &'static str = "expire_working_records";
+    const QUEUE: &'static str = "sexton.expire_working_records";
+    const TABLE: &'static str = "working_records";
+    const RULE: &'static str = "TTL-3";
+    const SETTING: &'static str = "expiry.working_records_days";
+    const FIRST_ID: &'static str = "00000000-0000-0000-0000-000000000000";
+    const BATCH: &'static str = "
+        WITH batch AS (
+            SELECT id, updated_at FROM working_records
+            WHERE NOT pinned AND updated_at < $1 AND (updated_at, id) > ($2, $3::uuid)
+            ORDER BY updated_at, id
+            LIMIT $4),
+        locked AS (
+            SELECT w.id FROM working_records w JOIN batch b ON b.id = w.id
+            WHERE NOT w.pinned AND w.updated_at < $1
+            FOR UPDATE OF w SKIP LOCKED),
+        gone AS (
+            DELETE FROM working_records w USING locked WHERE w.id = locked.id RETURNING 1),
+        last AS (
+            SELECT updated_at, id::text AS id FROM batch ORDER BY updated_at DESC, id DESC LIMIT 1)
+        SELECT (SELECT count(*) FROM batch) AS read,
+               (SELECT count(*) FROM gone) AS deleted,
+               (SELECT updated_at FROM last) AS last_at,
+               (SELECT id FROM last) AS last_id";
+    const OLDEST: &'static str = "SELECT min(updated_at) FROM working_records
+         WHERE NOT pinned AND updated_at < $1 AND updated_at > $2";
+    const COUNT: &'static str = "
+        SELECT count(*) FROM working_records
+        WHERE NOT pinned AND updated_at < $1 AND updated_at > $2
+          AND ($3::uuid IS NULL OR account_id = $3)";
+
+    fn days(settings: &ExpirySettings) -> i32 {
+        settings.working_records_days
+    }
+}
+
+/// TTL-4: conversation event replay, 30 days after `created_at`, whatever the account's
+/// execution retention (disabled included).
+pub struct ConversationEvents;
+
+impl Record for ConversationEvents {
+    const JOB: &'static str = "expire_conversation_events";
+    const QUEUE: &'static str = "sexton.expire_conversation_events";
+    const TABLE: &'static str = "conversation_events";
+    const RULE: &'static str = "TTL-4";
+    const SETTING: &'static str = "expiry.conversation_events_days";
+    const FIRST_ID: &'static str = "-9223372036854775808";
+    const BATCH: &'static str = "
+        WITH batch AS (
+            SELECT id, created_at FROM conversation_events
+            WHERE created_at < $1 AND (created_at, id) > ($2, $3::bigint)
+            ORDER BY created_at, id
+            LIMIT $4),
+        locked AS (
+            SELECT e.id FROM conversation_events e JOIN batch b ON b.id = e.id
+            WHERE e.created_at < $1
+            FOR UPDATE OF e SKIP LOCKED),
+        gone AS (
+            DELETE FROM conversation_events e USING locked WHERE e.id = locked.id RETURNING 1),
+        last AS (
+            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+        SELECT (SELECT count(*) FROM batch) AS read,
+               (SELECT count(*) FROM gone) AS deleted,
+               (SELECT created_at FROM last) AS last_at,
+               (SELECT id FROM last) AS last_id";
+    const OLDEST: &'static str = "SELECT min(created_at) FROM conversation_events
+         WHERE created_at < $1 AND created_at > $2";
+    const COUNT: &'static str = "
+        SELECT count(*) FROM conversation_events
+        WHERE created_at < $1 AND created_at > $2
+          AND ($3::uuid IS NULL
+               OR conversation_id IN (SELECT id FROM conversations WHERE account_id = $3))";
+
+    fn days(settings: &ExpirySettings) -> i32 {
+        settings.conversation_events_days
+    }
+}
+
+/// One hop's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub pass_started_at: DateTime<Utc>,
+    /// Fixed by the first hop and carried by every later one; a later hop never prunes past
+    /// the cutoff in force when it runs either (EX-1's rule).
+    pub cutoff: Option<DateTime<Utc>>,
+    /// The last row visited (its age and id as text); `None` at the start of the pass.
+    pub after: Option<(DateTime<Utc>, String)>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+impl Args {
+    pub fn first(pass_started_at: DateTime<Utc>) -> Self {
+        Self {
+            version: V1,
+            pass_started_at,
+            cutoff: None,
+            after: None,
+            hop: 0,
+        }
+    }
+}
+
+/// Why a record was left in place this pass.
+pub const RETAIN_REASONS: [&str; 1] = [
+    // Locked by an application, or changed (made young again, pinned) since it was read.
+    "busy",
+];
+
+/// Why a hop failed; it is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// What one batch read and did.
+#[derive(sqlx::FromRow)]
+struct Batch {
+    read: i64,
+    deleted: i64,
+    last_at: Option<DateTime<Utc>>,
+    last_id: Option<String>,
+}
+
+/// A short-lived record kind as a job.
+pub struct Expire<R>(PhantomData<R>);
+
+/// One hop: batches until the expired rows run out, the budget is spent or the worker stops.
+///
+/// # Errors
+/// [`Error::Database`]; every batch before the failing one is committed, and the hop can be
+/// run again.
+pub async fn hop<R: Record>(
+    conn: &mut PgConnection,
+    settings: &ExpirySettings,
+    args: &Args,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<Report<Args>, Error> {
+    let started = Instant::now();
+    let mut report = Report {
+        outcome: HopOutcome::Finished.as_str(),
+        window: settings.batch_size,
+        candidates: 0,
+        pruned: 0,
+        retained: vec![("busy", 0)],
+        rows: vec![(R::TABLE, 0)],
+        files: FileCounts::default(),
+        owner_seconds: 0.0,
+        next: None,
+    };
+    let days = R::days(settings);
+    if days == 0 {
+        report.outcome = HopOutcome::Disabled.as_str();
+        return Ok(report);
+    }
+    let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let current = days_before(cutoff::reference(args.pass_started_at, database_now), days);
+    let cutoff = match args.cutoff {
+        Some(carried) => current.map(|current| current.min(carried)),
+        None => current,
+    };
+    let Some(cutoff) = cutoff else {
+        return Ok(report);
+    };
+
+    let mut after = args.after.clone();
+    let mut more = true;
+    let mut batches = 0u32;
+    while more {
+        // The first batch is always taken, so that every hop moves the pass forward.
+        if batches > 0 && (started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed)) {
+            break;
+        }
+        let (after_at, after_id) = after
+            .clone()
+            .unwrap_or_else(|| (EARLIEST, R::FIRST_ID.to_owned()));
+        let batch_started = Instant::now();
+        let batch: Batch = sqlx::query_as(R::BATCH)
+            .bind(cutoff)
+            .bind(after_at.max(EARLIEST))
+            .bind(after_id)
+            .bind(i64::from(settings.batch_size))
+            .fetch_one(&mut *conn)
+            .await?;
+        report.owner_seconds += batch_started.elapsed().as_secs_f64();
+        batches += 1;
+        let (read, deleted) = (batch.read.max(0) as u64, batch.deleted.max(0) as u64);
+        report.candidates += read;
+        report.pruned += deleted;
+        report.rows[0].1 += deleted;
+        report.retained[0].1 += read.saturating_sub(deleted);
+        if let (Some(at), Some(id)) = (batch.last_at, batch.last_id) {
+            after = Some((at, id));
+        }
+        more = read == u64::from(settings.batch_size);
+    }
+    if more {
+        report.outcome = HopOutcome::Continued.as_str();
+        report.next = Some(Args {
+            version: V1,
+            pass_started_at: args.pass_started_at,
+            cutoff: Some(cutoff),
+            after,
+            hop: args.hop + 1,
+        });
+    }
+    Ok(report)
+}
+
+/// How far past its cutoff the oldest expired row is, in seconds (0 when none is).
+///
+/// # Errors
+/// [`Error::Database`].
+pub async fn backlog_seconds<R: Record>(
+    pool: &PgPool,
+    settings: &ExpirySettings,
+    now: DateTime<Utc>,
+) -> Result<Option<f64>, Error> {
+    let Some(cutoff) = enabled_cutoff::<R>(settings, now) else {
+        return Ok(Some(0.0));
+    };
+    let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(R::OLDEST)
+        .bind(cutoff)
+        .bind(EARLIEST)
+        .fetch_one(pool)
+        .await?;
+    Ok(Some(
+        oldest.map_or(0.0, |oldest| (cutoff - oldest).as_seconds_f64()),
+    ))
+}
+
+/// The cutoff at `now`, or `None` when the kind is disabled or nothing can be old enough.
+fn enabled_cutoff<R: Record>(
+    settings: &ExpirySettings,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    match R::days(settings) {
+        0 => None,
+        days => days_before(now, days),
+    }
+}
+
+/// What a pass of one record kind would delete now (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub table: &'static str,
+    pub rule: &'static str,
+    /// The configured age; 0 means the kind is disabled.
+    pub days: i32,
+    pub cutoff: Option<DateTime<Utc>>,
+    pub account_id: Option<Uuid>,
+    /// Rows past the cutoff (of the account, if one was asked for).
+    pub expired: i64,
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scope = self
+            .account_id
+            .map_or_else(|| "all accounts".to_owned(), |a| format!("account {a}"));
+        match (self.days, self.cutoff) {
+            (0, _) => write!(f, "{} ({}): disabled, nothing goes", self.table, self.rule),
+            (_, None) => write!(
+                f,
+                "{} ({}): {} days reaches past the calendar, nothing goes",
+                self.table, self.rule, self.days
+            ),
+            (days, Some(cutoff)) => write!(
+                f,
+                "{} ({}), {scope}: {} rows older than {days} days (before {}) expire",
+                self.table,
+                self.rule,
+                self.expired,
+                cutoff.format("%Y-%m-%dT%H:%M:%SZ")
+            ),
+        }
+    }
+}
+
+/// The `[expiry]` section as given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    handoffs_days: Raw<i64>,
+    dream_preloads_days: Raw<i64>,
+    working_records_days: Raw<i64>,
+    conversation_events_days: Raw<i64>,
+    batch_size: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+}
+
+/// Reads `[expiry]`. Every kind reads the whole section; a problem is reported once.
+fn settings(section: &serde_json::Value, c: &mut Check<'_>) -> Option<ExpirySettings> {
+    let s: RawSettings = c.section("expiry", section)?;
+    let mut days = |setting: &str, raw: &Raw<i64>| {
+        c.int::<i32>(
+            setting,
+            raw,
+            0..=36_500,
+            "a number of days from 0 (never expires) to 36500",
+        )
+    };
+    let handoffs_days = days("expiry.handoffs_days", &s.handoffs_days);
+    let dream_preloads_days = days("expiry.dream_preloads_days", &s.dream_preloads_days);
+    let working_records_days = days("expiry.working_records_days", &s.working_records_days);
+    let conversation_events_days = days(
+        "expiry.conversation_events_days",
+        &s.conversation_events_days,
+    );
+    let batch_size = c.int(
+        "expiry.batch_size",
+        &s.batch_size,
+        1..=100_000,
+        "an integer from 1 to 100000",
+    );
+    let budget = c.millis("expiry.hop_budget_ms", &s.hop_budget_ms);
+    Some(ExpirySettings {
+        handoffs_days: handoffs_days?,
+        dream_preloads_days: dream_preloads_days?,
+        working_records_days: working_records_days?,
+        conversation_events_days: conversation_events_days?,
+        batch_size: batch_size?,
+        budget: budget?,
+    })
+}
+
+impl<R: Record> Job for Expire<R> {
+    const NAME: &'static str = R::JOB;
+    const QUEUE: &'static str = R::QUEUE;
+    const SCOPE: Scope = Scope::Global;
+    const SECTION: &'static str = "expiry";
+    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
+
+    type Args = Args;
+    type Settings = ExpirySettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        _paths: &PathSettings,
+        check: &mut Check<'_>,
+    ) -> Option<ExpirySettings> {
+        settings(section, check)
+    }
+
+    fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args::first(slot)
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: None,
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(
+        env: Env<'_>,
+        settings: &ExpirySettings,
+        args: &Args,
+    ) -> Result<Report<Args>, Error> {
+        hop::<R>(env.conn, settings, args, env.stop).await
+    }
+
+    async fn backlog_seconds(
+        pool: &PgPool,
+        settings: &ExpirySettings,
+        now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        backlog_seconds::<R>(pool, settings, now).await
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        settings: &ExpirySettings,
+        now: DateTime<Utc>,
+        account: Option<Uuid>,
+    ) -> Result<Vec<Preview>, Error> {
+        let days = R::days(settings);
+        let cutoff = enabled_cutoff::<R>(settings, now);
+        let expired = match cutoff {
+            Some(cutoff) => {
+                sqlx::query_scalar(R::COUNT)
+                    .bind(cutoff)
+                    .bind(EARLIEST)
+                    .bind(account)
+                    .fetch_one(&mut *conn)
+                    .await?
+            }
+            None => 0,
+        };
+        Ok(vec![Preview {
+            table: R::TABLE,
+            rule: R::RULE,
+            days,
+            cutoff,
+            account_id: account,
+            expired,
+        }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fl1_args_round_trip_and_refuse_unknown_fields() {
+        let args = Args {
+            after: Some(("2026-10-01T00:00:00Z".parse().unwrap(), "42".to_owned())),
+            ..Args::first("2026-12-01T03:00:00Z".parse().unwrap())
+        };
+        let json = serde_json::to_value(&args).unwrap();
+        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
+        let mut bad = json;
+        bad["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Args>(bad).is_err());
+    }
+
+    #[test]
+    fn ttl5_ages_are_validated_and_zero_disables() {
+        let mut problems = Vec::new();
+        let mut check = Check::new(&mut problems);
+        let section = serde_json::json!({
+            "handoffs_days": -1, "dream_preloads_days": 0, "working_records_days": "ninety",
+            "conversation_events_days": 30, "batch_size": 0, "hop_budget_ms": 1000
+        });
+        assert!(settings(&section, &mut check).is_none());
+        let named: Vec<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
+        assert_eq!(
+            named,
+            [
+                "expiry.handoffs_days",
+                "expiry.working_records_days",
+                "expiry.batch_size"
+            ]
+        );
+    }
+}
