@@ -761,6 +761,7 @@ impl sexton_jobs::job::Job for Panicking {
     async fn preview(
         _: &mut sqlx::PgConnection,
         _: &(),
+        _: &sexton_jobs::files::PathSettings,
         _: DateTime<Utc>,
         _: Option<Uuid>,
     ) -> Result<Vec<String>, std::io::Error> {

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
-use crate::{db, demo, preview, sessions, status, tick, worker};
+use crate::{db, demo, preview, sessions, status, tick, traces, worker};
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -55,6 +55,11 @@ pub enum Command {
     Sessions {
         #[command(subcommand)]
         command: SessionsCommand,
+    },
+    /// Run traces (SPEC §4) by the [traces] limits, whether or not background cleaning is on.
+    Traces {
+        #[command(subcommand)]
+        command: TracesCommand,
     },
     /// Per job and account the last pass, the backlog, and the queue's pending, running and
     /// failed jobs (failed ones with their last error).
@@ -113,6 +118,20 @@ pub enum SessionsCommand {
         #[arg(long, value_name = "ID")]
         account: Option<uuid::Uuid>,
         /// Print one JSON object: ages, targets and (with --confirm) what was deleted.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TracesCommand {
+    /// Print the plan (path, allocated bytes, mtime, reason per file, then totals); delete it
+    /// only with --confirm.
+    Clean {
+        /// Delete the files planned (without it nothing is deleted).
+        #[arg(long)]
+        confirm: bool,
+        /// Print one JSON object: {"files": [...], "totals": {...}}.
         #[arg(long)]
         json: bool,
     },
@@ -195,6 +214,9 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Traces {
+            command: TracesCommand::Clean { confirm, json },
+        } => traces::clean(&settings, confirm, json).await,
         Command::Status { json } => {
             let pool = db::connect(&settings.database).await?;
             let status = status::read(&pool, &settings, Utc::now()).await?;

@@ -23,5 +23,6 @@ pub mod status;
 pub mod telemetry;
 pub mod text;
 pub mod tick;
+pub mod traces;
 pub mod wakeups;
 pub mod worker;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
-use sexton_jobs::job::{Job, Scope};
+use sexton_jobs::job::{Cadence, Job, Scope};
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
 use sexton_jobs::queue_retention::QueueRetention;
 use sexton_jobs::record_expiry::{
@@ -16,6 +16,7 @@ use sexton_jobs::record_expiry::{
 };
 use sexton_jobs::session_retention::SessionRetention;
 use sexton_jobs::settings::Check;
+use sexton_jobs::trace_cleanup::TraceCleanup;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -33,6 +34,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &Registered::<Expire<WorkingRecords>>(PhantomData),
     &Registered::<Expire<ConversationEvents>>(PhantomData),
     &Registered::<QueueRetention>(PhantomData),
+    &Registered::<TraceCleanup>(PhantomData),
 ];
 
 /// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every
@@ -43,6 +45,8 @@ pub trait Kind: Section + Send + Sync {
     /// Its queue (`sexton.<name>`).
     fn queue(&self) -> &'static str;
     fn scope(&self) -> Scope;
+    /// When its passes start, under these settings.
+    fn cadence(&self, settings: &Settings) -> Cadence;
     /// Runs one hop from its JSON payload.
     fn handle<'a>(
         &'a self,
@@ -114,6 +118,10 @@ impl<J: Job> Kind for Registered<J> {
         J::SCOPE
     }
 
+    fn cadence(&self, settings: &Settings) -> Cadence {
+        J::cadence(settings.jobs.get::<J::Settings>(J::NAME))
+    }
+
     fn handle<'a>(
         &'a self,
         ctx: &'a JobContext,
@@ -158,8 +166,14 @@ impl<J: Job> Kind for Registered<J> {
         account: Option<Uuid>,
     ) -> BoxFuture<'a, anyhow::Result<Vec<(serde_json::Value, String)>>> {
         Box::pin(async move {
-            let settings = settings.jobs.get::<J::Settings>(J::NAME);
-            let lines = J::preview(conn, settings, now, account).await?;
+            let lines = J::preview(
+                conn,
+                settings.jobs.get::<J::Settings>(J::NAME),
+                &settings.paths,
+                now,
+                account,
+            )
+            .await?;
             Ok(lines
                 .into_iter()
                 .map(|line| {

@@ -10,7 +10,9 @@ use sexton_jobs::clock::SharedClock;
 use sqlx::PgPool;
 
 use crate::config::{ScheduleSettings, Settings};
+use crate::context::JobContext;
 use crate::queue::PushOutcome;
+use crate::registry::Kind;
 use crate::telemetry::metrics;
 use crate::tick;
 
@@ -58,6 +60,41 @@ pub async fn run(pool: PgPool, settings: Arc<Settings>, clock: SharedClock) {
 
 /// Enqueues a slot, retrying while the database is away: any replica may win, and the key
 /// keeps it to one job.
+/// The start of the period of length `period` that `now` falls in, counted from the Unix epoch.
+pub fn period_start(now: DateTime<Utc>, period: chrono::Duration) -> DateTime<Utc> {
+    let length = period.num_seconds().max(1);
+    let start = now.timestamp().div_euclid(length) * length;
+    DateTime::from_timestamp(start, 0).unwrap_or(now)
+}
+
+/// Runs a kind on its own cadence: the current period's pass on start, then one per period, each
+/// once fleet-wide (its first hop is keyed by the period's start, TR-4).
+pub async fn every(ctx: JobContext, kind: &'static dyn Kind, period: chrono::Duration) {
+    loop {
+        let slot = period_start(ctx.clock.now(), period);
+        loop {
+            match tick::start_period(&ctx, kind, slot).await {
+                Ok(outcome) => {
+                    tracing::info!(job = kind.name(), slot = %slot.to_rfc3339(), %outcome, "period");
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        job = kind.name(),
+                        error = format!("{err:#}"),
+                        "could not start the period; retrying"
+                    );
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                }
+            }
+        }
+        let wait = (slot + period - ctx.clock.now())
+            .to_std()
+            .unwrap_or_default();
+        tokio::time::sleep(wait).await;
+    }
+}
+
 async fn enqueue(pool: &PgPool, settings: &Settings, slot: DateTime<Utc>) -> PushOutcome {
     loop {
         match tick::enqueue_slot(pool, settings, slot).await {

@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
-use sexton_jobs::job::Scope;
+use sexton_jobs::job::{Cadence, Scope};
 use sexton_jobs::payload::V1;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -111,6 +111,9 @@ pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()>
         .await?;
     tracing::info!(slot = %slot.slot.to_rfc3339(), accounts = accounts.len(), "fanning out nightly slot");
     for kind in registry::KINDS {
+        if kind.cadence(&ctx.settings) != Cadence::Nightly {
+            continue;
+        }
         let scopes: Vec<Option<Uuid>> = match kind.scope() {
             Scope::Account => accounts.iter().copied().map(Some).collect(),
             Scope::Global => vec![None],
@@ -133,6 +136,20 @@ pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()>
         );
     }
     Ok(())
+}
+
+/// Starts the pass of a kind with a cadence of its own for the period beginning at `slot`: its
+/// ledger row and first hop, keyed by the period, so that a period runs once fleet-wide.
+///
+/// # Errors
+/// A database or queue error.
+pub async fn start_period(
+    ctx: &JobContext,
+    kind: &'static dyn registry::Kind,
+    slot: DateTime<Utc>,
+) -> anyhow::Result<PushOutcome> {
+    ledger::open(&ctx.pool, kind.name(), &[ledger::scope(None)], slot).await?;
+    Ok(kind.push_first(ctx, None, slot).await?)
 }
 
 #[cfg(test)]

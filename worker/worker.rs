@@ -13,6 +13,7 @@ use apalis::prelude::{
     AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, Strategy, WorkerBuilder,
 };
 use sexton_jobs::clock::SystemClock;
+use sexton_jobs::job::Cadence;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
@@ -196,6 +197,11 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
             ctx.clock.clone(),
         )));
         background.push(tokio::spawn(refresh_gauges(ctx.clone())));
+        for kind in registry::KINDS {
+            if let Cadence::Every(period) = kind.cadence(&settings) {
+                background.push(tokio::spawn(schedule::every(ctx.clone(), *kind, period)));
+            }
+        }
     }
 
     let name = worker_name(&settings);

@@ -27,6 +27,18 @@ pub enum Scope {
     Global,
 }
 
+/// When a job kind's passes start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cadence {
+    /// With every nightly slot (FL-2), fanned out per account or once.
+    Nightly,
+    /// Once per period of this length, fleet-wide (the period's start is its slot key), the
+    /// current period on start included.
+    Every(chrono::Duration),
+    /// Never: the job is turned off.
+    Off,
+}
+
 /// Where a hop stands: whose pass, which pass, which hop of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position {
@@ -136,6 +148,12 @@ pub trait Job: Send + Sync + 'static {
         check: &mut Check<'_>,
     ) -> Option<Self::Settings>;
 
+    /// When its passes start: with the nightly slot (the default), on a cadence of its own, or
+    /// not at all (turned off by its settings).
+    fn cadence(_settings: &Self::Settings) -> Cadence {
+        Cadence::Nightly
+    }
+
     /// The first hop of a pass for a slot; `account` is set for a per-account job.
     fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Self::Args;
 
@@ -165,6 +183,7 @@ pub trait Job: Send + Sync + 'static {
     fn preview(
         conn: &mut PgConnection,
         settings: &Self::Settings,
+        paths: &PathSettings,
         now: DateTime<Utc>,
         account: Option<Uuid>,
     ) -> impl Future<Output = Result<Vec<Self::Preview>, Self::Error>> + Send;

@@ -13,3 +13,4 @@ pub mod queue_retention;
 pub mod record_expiry;
 pub mod session_retention;
 pub mod settings;
+pub mod trace_cleanup;

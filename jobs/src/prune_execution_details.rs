@@ -959,6 +959,7 @@ impl Job for PruneExecutionDetails {
     async fn preview(
         conn: &mut PgConnection,
         _settings: &HopSettings,
+        _paths: &PathSettings,
         now: DateTime<Utc>,
         account: Option<Uuid>,
     ) -> Result<Vec<Preview>, Error> {

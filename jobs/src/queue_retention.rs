@@ -217,6 +217,7 @@ impl Job for QueueRetention {
     async fn preview(
         conn: &mut PgConnection,
         settings: &QueueRetentionSettings,
+        _paths: &PathSettings,
         now: DateTime<Utc>,
         _account: Option<Uuid>,
     ) -> Result<Vec<Preview>, Error> {

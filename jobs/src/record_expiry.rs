@@ -531,6 +531,7 @@ impl<R: Record> Job for Expire<R> {
     async fn preview(
         conn: &mut PgConnection,
         settings: &ExpirySettings,
+        _paths: &PathSettings,
         now: DateTime<Utc>,
         account: Option<Uuid>,
     ) -> Result<Vec<Preview>, Error> {

@@ -1003,6 +1003,7 @@ impl Job for SessionRetention {
     async fn preview(
         conn: &mut PgConnection,
         _settings: &HopSettings,
+        _paths: &PathSettings,
         now: DateTime<Utc>,
         account: Option<Uuid>,
     ) -> Result<Vec<Preview>, Error> {
