@@ -3,13 +3,11 @@
 //! configured and a disabled kind, infinite and future times, a large pass, a SIGKILL mid-pass,
 //! and `brain_memories` untouched by a full nightly pass.
 
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sexton_jobs::clock::ManualClock;
 use sexton_jobs::files::PathSettings;
-use sexton_jobs::job::{Env, Job, Report};
+use sexton_jobs::job::{Job, Report};
 use sexton_jobs::queue_retention::{self, QueueRetention, QueueRetentionSettings};
 use sexton_jobs::record_expiry::{
     Args, ConversationEvents, DreamPreloads, Expire, ExpirySettings, Handoffs, Record,
@@ -21,6 +19,7 @@ use uuid::Uuid;
 use crate::common;
 use crate::common::fixture::{self, days_before_pass, pass_start};
 use crate::common::process::{Proc, poll_until};
+use crate::common::run;
 
 fn settings() -> ExpirySettings {
     ExpirySettings {
@@ -44,35 +43,13 @@ fn paths() -> PathSettings {
     }
 }
 
-/// One hop of `J`, as the worker runs it (without the queue around it).
-async fn hop<J: Job>(pool: &PgPool, settings: &J::Settings, args: &J::Args) -> Report<J::Args> {
-    let mut conn = pool.acquire().await.unwrap();
-    let env = Env {
-        conn: &mut conn,
-        pool,
-        clock: &ManualClock::new(pass_start()),
-        stop: &AtomicBool::new(false),
-        paths: &paths(),
-    };
-    J::run(env, settings, args).await.unwrap()
-}
-
 /// A whole pass of record kind `R` from `args`; every hop's report.
 async fn pass_from<R: Record>(
     pool: &PgPool,
     settings: &ExpirySettings,
-    mut args: Args,
+    args: Args,
 ) -> Vec<Report<Args>> {
-    let mut reports = Vec::new();
-    loop {
-        let report = hop::<Expire<R>>(pool, settings, &args).await;
-        let next = report.next.clone();
-        reports.push(report);
-        match next {
-            Some(next) => args = next,
-            None => return reports,
-        }
-    }
+    run::pass::<Expire<R>>(pool, &paths(), settings, args).await
 }
 
 async fn pass<R: Record>(pool: &PgPool, settings: &ExpirySettings) -> Vec<Report<Args>> {
@@ -637,7 +614,7 @@ async fn queue_pass(pool: &PgPool) -> Vec<Report<queue_retention::Args>> {
     let mut args = QueueRetention::first(None, pass_start());
     let mut reports = Vec::new();
     loop {
-        let report = hop::<QueueRetention>(pool, &settings, &args).await;
+        let report = run::hop::<QueueRetention>(pool, &paths(), &settings, &args).await;
         let next = report.next.clone();
         reports.push(report);
         match next {

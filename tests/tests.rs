@@ -9,3 +9,4 @@ mod foundation;
 mod hostile;
 mod registry;
 mod sessions;
+mod traces;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
+use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::job::{Cadence, Job, Scope};
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
 use sexton_jobs::queue_retention::QueueRetention;
@@ -34,6 +35,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &Registered::<Expire<WorkingRecords>>(PhantomData),
     &Registered::<Expire<ConversationEvents>>(PhantomData),
     &Registered::<QueueRetention>(PhantomData),
+    &Registered::<AttachmentExpiry>(PhantomData),
     &Registered::<TraceCleanup>(PhantomData),
 ];
 

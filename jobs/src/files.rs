@@ -243,6 +243,40 @@ fn escape(why: &str) -> io::Error {
 /// a symlink or a non-directory, or names something that is not a regular file (or, where
 /// allowed, a directory); any other I/O error of the removal.
 pub fn remove_under(root: &OwnedFd, relative: &str, directories: bool) -> io::Result<FileCounts> {
+    match open_parent(root, relative)? {
+        Some((dir, last)) => {
+            let parent = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
+            remove_entry(parent, last, directories)
+        }
+        None => Ok(FileCounts::default()),
+    }
+}
+
+/// What is at `relative` below the open root, without following a symlink anywhere on the way
+/// (the last component included: a symlink is reported as one); `None` when it does not exist.
+///
+/// # Errors
+/// As [`remove_under`]: `InvalidInput` for a path that is not canonical or passes through a
+/// symlink or a non-directory; any other I/O error.
+pub fn stat_under(root: &OwnedFd, relative: &str) -> io::Result<Option<rustix::fs::Stat>> {
+    let Some((dir, last)) = open_parent(root, relative)? else {
+        return Ok(None);
+    };
+    let parent = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
+    match rustix::fs::statat(parent, last, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => Ok(Some(stat)),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The directory holding `relative`'s last component, opened one component at a time without
+/// following a symlink (`None`: the root itself), and that component; `Ok(None)` when a
+/// directory on the way does not exist.
+fn open_parent<'p>(
+    root: &OwnedFd,
+    relative: &'p str,
+) -> io::Result<Option<(Option<OwnedFd>, &'p str)>> {
     let names: Vec<&str> = relative.split('/').collect();
     if names
         .iter()
@@ -265,15 +299,14 @@ pub fn remove_under(root: &OwnedFd, relative: &str, directories: bool) -> io::Re
             Mode::empty(),
         ) {
             Ok(next) => dir = Some(next),
-            Err(rustix::io::Errno::NOENT) => return Ok(FileCounts::default()),
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
             Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
                 return Err(escape("a symlink or non-directory lies on the path"));
             }
             Err(err) => return Err(err.into()),
         }
     }
-    let parent = dir.as_ref().map_or(root.as_fd(), |d| d.as_fd());
-    remove_entry(parent, *last, directories)
+    Ok(Some((dir, *last)))
 }
 
 /// Removes the entry `name` of the open directory `parent` without following a symlink.

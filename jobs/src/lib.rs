@@ -3,6 +3,7 @@
 //! what it did. No queue types here: the worker crate wires these jobs to apalis, the schedule,
 //! metrics and the CLI.
 
+pub mod attachment_expiry;
 pub mod clock;
 pub mod cutoff;
 pub mod files;

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod fixture;
 pub mod hops;
 pub mod process;
+pub mod run;
 
 use std::path::Path;
 use std::process::Stdio;

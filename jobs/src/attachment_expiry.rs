@@ -1,0 +1,424 @@
+//! Attachment bytes (SPEC §4, AT-1): per account, in the nightly fan-out, an attachment whose
+//! file was last modified more than `[attachments] max_age_days` ago loses its file and gets
+//! `attachments.bytes_expired_at` set; the row stays. The file's mtime decides, not the row's
+//! `created_at`.
+//!
+//! A pass is a chain of hops over the account's live attachments (`bytes_expired_at IS NULL`)
+//! in id order. Each row's path is resolved under the attachments root one component at a time
+//! without following a symlink: an absolute path, `..`, or a symlink anywhere on the way is
+//! never followed — counted `outside_root`. A row whose file is missing is counted `missing`
+//! and left unmarked (nothing says how old its bytes were; a restored file is judged next
+//! night). Expired rows are marked, and their files recorded for removal, in one short
+//! transaction that skips rows an application holds (`busy`); the files go after commit through
+//! the shared mechanism (`files::drain`), which keeps a file another live attachment still
+//! names. The artifacts root is never touched.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use rustix::fs::FileType;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::{self, days_before};
+use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
+use crate::job::{Env, HopOutcome, Job, Position, Report, Scope};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+/// `[attachments]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachmentSettings {
+    /// Files older than this many days (by mtime) expire; 0 disables.
+    pub max_age_days: i32,
+    /// Rows looked at per hop.
+    pub window_size: u32,
+    /// A hop stops after this long and hands the rest to the next hop.
+    pub budget: Duration,
+}
+
+/// Why an attachment kept its bytes this pass.
+pub const RETAIN_REASONS: [&str; 5] = [
+    "outside_root",
+    "not_regular",
+    "missing",
+    "unreadable",
+    "busy",
+];
+
+/// Rows marked together in one transaction.
+const CHUNK: usize = 200;
+
+/// One hop's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub account_id: Uuid,
+    pub pass_started_at: DateTime<Utc>,
+    /// Fixed by the first hop and carried.
+    pub cutoff: Option<DateTime<Utc>>,
+    /// The last attachment looked at.
+    pub after: Option<Uuid>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Files(#[from] DrainError),
+}
+
+/// What a row's file is, as far as expiry goes.
+enum Verdict {
+    Expired,
+    Young,
+    Kept(&'static str),
+}
+
+fn judge(root: &std::os::fd::OwnedFd, relative: &str, cutoff: DateTime<Utc>) -> Verdict {
+    match files::stat_under(root, relative) {
+        Ok(Some(stat)) => match FileType::from_raw_mode(stat.st_mode) {
+            FileType::RegularFile => {
+                let mtime = DateTime::from_timestamp(stat.st_mtime, 0).unwrap_or(cutoff);
+                if mtime < cutoff {
+                    Verdict::Expired
+                } else {
+                    Verdict::Young
+                }
+            }
+            FileType::Symlink => Verdict::Kept("outside_root"),
+            _ => Verdict::Kept("not_regular"),
+        },
+        Ok(None) => Verdict::Kept("missing"),
+        Err(err) if err.kind() == std::io::ErrorKind::InvalidInput => Verdict::Kept("outside_root"),
+        Err(_) => Verdict::Kept("unreadable"),
+    }
+}
+
+/// One hop over one window of an account's live attachments.
+///
+/// # Errors
+/// [`Error`]; what was committed stays, and the hop can be run again.
+pub async fn hop(
+    env: Env<'_>,
+    settings: &AttachmentSettings,
+    args: &Args,
+) -> Result<Report<Args>, Error> {
+    let started = Instant::now();
+    let root_path = &env.paths.attachments_root;
+    let conn = env.conn;
+    let mut report = Report {
+        outcome: HopOutcome::Finished.as_str(),
+        window: settings.window_size,
+        candidates: 0,
+        pruned: 0,
+        retained: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
+        rows: vec![("attachments", 0)],
+        files: FileCounts::default(),
+        owner_seconds: 0.0,
+        next: None,
+    };
+    report
+        .files
+        .add(files::drain(conn, Root::Attachments, root_path, Some(args.account_id)).await?);
+    let (database_now, exists): (DateTime<Utc>, bool) =
+        sqlx::query_as("SELECT now(), EXISTS (SELECT 1 FROM accounts WHERE id = $1)")
+            .bind(args.account_id)
+            .fetch_one(&mut *conn)
+            .await?;
+    if !exists {
+        report.outcome = HopOutcome::AccountGone.as_str();
+        return Ok(report);
+    }
+    if settings.max_age_days == 0 {
+        report.outcome = HopOutcome::Disabled.as_str();
+        return Ok(report);
+    }
+    let current = days_before(
+        cutoff::reference(args.pass_started_at, database_now),
+        settings.max_age_days,
+    );
+    let cutoff = match args.cutoff {
+        Some(carried) => current.map(|c| c.min(carried)),
+        None => current,
+    };
+    let Some(cutoff) = cutoff else {
+        return Ok(report);
+    };
+    let window: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, relative_path FROM attachments
+         WHERE account_id = $1 AND bytes_expired_at IS NULL AND id > $2
+         ORDER BY id LIMIT $3",
+    )
+    .bind(args.account_id)
+    .bind(args.after.unwrap_or_default())
+    .bind(i64::from(settings.window_size))
+    .fetch_all(&mut *conn)
+    .await?;
+    let root = files::open_root(root_path).map_err(|source| DrainError::Root {
+        path: root_path.clone(),
+        source,
+    })?;
+
+    let mut last = args.after;
+    let mut out_of_budget = false;
+    for (n, chunk) in window.chunks(CHUNK).enumerate() {
+        if n > 0 && (started.elapsed() >= settings.budget || env.stop.load(Ordering::Relaxed)) {
+            out_of_budget = true;
+            break;
+        }
+        let mut expired = Vec::new();
+        for (id, path) in chunk {
+            match judge(&root, path, cutoff) {
+                Verdict::Expired => expired.push(*id),
+                Verdict::Young => {}
+                Verdict::Kept(reason) => retain(&mut report, reason),
+            }
+        }
+        report.candidates += chunk.len() as u64;
+        last = chunk.last().map(|(id, _)| *id);
+        if expired.is_empty() {
+            continue;
+        }
+        let chunk_started = Instant::now();
+        let marked: Vec<Uuid> = sqlx::query_scalar(MARK_EXPIRED)
+            .bind(&expired)
+            .bind(args.account_id)
+            .fetch_all(&mut *conn)
+            .await?;
+        report.owner_seconds += chunk_started.elapsed().as_secs_f64();
+        for _ in marked.len()..expired.len() {
+            retain(&mut report, "busy");
+        }
+        report.pruned += marked.len() as u64;
+        report.rows[0].1 += marked.len() as u64;
+        report
+            .files
+            .add(files::drain(conn, Root::Attachments, root_path, Some(args.account_id)).await?);
+    }
+    if window.len() == settings.window_size as usize || out_of_budget {
+        report.outcome = HopOutcome::Continued.as_str();
+        report.next = Some(Args {
+            version: V1,
+            account_id: args.account_id,
+            pass_started_at: args.pass_started_at,
+            cutoff: Some(cutoff),
+            after: last,
+            hop: args.hop + 1,
+        });
+    }
+    Ok(report)
+}
+
+fn retain(report: &mut Report<Args>, reason: &'static str) {
+    if let Some((_, n)) = report.retained.iter_mut().find(|(r, _)| *r == reason) {
+        *n += 1;
+    }
+}
+
+/// Marks `$1` (attachments of account `$2` still live) expired and records their files for
+/// removal, in one statement and so one short transaction; a row an application holds is
+/// skipped. Returns the rows marked. (`rows` counts attachments marked, none are deleted.)
+const MARK_EXPIRED: &str = "
+    WITH locked AS (
+        SELECT id FROM attachments
+        WHERE id = ANY($1) AND account_id = $2 AND bytes_expired_at IS NULL
+        ORDER BY id
+        FOR UPDATE SKIP LOCKED),
+    marked AS (
+        UPDATE attachments a SET bytes_expired_at = now()
+        FROM locked WHERE a.id = locked.id
+        RETURNING a.id, a.relative_path),
+    recorded AS (
+        INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+        SELECT 'attachments', $2, relative_path FROM marked)
+    SELECT id FROM marked";
+
+/// The `[attachments]` section as given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    max_age_days: Raw<i64>,
+    window_size: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+}
+
+/// What a pass would do for one account now (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub account_id: Uuid,
+    pub max_age_days: i32,
+    pub cutoff: Option<DateTime<Utc>>,
+    /// Live attachments whose file is past the age.
+    pub expired: u64,
+    /// Live attachments left, by reason.
+    pub kept: Vec<(&'static str, u64)>,
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cutoff {
+            None => write!(
+                f,
+                "account {}: attachment expiry disabled, nothing goes",
+                self.account_id
+            ),
+            Some(cutoff) => {
+                write!(
+                    f,
+                    "account {}: {} attachments' bytes older than {} days (mtime before {}) expire",
+                    self.account_id,
+                    self.expired,
+                    self.max_age_days,
+                    cutoff.format("%Y-%m-%dT%H:%M:%SZ")
+                )?;
+                for (reason, n) in self.kept.iter().filter(|(_, n)| *n > 0) {
+                    write!(f, "\n  kept {reason:<18} {n:>10}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The job kind, as the worker registers it.
+pub struct AttachmentExpiry;
+
+impl Job for AttachmentExpiry {
+    const NAME: &'static str = "attachment_expiry";
+    const QUEUE: &'static str = "sexton.attachment_expiry";
+    const SCOPE: Scope = Scope::Account;
+    const SECTION: &'static str = "attachments";
+    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
+
+    type Args = Args;
+    type Settings = AttachmentSettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        _paths: &PathSettings,
+        c: &mut Check<'_>,
+    ) -> Option<AttachmentSettings> {
+        let s: RawSettings = c.section(Self::SECTION, section)?;
+        let max_age_days = c.int(
+            "attachments.max_age_days",
+            &s.max_age_days,
+            0..=36_500,
+            "a number of days from 0 (never expire) to 36500",
+        );
+        let window_size = c.int(
+            "attachments.window_size",
+            &s.window_size,
+            1..=100_000,
+            "an integer from 1 to 100000",
+        );
+        let budget = c.millis("attachments.hop_budget_ms", &s.hop_budget_ms);
+        Some(AttachmentSettings {
+            max_age_days: max_age_days?,
+            window_size: window_size?,
+            budget: budget?,
+        })
+    }
+
+    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args {
+            version: V1,
+            account_id: account.unwrap_or_default(),
+            pass_started_at: slot,
+            cutoff: None,
+            after: None,
+            hop: 0,
+        }
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: Some(args.account_id),
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(
+        env: Env<'_>,
+        settings: &AttachmentSettings,
+        args: &Args,
+    ) -> Result<Report<Args>, Error> {
+        hop(env, settings, args).await
+    }
+
+    async fn backlog_seconds(
+        _pool: &PgPool,
+        _settings: &AttachmentSettings,
+        _now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        // The mtime decides: measuring it means a stat per live attachment, not every refresh.
+        Ok(None)
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        settings: &AttachmentSettings,
+        paths: &PathSettings,
+        now: DateTime<Utc>,
+        account: Option<Uuid>,
+    ) -> Result<Vec<Preview>, Error> {
+        let accounts: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM accounts WHERE $1::uuid IS NULL OR id = $1 ORDER BY id",
+        )
+        .bind(account)
+        .fetch_all(&mut *conn)
+        .await?;
+        let cutoff = match settings.max_age_days {
+            0 => None,
+            days => days_before(now, days),
+        };
+        let root =
+            files::open_root(&paths.attachments_root).map_err(|source| DrainError::Root {
+                path: paths.attachments_root.clone(),
+                source,
+            })?;
+        let mut previews = Vec::with_capacity(accounts.len());
+        for account_id in accounts {
+            let mut preview = Preview {
+                account_id,
+                max_age_days: settings.max_age_days,
+                cutoff,
+                expired: 0,
+                kept: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
+            };
+            if let Some(cutoff) = cutoff {
+                let rows: Vec<String> = sqlx::query_scalar(
+                    "SELECT relative_path FROM attachments
+                     WHERE account_id = $1 AND bytes_expired_at IS NULL",
+                )
+                .bind(account_id)
+                .fetch_all(&mut *conn)
+                .await?;
+                for path in rows {
+                    match judge(&root, &path, cutoff) {
+                        Verdict::Expired => preview.expired += 1,
+                        Verdict::Young => {}
+                        Verdict::Kept(reason) => {
+                            if let Some((_, n)) =
+                                preview.kept.iter_mut().find(|(r, _)| *r == reason)
+                            {
+                                *n += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            previews.push(preview);
+        }
+        Ok(previews)
+    }
+}

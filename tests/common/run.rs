@@ -1,0 +1,69 @@
+//! Any job kind's hops, run in-process as the worker runs them (without the queue around
+//! them), with the clock at the fixtures' pass start.
+
+use std::sync::atomic::AtomicBool;
+
+use sexton_jobs::clock::ManualClock;
+use sexton_jobs::files::PathSettings;
+use sexton_jobs::job::{Env, Job, Report};
+use sqlx::PgPool;
+
+use super::fixture::pass_start;
+
+/// One hop of `J`.
+pub async fn hop<J: Job>(
+    pool: &PgPool,
+    paths: &PathSettings,
+    settings: &J::Settings,
+    args: &J::Args,
+) -> Report<J::Args> {
+    let mut conn = pool.acquire().await.unwrap();
+    let env = Env {
+        conn: &mut conn,
+        pool,
+        clock: &ManualClock::new(pass_start()),
+        stop: &AtomicBool::new(false),
+        paths,
+    };
+    J::run(env, settings, args).await.unwrap()
+}
+
+/// A whole pass of `J` from `args`, hop after hop; every hop's report.
+pub async fn pass<J: Job>(
+    pool: &PgPool,
+    paths: &PathSettings,
+    settings: &J::Settings,
+    mut args: J::Args,
+) -> Vec<Report<J::Args>> {
+    let mut reports = Vec::new();
+    loop {
+        let report = hop::<J>(pool, paths, settings, &args).await;
+        let next = report.next.clone();
+        reports.push(report);
+        match next {
+            Some(next) => args = next,
+            None => return reports,
+        }
+    }
+}
+
+/// The file roots under `dir`, created.
+pub fn roots(dir: &std::path::Path) -> PathSettings {
+    let paths = PathSettings {
+        output_root: dir.join("outputs"),
+        attachments_root: dir.join("attachments"),
+        artifacts_root: dir.join("artifacts"),
+        sessions_root: dir.join("sessions"),
+        traces_root: dir.join("traces"),
+    };
+    for root in [
+        &paths.output_root,
+        &paths.attachments_root,
+        &paths.artifacts_root,
+        &paths.sessions_root,
+        &paths.traces_root,
+    ] {
+        std::fs::create_dir_all(root).unwrap();
+    }
+    paths
+}

@@ -1,0 +1,480 @@
+//! Run traces (SPEC §4, TR-1 … TR-4, ER-3) on real files in temp dirs: age and quota by
+//! allocated bytes (a sparse file by its blocks), symlinks and bad signatures never deleted,
+//! live sessions kept, the lease held by another cleaner, files changed between plan and delete,
+//! the CLI's dry run and `--confirm`, and the background job on its own cadence.
+
+use std::fs::FileTimes;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use sexton_jobs::trace_cleanup::{
+    self as job, Lease, Limits, Observer, Planned, Quiet, TraceReport,
+};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::common;
+use crate::common::fixture::pass_start;
+use crate::common::process::{Proc, fleet_worker, poll_until};
+
+/// A traces root with agents' directories, and the moment the cleaner runs at.
+struct Traces {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    agent: Uuid,
+}
+
+impl Traces {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("traces");
+        std::fs::create_dir_all(&root).unwrap();
+        Self {
+            dir,
+            root,
+            agent: Uuid::new_v4(),
+        }
+    }
+
+    /// A trace of `session` with `body_bytes` of content after its signature, last modified
+    /// `days` before the pass start.
+    fn trace(&self, name: &str, session: Uuid, days: f64, body_bytes: usize) -> PathBuf {
+        let signature = serde_json::json!({
+            "format": "run-trace/1", "agent_id": self.agent.to_string(),
+            "session_id": session.to_string()
+        });
+        let mut content = format!("{signature}\n").into_bytes();
+        content.extend(std::iter::repeat_n(b'x', body_bytes));
+        self.file(name, &content, days)
+    }
+
+    /// Any file under the agent's directory, last modified `days` before the pass start.
+    fn file(&self, name: &str, content: &[u8], days: f64) -> PathBuf {
+        let path = self.root.join(self.agent.to_string()).join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, content).unwrap();
+        age(&path, days);
+        path
+    }
+}
+
+fn age(path: &Path, days: f64) {
+    let at = pass_start() - chrono::Duration::seconds((days * 86_400.0) as i64);
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_times(FileTimes::new().set_modified(SystemTime::from(at)))
+        .unwrap();
+}
+
+fn allocated(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+async fn clean(pool: &PgPool, root: &Path, limits: Limits, confirm: bool) -> TraceReport {
+    common::migrate(pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    job::clean(&mut conn, root, limits, pass_start(), confirm, &mut Quiet)
+        .await
+        .unwrap()
+}
+
+fn age_limit(days: i32) -> Limits {
+    Limits {
+        max_age_days: days,
+        max_bytes: 0,
+    }
+}
+
+#[sqlx::test]
+async fn tr2_traces_older_than_the_age_go_younger_ones_stay(pool: PgPool) {
+    let t = Traces::new();
+    let old = t.trace("old.trace.jsonl", Uuid::new_v4(), 31.0, 10);
+    let young = t.trace("young.trace.jsonl", Uuid::new_v4(), 29.0, 10);
+
+    let dry = clean(&pool, &t.root, age_limit(30), false).await;
+    assert!(old.exists(), "a dry run deletes nothing");
+    assert_eq!(dry.planned.get("age"), Some(&1));
+
+    let report = clean(&pool, &t.root, age_limit(30), true).await;
+    assert!(!old.exists());
+    assert!(young.exists());
+    assert_eq!((report.candidates, report.deleted), (2, 1));
+}
+
+#[sqlx::test]
+async fn tr2_over_quota_the_oldest_go_first_and_a_sparse_file_counts_by_its_blocks(pool: PgPool) {
+    let t = Traces::new();
+    // The oldest is sparse: a gigabyte long, a few blocks allocated.
+    let sparse = t.trace("sparse.trace.jsonl", Uuid::new_v4(), 10.0, 0);
+    std::fs::File::options()
+        .write(true)
+        .open(&sparse)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    age(&sparse, 10.0);
+    let a = t.trace("a.trace.jsonl", Uuid::new_v4(), 9.0, 20_000);
+    let b = t.trace("b.trace.jsonl", Uuid::new_v4(), 8.0, 20_000);
+    let c = t.trace("c.trace.jsonl", Uuid::new_v4(), 7.0, 20_000);
+    assert!(
+        allocated(&sparse) < 1 << 20,
+        "the file system keeps it sparse"
+    );
+    let total: u64 = [&sparse, &a, &b, &c].iter().map(|p| allocated(p)).sum();
+
+    // Within the quota once the sparse file goes: by length it would take all of them.
+    let limits = Limits {
+        max_age_days: 0,
+        max_bytes: total - allocated(&sparse),
+    };
+    let report = clean(&pool, &t.root, limits, true).await;
+    assert!(!sparse.exists());
+    assert!(a.exists() && b.exists() && c.exists());
+    assert_eq!(report.planned.get("quota"), Some(&1));
+
+    // A tighter quota takes the next oldest too, and only it.
+    let limits = Limits {
+        max_age_days: 0,
+        max_bytes: allocated(&b) + allocated(&c),
+    };
+    clean(&pool, &t.root, limits, true).await;
+    assert!(!a.exists());
+    assert!(b.exists() && c.exists());
+}
+
+#[sqlx::test]
+async fn tr2_age_first_then_quota_over_what_remains(pool: PgPool) {
+    let t = Traces::new();
+    let ancient = t.trace("ancient.trace.jsonl", Uuid::new_v4(), 100.0, 50_000);
+    let older = t.trace("older.trace.jsonl", Uuid::new_v4(), 5.0, 20_000);
+    let newer = t.trace("newer.trace.jsonl", Uuid::new_v4(), 1.0, 20_000);
+    let limits = Limits {
+        max_age_days: 30,
+        max_bytes: allocated(&newer),
+    };
+    let report = clean(&pool, &t.root, limits, true).await;
+    assert!(!ancient.exists() && !older.exists());
+    assert!(newer.exists());
+    assert_eq!(report.planned.get("age"), Some(&1));
+    assert_eq!(report.planned.get("quota"), Some(&1));
+}
+
+#[sqlx::test]
+async fn tr3_symlinks_bad_signatures_and_odd_files_are_counted_never_deleted(pool: PgPool) {
+    let t = Traces::new();
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret.trace.jsonl");
+    let signature = format!(
+        "{{\"format\":\"run-trace/1\",\"agent_id\":\"{}\",\"session_id\":\"{}\"}}\n",
+        t.agent,
+        Uuid::new_v4()
+    );
+    std::fs::write(&secret, &signature).unwrap();
+    age(&secret, 400.0);
+    let agent_dir = t.root.join(t.agent.to_string());
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    // A symlinked file and a symlinked directory leading out of the root.
+    std::os::unix::fs::symlink(&secret, agent_dir.join("link.trace.jsonl")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), t.root.join("escape")).unwrap();
+    let bad = [
+        t.file("not-json.trace.jsonl", b"hello\n", 400.0),
+        t.file(
+            "wrong-format.trace.jsonl",
+            br#"{"format":"run-trace/2","agent_id":"a","session_id":"s"}"#,
+            400.0,
+        ),
+        t.file(
+            "no-session.trace.jsonl",
+            br#"{"format":"run-trace/1","agent_id":"a"}"#,
+            400.0,
+        ),
+        t.file(
+            "numeric-agent.trace.jsonl",
+            br#"{"format":"run-trace/1","agent_id":7,"session_id":"s"}"#,
+            400.0,
+        ),
+        t.file("array.trace.jsonl", b"[1,2]\n", 400.0),
+        t.file("empty.trace.jsonl", b"", 400.0),
+    ];
+    let other_name = t.file("notes.txt", b"keep", 400.0);
+    let good = t.trace("good.trace.jsonl", Uuid::new_v4(), 400.0, 10);
+
+    let report = clean(&pool, &t.root, age_limit(30), true).await;
+
+    assert!(secret.exists(), "nothing outside the root is ever deleted");
+    assert!(
+        agent_dir
+            .join("link.trace.jsonl")
+            .symlink_metadata()
+            .is_ok()
+    );
+    for file in &bad {
+        assert!(file.exists(), "{} has no valid signature", file.display());
+    }
+    assert!(other_name.exists());
+    assert!(!good.exists(), "the control: a valid old trace goes");
+    assert_eq!(report.kept.get("bad_signature"), Some(&(bad.len() as u64)));
+    assert_eq!(report.kept.get("outside_root"), Some(&2));
+    assert_eq!(report.deleted, 1);
+}
+
+#[sqlx::test]
+async fn tr3_the_trace_of_a_live_session_stays(pool: PgPool) {
+    common::migrate(&pool).await;
+    let account = common::fixture::account(&pool, Some(90)).await;
+    let (current, main) = (Uuid::new_v4(), Uuid::new_v4());
+    let agent: Uuid =
+        sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'a') RETURNING id")
+            .bind(account)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    for (session, kind) in [(current, "task"), (main, "main")] {
+        sqlx::query(
+            "INSERT INTO sessions (id, account_id, agent_id, kind, state, last_activity_at)
+             VALUES ($1, $2, $3, $4, 'idle', now())",
+        )
+        .bind(session)
+        .bind(account)
+        .bind(agent)
+        .bind(kind)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query("UPDATE agents SET current_session_id = $2, main_session_id = $3 WHERE id = $1")
+        .bind(agent)
+        .bind(current)
+        .bind(main)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let t = Traces::new();
+    let of_current = t.trace("current.trace.jsonl", current, 100.0, 10);
+    let of_main = t.trace("main.trace.jsonl", main, 100.0, 10);
+    let of_gone = t.trace("gone.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+
+    let report = clean(&pool, &t.root, age_limit(30), true).await;
+
+    assert!(of_current.exists() && of_main.exists());
+    assert!(!of_gone.exists());
+    assert_eq!(report.kept.get("live_session"), Some(&2));
+}
+
+/// Deletes one planned file and rewrites another just before the batch is deleted.
+struct Meddler {
+    root: PathBuf,
+}
+
+impl Observer for Meddler {
+    fn before_delete(&mut self, batch: &[Planned]) {
+        for file in batch {
+            let path = self.root.join(&file.path);
+            if file.path.ends_with("vanishes.trace.jsonl") {
+                std::fs::remove_file(&path).unwrap();
+            }
+            if file.path.ends_with("rewritten.trace.jsonl") {
+                let content = std::fs::read(&path).unwrap();
+                std::fs::write(&path, [content.as_slice(), b"more\n"].concat()).unwrap();
+            }
+        }
+    }
+}
+
+#[sqlx::test]
+async fn er3_a_file_deleted_or_rewritten_between_plan_and_delete_is_not_deleted_blindly(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let t = Traces::new();
+    let vanishes = t.trace("vanishes.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+    let rewritten = t.trace("rewritten.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+    let plain = t.trace("plain.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+    let mut conn = pool.acquire().await.unwrap();
+    let mut meddler = Meddler {
+        root: t.root.clone(),
+    };
+
+    let report = job::clean(
+        &mut conn,
+        &t.root,
+        age_limit(30),
+        pass_start(),
+        true,
+        &mut meddler,
+    )
+    .await
+    .unwrap();
+
+    assert!(!vanishes.exists());
+    assert!(
+        rewritten.exists(),
+        "written just now: no longer past the age"
+    );
+    assert!(!plain.exists(), "the control goes");
+    assert_eq!(report.kept.get("vanished"), Some(&1));
+    assert_eq!(report.kept.get("changed"), Some(&1));
+    assert_eq!(report.deleted, 1);
+}
+
+#[sqlx::test]
+async fn tr3_a_second_cleaner_reports_the_lease_holder_deletes_nothing_and_exits_1(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    let t = Traces::new();
+    let old = t.trace("old.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+    let cli = || {
+        let mut cmd = common::sexton(&url, t.dir.path());
+        cmd.args(["traces", "clean", "--confirm"])
+            .env("SEXTON_TRACES__MAX_AGE_DAYS", "30");
+        cmd
+    };
+
+    let lease = Lease::acquire(&t.root, "the test's cleaner pid=1").unwrap();
+    let held = cli().output().await.unwrap();
+    assert_eq!(held.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&held.stderr);
+    assert!(stderr.contains("the test's cleaner pid=1"), "{stderr}");
+    assert!(old.exists(), "nothing deleted while the lease is held");
+
+    drop(lease);
+    let free = cli().output().await.unwrap();
+    assert_eq!(free.status.code(), Some(0));
+    assert!(!old.exists(), "the control: with the lease free, it goes");
+    let holder = std::fs::read_to_string(t.root.join(job::LEASE_FILE)).unwrap();
+    assert!(
+        holder.contains("sexton traces clean") && holder.contains("pid="),
+        "{holder}"
+    );
+}
+
+#[sqlx::test]
+async fn tr4_the_dry_run_prints_the_plan_and_confirm_deletes_it(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    let t = Traces::new();
+    let old = t.trace("old.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+    let young = t.trace("young.trace.jsonl", Uuid::new_v4(), 1.0, 10);
+    let cli = |args: &[&str]| {
+        let mut cmd = common::sexton(&url, t.dir.path());
+        // The CLI measures from the database's now, a month after the fixtures' pass start.
+        cmd.args(["traces", "clean"])
+            .args(args)
+            .env("SEXTON_TRACES__MAX_AGE_DAYS", "60");
+        cmd
+    };
+
+    let dry = cli(&[]).output().await.unwrap();
+    assert_eq!(dry.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&dry.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("old.trace.jsonl"))
+        .unwrap_or_else(|| panic!("a line for the old trace in: {stdout}"));
+    assert!(line.contains("bytes") && line.ends_with("age"), "{line}");
+    assert!(!stdout.contains("young.trace.jsonl"));
+    assert!(stdout.contains("dry run: nothing was deleted"), "{stdout}");
+    assert!(old.exists());
+
+    let json = cli(&["--json"]).output().await.unwrap();
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(value["files"].as_array().unwrap().len(), 1);
+    assert_eq!(value["files"][0]["reason"], "age");
+    assert_eq!(value["totals"]["confirmed"], false);
+
+    let confirmed = cli(&["--confirm"]).output().await.unwrap();
+    assert_eq!(confirmed.status.code(), Some(0));
+    assert!(!old.exists());
+    assert!(young.exists());
+}
+
+#[sqlx::test]
+async fn tr1_enabled_without_a_limit_is_refused_naming_both_settings(pool: PgPool) {
+    let url = common::database_url(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let refused = common::sexton(&url, dir.path())
+        .arg("check-config")
+        .env("SEXTON_TRACES__ENABLED", "true")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("traces.max_age_days") && stderr.contains("traces.max_bytes"),
+        "{stderr}"
+    );
+    for limit in ["SEXTON_TRACES__MAX_AGE_DAYS", "SEXTON_TRACES__MAX_BYTES"] {
+        let accepted = common::sexton(&url, dir.path())
+            .arg("check-config")
+            .env("SEXTON_TRACES__ENABLED", "true")
+            .env(limit, "1000")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(accepted.status.code(), Some(0), "{limit}");
+    }
+    let no_limit_cli = common::sexton(&url, dir.path())
+        .args(["traces", "clean"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(no_limit_cli.status.code(), Some(2));
+}
+
+async fn trace_jobs(pool: &PgPool) -> Vec<(String, Option<DateTime<Utc>>)> {
+    sqlx::query_as(
+        "SELECT status, done_at FROM apalis.jobs WHERE job_type = 'sexton.trace_cleanup'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test]
+async fn tr4_the_background_job_runs_once_per_period_fleet_wide_only_when_enabled(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    let t = Traces::new();
+    let old = t.trace("old.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+
+    // Disabled: a nightly pass of every job leaves traces alone.
+    let settings = common::settings(t.dir.path());
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    common::run_until_idle(&pool, t.dir.path()).await;
+    assert!(old.exists(), "trace retention is off by default");
+    assert!(trace_jobs(&pool).await.is_empty());
+
+    // Enabled: two replicas, one period (a day), one run.
+    let worker = || {
+        let mut cmd = fleet_worker(&url, t.dir.path());
+        cmd.env("SEXTON_TRACES__ENABLED", "true")
+            .env("SEXTON_TRACES__MAX_AGE_DAYS", "30")
+            .env("SEXTON_TRACES__CADENCE_MINUTES", "1440");
+        cmd
+    };
+    let (a, b) = (Proc::spawn(worker()), Proc::spawn(worker()));
+    poll_until(Duration::from_secs(60), || async { !old.exists() }).await;
+    a.wait_for_log("period").await;
+    b.wait_for_log("period").await;
+    common::process::wait_until_idle(&pool).await;
+    a.stop().await;
+    b.stop().await;
+    let jobs = trace_jobs(&pool).await;
+    assert_eq!(
+        jobs.len(),
+        1,
+        "one run for the period across the fleet: {jobs:?}"
+    );
+    assert_eq!(jobs[0].0, "Done");
+    let finished: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sexton.passes WHERE job = 'trace_cleanup' AND finished_at IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(finished, 1);
+}
