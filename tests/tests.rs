@@ -1,5 +1,6 @@
 // One integration binary; each module proves a group of rules against a real PostgreSQL.
 mod architecture;
+mod attachments;
 mod common;
 mod crash;
 mod execution_details;
