@@ -445,10 +445,14 @@ async fn ttl5_brain_memories_untouched_by_a_full_nightly_pass_of_every_job(pool:
         before.push(count(&pool, table).await);
     }
 
-    sexton::tick::tick(&pool, &backlog.settings, pass_start())
-        .await
-        .unwrap();
-    common::run_until_idle(&pool, backlog.dir.path()).await;
+    let settings = common::every_job(backlog.settings.clone());
+    common::start_every_pass(&pool, &settings, pass_start()).await;
+    let mut worker = common::sexton(&backlog.url, backlog.dir.path());
+    worker
+        .args(["worker", "--exit-when-idle"])
+        .envs(common::EVERY_JOB_ENV);
+    let status = common::wait(&mut worker.spawn().unwrap(), Duration::from_secs(120)).await;
+    assert!(status.success());
 
     assert_eq!(brain(&pool).await, brain_before);
     for (table, before) in tables.iter().zip(before) {

@@ -5,7 +5,7 @@ use sexton::queue::{self, PushOptions, PushOutcome};
 use sexton::registry::{self, KINDS};
 use sexton::seed::{SeedOptions, seed};
 use sexton::tick::NIGHTLY;
-use sexton_jobs::job::Scope;
+use sexton_jobs::job::{Cadence, Scope};
 use sqlx::PgPool;
 
 use crate::common;
@@ -641,7 +641,9 @@ async fn fl1_a_job_on_each_queue_runs_and_the_worker_exits_when_idle(pool: PgPoo
     for (queue, _) in sample_payloads() {
         // The nightly slot fans out one more first hop to every global kind (the database has
         // no accounts, so none to a per-account kind).
-        let fanned_out = registry::by_queue(queue).is_some_and(|k| k.scope() == Scope::Global);
+        let fanned_out = registry::by_queue(queue).is_some_and(|k| {
+            k.scope() == Scope::Global && k.cadence(&settings) == Cadence::Nightly
+        });
         let done: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM apalis.jobs WHERE job_type = $1 AND status = 'Done'",
         )

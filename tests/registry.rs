@@ -59,7 +59,7 @@ fn hop_events(lines: &[String]) -> Vec<serde_json::Value> {
 async fn fl6_every_job_kind_busy_at_once_fits_the_default_pool(pool: PgPool) {
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
-    let settings = common::settings(dir.path());
+    let settings = common::every_job(common::settings(dir.path()));
     assert_eq!(
         (
             settings.database.max_connections,
@@ -81,11 +81,12 @@ async fn fl6_every_job_kind_busy_at_once_fits_the_default_pool(pool: PgPool) {
         .execute(&mut *app)
         .await
         .unwrap();
-    tick::tick(&pool, &settings, pass_start()).await.unwrap();
+    common::start_every_pass(&pool, &settings, pass_start()).await;
     let url = common::database_url(&pool).await;
     let mut cmd = common::sexton(&url, dir.path());
     cmd.args(["worker", "--exit-when-idle"])
-        .env("SEXTON_LOG__FORMAT", "json");
+        .env("SEXTON_LOG__FORMAT", "json")
+        .envs(common::EVERY_JOB_ENV);
     let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
     app.rollback().await.unwrap();
     assert!(status.success(), "worker exited with {status}");

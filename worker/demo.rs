@@ -5,14 +5,19 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use chrono::Utc;
+use sexton_jobs::clock::SystemClock;
+use sexton_jobs::job::{Cadence, Job as _};
+use sexton_jobs::trace_cleanup::{Limits, TraceCleanup, TraceSettings};
 
 use crate::config::{PathSettings, Settings};
+use crate::context::JobContext;
 use crate::seed::{SeedOptions, seed};
 
-use crate::{db, ledger, preview, queue, registry, tick, worker};
+use crate::{db, ledger, preview, queue, registry, schedule, tick, worker};
 
 /// Where the demo writes its files and log: a fresh directory per run.
 pub fn root() -> PathBuf {
@@ -79,6 +84,20 @@ struct Snapshot {
 pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     let root = root();
     let mut settings = settings.clone();
+    // The demo shows every job: background trace cleanup is switched on with an age limit
+    // unless the configuration already enables it.
+    let traces: &TraceSettings = settings.jobs.get(TraceCleanup::NAME);
+    if !traces.enabled {
+        let demo_traces = TraceSettings {
+            enabled: true,
+            limits: Limits {
+                max_age_days: 30,
+                ..traces.limits
+            },
+            ..traces.clone()
+        };
+        settings.jobs.set(TraceCleanup::NAME, demo_traces);
+    }
     settings.paths = PathSettings {
         output_root: root.join("outputs"),
         attachments_root: root.join("attachments"),
@@ -130,6 +149,17 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     );
     drop(conn);
     let ticked = tick::tick(&pool, &settings, now).await?;
+    // Kinds on a cadence of their own (trace cleanup, when enabled) start their period too.
+    let ctx = JobContext::new(
+        pool.clone(),
+        Arc::new(settings.clone()),
+        Arc::new(SystemClock),
+    );
+    for kind in registry::KINDS {
+        if let Cadence::Every(period) = kind.cadence(&settings) {
+            tick::start_period(&ctx, *kind, schedule::period_start(now, period)).await?;
+        }
+    }
     println!(
         "\nnightly slot {}: {}; running it (worker log: {})",
         ticked.slot.to_rfc3339(),

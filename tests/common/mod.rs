@@ -30,6 +30,58 @@ pub fn settings(dir: &Path) -> Settings {
     settings
 }
 
+/// The environment that switches background trace cleanup on (an age limit of 30 days), so
+/// that a pass covers every job kind.
+pub const EVERY_JOB_ENV: [(&str, &str); 2] = [
+    ("SEXTON_TRACES__ENABLED", "true"),
+    ("SEXTON_TRACES__MAX_AGE_DAYS", "30"),
+];
+
+/// `settings` as [`EVERY_JOB_ENV`] makes them.
+pub fn every_job(mut settings: Settings) -> Settings {
+    use sexton_jobs::job::Job as _;
+    use sexton_jobs::trace_cleanup::{Limits, TraceCleanup, TraceSettings};
+    let traces: TraceSettings = settings
+        .jobs
+        .get::<TraceSettings>(TraceCleanup::NAME)
+        .clone();
+    settings.jobs.set(
+        TraceCleanup::NAME,
+        TraceSettings {
+            enabled: true,
+            limits: Limits {
+                max_age_days: 30,
+                ..traces.limits
+            },
+            ..traces
+        },
+    );
+    settings
+}
+
+/// Enqueues the nightly slot at `at`, and the period `at` falls in of every kind on a cadence
+/// of its own: one pass of every job kind.
+pub async fn start_every_pass(
+    pool: &PgPool,
+    settings: &Settings,
+    at: chrono::DateTime<chrono::Utc>,
+) {
+    use sexton_jobs::job::Cadence;
+    sexton::tick::tick(pool, settings, at).await.unwrap();
+    let ctx = sexton::context::JobContext::new(
+        pool.clone(),
+        std::sync::Arc::new(settings.clone()),
+        std::sync::Arc::new(sexton_jobs::clock::SystemClock),
+    );
+    for kind in sexton::registry::KINDS {
+        if let Cadence::Every(period) = kind.cadence(settings) {
+            sexton::tick::start_period(&ctx, *kind, sexton::schedule::period_start(at, period))
+                .await
+                .unwrap();
+        }
+    }
+}
+
 /// Installs the queue's schema too (sqlx::test applied sexton's migrations already).
 pub async fn migrate(pool: &PgPool) {
     sexton::db::migrate(pool).await.expect("migrations apply");
