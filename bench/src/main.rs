@@ -9,6 +9,12 @@
 //! delete (one `DELETE` per table over all owners) — while an application writer runs at a
 //! fixed rate. It prints a markdown table and writes it, with the raw figures as JSON, to
 //! `bench/results/`.
+//!
+//! The short-lived records (SPEC §4, TTL-1 and TTL-4) have their own part: a template with a
+//! large backlog of expired handoffs and conversation events (`INSERT … SELECT` from
+//! `generate_series`, no seed), expired by a sexton pass and by a raw batched
+//! `DELETE … WHERE id = ANY($1)` on identical copies, with an application writer beside each.
+//! `--only expiry` measures that part alone and merges it into the existing results.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -46,6 +52,25 @@ struct Cli {
     /// Scratch directory for the file roots.
     #[arg(long, default_value = "/tmp/sexton-bench")]
     scratch: PathBuf,
+    /// Measure one part only, keeping the other part's figures in the results files.
+    #[arg(long, value_enum)]
+    only: Option<Part>,
+    /// Short-lived records: expired rows of each table (handoffs, conversation events); a tenth
+    /// as many young ones stay.
+    #[arg(long, default_value_t = 1_000_000)]
+    expiry_rows: u64,
+    /// Short-lived records: rows per batch, for sexton (`expiry.batch_size`) and the raw delete.
+    #[arg(long, default_value_t = 2000)]
+    expiry_batch: u32,
+}
+
+/// The parts of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    /// PruneExecutionDetails and SessionRetention at each seed scale.
+    Scales,
+    /// The short-lived records' expiry jobs (handoffs, conversation events).
+    Expiry,
 }
 
 /// The moment the data is seeded relative to and the pass starts at: in the past, so that the
@@ -150,12 +175,20 @@ async fn main() -> anyhow::Result<()> {
         .max_connections(2)
         .connect_with(base.clone())
         .await?;
-    let mut results = Vec::new();
-    for &scale in &cli.scales {
-        results.push(measure_scale(&cli, &admin, &base, scale).await?);
-        write_results(&cli, &results)?;
+    let runs = |part| cli.only.is_none_or(|only| only == part);
+    if runs(Part::Scales) {
+        let mut results = Vec::new();
+        for &scale in &cli.scales {
+            results.push(measure_scale(&cli, &admin, &base, scale).await?);
+            write_results(&cli, Section::Scales(&results))?;
+        }
+        println!("{}", markdown(&results));
     }
-    println!("{}", markdown(&results));
+    if runs(Part::Expiry) {
+        let expiry = measure_expiry(&cli, &admin, &base).await?;
+        write_results(&cli, Section::Expiry(&expiry))?;
+        println!("{}", expiry_markdown(&expiry));
+    }
     Ok(())
 }
 
@@ -248,21 +281,18 @@ async fn measure_scale(
     eprintln!(
         "scale {scale}: {runs} runs, {owners} owners, {detail_rows} detail rows; idle writer baseline"
     );
-    let idle_db = format!("bench_idle_{scale}");
-    recreate(admin, &idle_db, Some(&template)).await?;
-    let pool = connect(base, &idle_db, "bench-writer").await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(write_at_rate(
-        pool.clone(),
-        targets.clone(),
-        cli.writer_rate,
-        stop.clone(),
-    ));
-    tokio::time::sleep(Duration::from_secs(cli.baseline_seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let idle_writer = Latency::of(writer.await??.total_ms);
-    pool.close().await;
-    drop_db(admin, &idle_db).await?;
+    let idle_writer = Latency::of(
+        idle_baseline(
+            cli,
+            admin,
+            base,
+            &template,
+            &format!("bench_idle_{scale}"),
+            |pool, stop| write_at_rate(pool, targets.clone(), cli.writer_rate, stop),
+        )
+        .await?
+        .total_ms,
+    );
 
     let mut methods = Vec::new();
     for name in ["sexton", "sexton c=1", "raw", "raw+markers", "naive"] {
@@ -288,8 +318,8 @@ async fn measure_scale(
         .await?;
         // Each method times itself (sexton from its worker being up, see `run_sexton`).
         let mut method = match name {
-            "sexton" => run_sexton(cli, &db, &run_files, name, 2, PED).await?,
-            "sexton c=1" => run_sexton(cli, &db, &run_files, name, 1, PED).await?,
+            "sexton" => run_sexton(cli, &db, &run_files, name, 2, &PED, &[]).await?,
+            "sexton c=1" => run_sexton(cli, &db, &run_files, name, 1, &PED, &[]).await?,
             "raw" => run_raw(base, &db, false).await?,
             "raw+markers" => run_raw(base, &db, true).await?,
             _ => run_naive(base, &db).await?,
@@ -352,7 +382,7 @@ async fn measure_scale(
         )
         .await?;
         let mut method = match name {
-            "sessions" => run_sexton(cli, &db, &run_files, name, 2, SESSIONS).await?,
+            "sessions" => run_sexton(cli, &db, &run_files, name, 2, &SESSIONS, &[]).await?,
             _ => run_raw_sessions(base, &db).await?,
         };
         stop.store(true, Ordering::Relaxed);
@@ -394,16 +424,469 @@ async fn measure_scale(
     })
 }
 
-/// The job labels a run of sexton is timed by.
-const PED: &str = "prune_execution_details";
-const SESSIONS: &str = "session_retention";
+/// A short-lived record kind the expiry part measures (SPEC §4).
+struct Expiring {
+    table: &'static str,
+    job: &'static str,
+    /// Its age setting, as an environment override names it (`SEXTON_EXPIRY__…`).
+    setting: &'static str,
+    /// Its age in days, the default (config/default.toml).
+    days: i32,
+    id: Id,
+    /// Adds rows: `$1` the pass start, `$2` how many, created evenly from `$3` to `$4` days
+    /// before the pass, oldest first (an append-only table's order), with a 100-byte payload.
+    fill: &'static str,
+    /// What the writer's new records hang on, and the insert of one (`$1` that parent).
+    parent: &'static str,
+    insert: &'static str,
+}
+
+/// A record kind's id type.
+#[derive(Debug, Clone, Copy)]
+enum Id {
+    Uuid,
+    BigInt,
+}
+
+impl Id {
+    fn sql(self) -> &'static str {
+        match self {
+            Id::Uuid => "uuid",
+            Id::BigInt => "bigint",
+        }
+    }
+}
+
+/// The ages the expiry jobs read, as `SEXTON_EXPIRY__…` names them.
+const EXPIRY_AGES: [&str; 4] = [
+    "HANDOFFS_DAYS",
+    "DREAM_PRELOADS_DAYS",
+    "WORKING_RECORDS_DAYS",
+    "CONVERSATION_EVENTS_DAYS",
+];
+
+/// The oldest expired record, in days before the pass.
+const OLDEST_DAYS: f64 = 400.0;
+
+static EXPIRING: [Expiring; 2] = [
+    Expiring {
+        table: "handoffs",
+        job: "expire_handoffs",
+        setting: "HANDOFFS_DAYS",
+        days: 14,
+        id: Id::Uuid,
+        fill: "WITH p AS (SELECT array_agg(id ORDER BY id) AS agents FROM agents)
+            INSERT INTO handoffs (account_id, agent_id, payload, created_at)
+            SELECT a.account_id, a.id, jsonb_build_object('text', repeat('x', 100)),
+                   $1 - $3 * interval '1 day' + (g::float8 / $2) * ($3 - $4) * interval '1 day'
+            FROM p CROSS JOIN generate_series(1, $2) g
+            JOIN agents a ON a.id = p.agents[1 + g % cardinality(p.agents)]",
+        parent: "SELECT id::text FROM agents ORDER BY id LIMIT 1",
+        insert: "INSERT INTO handoffs (account_id, agent_id, payload)
+            SELECT account_id, id, jsonb_build_object('text', repeat('x', 100))
+            FROM agents WHERE id = $1::uuid",
+    },
+    Expiring {
+        table: "conversation_events",
+        job: "expire_conversation_events",
+        setting: "CONVERSATION_EVENTS_DAYS",
+        days: 30,
+        id: Id::BigInt,
+        fill: "WITH p AS (SELECT array_agg(id ORDER BY id) AS conversations FROM conversations)
+            INSERT INTO conversation_events (conversation_id, kind, payload, created_at)
+            SELECT p.conversations[1 + g % cardinality(p.conversations)], 'delta',
+                   jsonb_build_object('text', repeat('x', 100)),
+                   $1 - $3 * interval '1 day' + (g::float8 / $2) * ($3 - $4) * interval '1 day'
+            FROM p, generate_series(1, $2) g",
+        parent: "SELECT id::text FROM conversations ORDER BY id LIMIT 1",
+        insert: "INSERT INTO conversation_events (conversation_id, kind, payload)
+            VALUES ($1::uuid, 'delta', jsonb_build_object('text', repeat('x', 100)))",
+    },
+];
+
+impl Expiring {
+    /// The cutoff of a pass at the pass start: rows created before it expire.
+    fn cutoff(&self) -> DateTime<Utc> {
+        pass_start() - chrono::Duration::days(self.days.into())
+    }
+
+    /// The worker's settings for a pass of this kind alone: its age, the batch, every other
+    /// kind off.
+    fn sexton_env(&self, batch: u32) -> Vec<(String, String)> {
+        let mut env = vec![("SEXTON_EXPIRY__BATCH_SIZE".to_owned(), batch.to_string())];
+        for age in EXPIRY_AGES {
+            let days = if age == self.setting { self.days } else { 0 };
+            env.push((format!("SEXTON_EXPIRY__{age}"), days.to_string()));
+        }
+        env
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Expiry {
+    measured_at: DateTime<Utc>,
+    machine: String,
+    /// Measured by `--only expiry`, in another run than the scales.
+    separate_run: bool,
+    /// Expired rows asked for per table (a tenth as many young ones).
+    rows: u64,
+    batch_size: u32,
+    writer_rate: u32,
+    /// Building the template: migrations, rows, indexes' growth, VACUUM and ANALYZE.
+    fill_seconds: f64,
+    tables: Vec<ExpiryTable>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct ExpiryTable {
+    table: &'static str,
+    job: &'static str,
+    days: i32,
+    expired: i64,
+    young: i64,
+    idle_writer: Latency,
+    idle_writer_longest_lock_wait_ms: f64,
+    methods: Vec<ExpiryMethod>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct ExpiryMethod {
+    /// Rates are of rows deleted (`owners_per_s` = `rows_per_s`).
+    #[serde(flatten)]
+    method: Method,
+    deleted: i64,
+    /// Expired rows left: sexton skips a row the writer holds (`busy`), for the next pass.
+    left: i64,
+}
+
+/// The short-lived records: one template with `rows` expired handoffs and conversation events
+/// and a tenth as many young ones; on a copy per method, a sexton pass of one kind and the raw
+/// batched delete of the same rows, with the application writer beside each.
+async fn measure_expiry(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+) -> anyhow::Result<Expiry> {
+    let template = "benchexp_template";
+    let files = cli.scratch.join("files-expiry");
+    recreate(admin, template, None).await?;
+    let _ = std::fs::remove_dir_all(&files);
+    for (_, dir) in ROOTS {
+        std::fs::create_dir_all(files.join(dir))?;
+    }
+    eprintln!("expiry: filling {} expired rows per table", cli.expiry_rows);
+    let started = Instant::now();
+    if !sexton(cli, template, &files, &["migrate"])
+        .status()
+        .await?
+        .success()
+    {
+        bail!("migrating {template} failed");
+    }
+    let pool = connect(base, template, "bench").await?;
+    fill_expiry(&pool, cli.expiry_rows).await?;
+    let fill_seconds = started.elapsed().as_secs_f64();
+    // What each kind holds, and the writer's records: a hundred old ones (the pass's) and a
+    // hundred young ones, and the parent of its new ones.
+    let mut prepared = Vec::new();
+    for kind in &EXPIRING {
+        let (expired, young) = counts(&pool, kind).await?;
+        let targets: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "(SELECT id::text FROM {t} WHERE created_at < $1 ORDER BY md5(id::text) LIMIT 100)
+             UNION ALL
+             (SELECT id::text FROM {t} WHERE created_at >= $1 ORDER BY md5(id::text) LIMIT 100)",
+            t = kind.table
+        )))
+        .bind(kind.cutoff())
+        .fetch_all(&pool)
+        .await?;
+        let parent: String = sqlx::query_scalar(kind.parent).fetch_one(&pool).await?;
+        prepared.push((kind, expired, young, targets, parent));
+    }
+    // A template is copied only with no one connected.
+    pool.close().await;
+    let mut tables = Vec::new();
+    for (kind, expired, young, targets, parent) in prepared {
+        let writes = |pool: PgPool, stop: Arc<AtomicBool>| {
+            touch_at_rate(
+                pool,
+                kind,
+                targets.clone(),
+                parent.clone(),
+                cli.writer_rate,
+                stop,
+            )
+        };
+        eprintln!(
+            "expiry: {} ({expired} expired, {young} young): idle writer",
+            kind.table
+        );
+        let idle = idle_baseline(cli, admin, base, template, "benchexp_idle", writes).await?;
+        let idle_writer_longest_lock_wait_ms = max_ms(&idle.lock_wait_ms);
+        let idle_writer = Latency::of(idle.total_ms);
+        let mut methods = Vec::new();
+        for name in ["sexton", "raw"] {
+            eprintln!("expiry: {} {name}", kind.table);
+            let db = format!("benchexp_{name}_{}", kind.table);
+            recreate(admin, &db, Some(template)).await?;
+            let writer_pool = connect(base, &db, "bench-writer").await?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let (writer, sampler) =
+                beside(base, &db, writes(writer_pool.clone(), stop.clone()), &stop).await?;
+            let mut method = match name {
+                "sexton" => {
+                    let pass = Pass {
+                        job: kind.job,
+                        global: true,
+                    };
+                    let env = kind.sexton_env(cli.expiry_batch);
+                    run_sexton(cli, &db, &files, name, 2, &pass, &env).await?
+                }
+                _ => run_raw_expiry(base, &db, kind, cli.expiry_batch).await?,
+            };
+            stop.store(true, Ordering::Relaxed);
+            let writer = writer.await??;
+            let longest = sampler.await??;
+            writer_pool.close().await;
+            let check = connect(base, &db, "bench").await?;
+            let (left, young_after) = counts(&check, kind).await?;
+            check.close().await;
+            // Only the writer's old records can be held when the pass goes by.
+            if young_after != young || (name == "raw" && left > 0) || left > 100 {
+                bail!(
+                    "{name} left {left} expired {} and {young_after} of {young} young ones",
+                    kind.table
+                );
+            }
+            let deleted = expired - left;
+            score(&mut method, deleted, deleted, writer, longest);
+            methods.push(ExpiryMethod {
+                method,
+                deleted,
+                left,
+            });
+            drop_db(admin, &db).await?;
+        }
+        tables.push(ExpiryTable {
+            table: kind.table,
+            job: kind.job,
+            days: kind.days,
+            expired,
+            young,
+            idle_writer,
+            idle_writer_longest_lock_wait_ms,
+            methods,
+        });
+    }
+    drop_db(admin, template).await?;
+    let _ = std::fs::remove_dir_all(&files);
+    Ok(Expiry {
+        measured_at: Utc::now(),
+        machine: machine(),
+        separate_run: cli.only == Some(Part::Expiry),
+        rows: cli.expiry_rows,
+        batch_size: cli.expiry_batch,
+        writer_rate: cli.writer_rate,
+        fill_seconds,
+        tables,
+    })
+}
+
+/// The template's rows: an account (execution retention off) with ten agents and a hundred
+/// conversations, and for each kind `rows` expired records and a tenth as many young ones.
+/// Nothing else: the other jobs find no work.
+async fn fill_expiry(pool: &PgPool, rows: u64) -> anyhow::Result<()> {
+    let account: Uuid = sqlx::query_scalar(
+        "INSERT INTO accounts (name, execution_details_retention_days)
+         VALUES ('bench', NULL) RETURNING id",
+    )
+    .fetch_one(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO agents (account_id, name) SELECT $1, 'agent ' || g FROM generate_series(1, 10) g",
+    )
+    .bind(account)
+    .execute(pool)
+    .await?;
+    sqlx::query("INSERT INTO conversations (account_id) SELECT $1 FROM generate_series(1, 100)")
+        .bind(account)
+        .execute(pool)
+        .await?;
+    let rows = i64::try_from(rows)?;
+    for kind in &EXPIRING {
+        let days = f64::from(kind.days);
+        // Expired, then young (1 day to a day short of the age): far from the cutoff both.
+        for (count, oldest, youngest) in [
+            (rows, OLDEST_DAYS, days + 1.0),
+            (rows / 10, days - 1.0, 1.0),
+        ] {
+            sqlx::query(kind.fill)
+                .bind(pass_start())
+                .bind(count)
+                .bind(oldest)
+                .bind(youngest)
+                .execute(pool)
+                .await?;
+        }
+    }
+    // Every copy starts alike: hint bits set, visibility map full, statistics fresh.
+    sqlx::query("VACUUM (FREEZE, ANALYZE)")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// A kind's expired rows, and its young ones from before the pass (the writer's new records
+/// come after it).
+async fn counts(pool: &PgPool, kind: &Expiring) -> anyhow::Result<(i64, i64)> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FILTER (WHERE created_at < $1),
+                count(*) FILTER (WHERE created_at >= $1 AND created_at < $2)
+         FROM {}",
+        kind.table
+    )))
+    .bind(kind.cutoff())
+    .bind(pass_start())
+    .fetch_one(pool)
+    .await?)
+}
+
+/// The floor for short-lived records: the next `batch` expired ids in (created_at, id) order,
+/// then `DELETE … WHERE id = ANY($1)`, each batch its own transaction; no lock, no re-check.
+async fn run_raw_expiry(
+    base: &PgConnectOptions,
+    db: &str,
+    kind: &Expiring,
+    batch: u32,
+) -> anyhow::Result<Method> {
+    let started = Instant::now();
+    let pool = connect(base, db, "bench-raw").await?;
+    match kind.id {
+        Id::Uuid => raw_batches::<Uuid>(&pool, kind, batch).await?,
+        Id::BigInt => raw_batches::<i64>(&pool, kind, batch).await?,
+    }
+    pool.close().await;
+    let mut m = method("raw");
+    m.seconds = started.elapsed().as_secs_f64();
+    Ok(m)
+}
+
+async fn raw_batches<T>(pool: &PgPool, kind: &Expiring, batch: u32) -> anyhow::Result<()>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+    Vec<T>: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    let next = format!(
+        "SELECT id FROM {} WHERE created_at < $1 ORDER BY created_at, id LIMIT $2",
+        kind.table
+    );
+    let delete = format!("DELETE FROM {} WHERE id = ANY($1)", kind.table);
+    loop {
+        let ids: Vec<T> = sqlx::query_scalar(sqlx::AssertSqlSafe(next.clone()))
+            .bind(kind.cutoff())
+            .bind(i64::from(batch))
+            .fetch_all(pool)
+            .await?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(sqlx::AssertSqlSafe(delete.clone()))
+            .bind(ids)
+            .execute(pool)
+            .await?;
+    }
+}
+
+/// An application on short-lived records at `rate` per second: lock one record (old or young,
+/// by turns), update it if it is still there, and add a new one.
+async fn touch_at_rate(
+    pool: PgPool,
+    kind: &'static Expiring,
+    targets: Vec<String>,
+    parent: String,
+    rate: u32,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Writes> {
+    let (table, id) = (kind.table, kind.id.sql());
+    let lock = format!("SELECT 1 FROM {table} WHERE id = $1::{id} FOR UPDATE");
+    let update =
+        format!("UPDATE {table} SET payload = payload || '{{\"seen\": true}}' WHERE id = $1::{id}");
+    at_rate(rate, stop, targets, move |target| {
+        let (pool, parent, lock, update) =
+            (pool.clone(), parent.clone(), lock.clone(), update.clone());
+        async move {
+            let mut tx = pool.begin().await?;
+            let locking = Instant::now();
+            let found = sqlx::query(sqlx::AssertSqlSafe(lock))
+                .bind(&target)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let lock_wait = locking.elapsed();
+            if found.is_some() {
+                sqlx::query(sqlx::AssertSqlSafe(update))
+                    .bind(&target)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(kind.insert)
+                .bind(&parent)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(lock_wait)
+        }
+    })
+    .await
+}
+
+/// The job a run of sexton is timed by. A job per account runs one chain of hops per account,
+/// up to `queue.concurrency` at once; a global job runs one chain, a hop at a time.
+struct Pass {
+    job: &'static str,
+    global: bool,
+}
+
+const PED: Pass = Pass {
+    job: "prune_execution_details",
+    global: false,
+};
+const SESSIONS: Pass = Pass {
+    job: "session_retention",
+    global: false,
+};
+
+/// The writer's idle baseline: `writes` alone for `baseline_seconds` on a fresh copy `db` of
+/// `template`.
+async fn idle_baseline<F, Fut>(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    template: &str,
+    db: &str,
+    writes: F,
+) -> anyhow::Result<Writes>
+where
+    F: FnOnce(PgPool, Arc<AtomicBool>) -> Fut,
+    Fut: Future<Output = anyhow::Result<Writes>> + Send + 'static,
+{
+    recreate(admin, db, Some(template)).await?;
+    let pool = connect(base, db, "bench-writer").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn(writes(pool.clone(), stop.clone()));
+    tokio::time::sleep(Duration::from_secs(cli.baseline_seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let idle = writer.await??;
+    pool.close().await;
+    drop_db(admin, db).await?;
+    Ok(idle)
+}
 
 /// What runs beside a method until `stop`: the application's `writes` and the sampler of the
 /// deleter's longest transaction.
 async fn beside(
     base: &PgConnectOptions,
     db: &str,
-    writes: impl std::future::Future<Output = anyhow::Result<Writes>> + Send + 'static,
+    writes: impl Future<Output = anyhow::Result<Writes>> + Send + 'static,
     stop: &Arc<AtomicBool>,
 ) -> anyhow::Result<(
     tokio::task::JoinHandle<anyhow::Result<Writes>>,
@@ -422,11 +905,15 @@ fn score(method: &mut Method, items: i64, rows: i64, writer: Writes, longest: (f
     method.owners_per_s = items as f64 / method.seconds;
     method.rows_per_s = rows as f64 / method.seconds;
     method.writer = Latency::of(writer.total_ms);
-    method.writer_longest_lock_wait_ms = writer.lock_wait_ms.iter().copied().fold(0.0, f64::max);
+    method.writer_longest_lock_wait_ms = max_ms(&writer.lock_wait_ms);
     (
         method.longest_transaction_ms,
         method.longest_transaction_query,
     ) = longest;
+}
+
+fn max_ms(ms: &[f64]) -> f64 {
+    ms.iter().copied().fold(0.0, f64::max)
 }
 
 fn method(name: &'static str) -> Method {
@@ -450,17 +937,20 @@ fn method(name: &'static str) -> Method {
 /// The environment of a sexton process on database `db` with file roots under `files`.
 fn sexton_env(db: &str, files: &Path) -> Vec<(String, std::ffi::OsString)> {
     let mut env = vec![("PGDATABASE".to_owned(), db.into())];
-    for (setting, dir) in [
-        ("OUTPUT_ROOT", "outputs"),
-        ("ATTACHMENTS_ROOT", "attachments"),
-        ("ARTIFACTS_ROOT", "artifacts"),
-        ("SESSIONS_ROOT", "sessions"),
-        ("TRACES_ROOT", "traces"),
-    ] {
+    for (setting, dir) in ROOTS {
         env.push((format!("SEXTON_PATHS__{setting}"), files.join(dir).into()));
     }
     env
 }
+
+/// The file roots sexton is given (`[paths]`), each a directory under the run's files.
+const ROOTS: [(&str, &str); 5] = [
+    ("OUTPUT_ROOT", "outputs"),
+    ("ATTACHMENTS_ROOT", "attachments"),
+    ("ARTIFACTS_ROOT", "artifacts"),
+    ("SESSIONS_ROOT", "sessions"),
+    ("TRACES_ROOT", "traces"),
+];
 
 fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&cli.sexton);
@@ -472,16 +962,18 @@ fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::C
 }
 
 /// sexton as an operator runs it: a tick, then one worker through the queue until idle, running
-/// `concurrency` hops at a time (the default is 2; 1 leaves the database more room). The
-/// pass is timed as a running fleet sees it: from the worker being up (the slot waiting in the
-/// queue) to its last hop — neither the process start nor the wait for an idle queue.
+/// `concurrency` hops at a time (the default is 2; 1 leaves the database more room), with the
+/// worker's settings overridden by `env` (`SEXTON_…` variables). The pass is timed as a running
+/// fleet sees it: from the worker being up (the slot waiting in the queue) to its last hop of
+/// `pass.job` — neither the process start nor the wait for an idle queue.
 async fn run_sexton(
     cli: &Cli,
     db: &str,
     files: &Path,
     name: &'static str,
     concurrency: u32,
-    job: &str,
+    pass: &Pass,
+    env: &[(String, String)],
 ) -> anyhow::Result<Method> {
     let tick = sexton(
         cli,
@@ -502,6 +994,7 @@ async fn run_sexton(
         .envs(sexton_env(db, files))
         .env("SEXTON_LOG__FORMAT", "json")
         .env("SEXTON_QUEUE__CONCURRENCY", concurrency.to_string())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -521,7 +1014,7 @@ async fn run_sexton(
         if event["message"] == "worker started" {
             started = Instant::now();
         }
-        if event["message"] == "hop done" && event["span"]["job"] == job {
+        if event["message"] == "hop done" && event["span"]["job"] == pass.job {
             let ms = event["elapsed_ms"].as_f64().unwrap_or(0.0);
             let candidates = event["candidates"].as_f64().unwrap_or(0.0);
             if candidates > 0.0 {
@@ -537,14 +1030,19 @@ async fn run_sexton(
         bail!("the sexton worker failed");
     }
     let wall = last_hop;
-    let concurrency = f64::from(concurrency);
+    // How many of this job's hops can run at once: a global job's pass is one chain.
+    let lanes = if pass.global {
+        1.0
+    } else {
+        f64::from(concurrency)
+    };
     let mut m = method(name);
     m.seconds = last_hop;
     m.hop = Some(Latency::of(hops));
     m.hop_us_per_candidate = Some(Latency::of(per_candidate));
     m.peak_rss_kb = rss;
-    m.share_outside_owner_transactions = Some(1.0 - owner_s / (wall * concurrency));
-    m.share_outside_hops = Some(1.0 - hop_s / (wall * concurrency));
+    m.share_outside_owner_transactions = Some(1.0 - owner_s / (wall * lanes));
+    m.share_outside_hops = Some(1.0 - hop_s / (wall * lanes));
     Ok(m)
 }
 
@@ -616,41 +1114,30 @@ async fn append_at_rate(
     rate: u32,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Writes> {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut writes = Writes {
-        total_ms: Vec::new(),
-        lock_wait_ms: Vec::new(),
-    };
-    let mut i = 0;
-    while !stop.load(Ordering::Relaxed) && !targets.is_empty() {
-        tick.tick().await;
-        let session = targets[i % targets.len()];
-        i += 1;
-        let started = Instant::now();
-        let mut tx = pool.begin().await?;
-        let locking = Instant::now();
-        let found = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-            .bind(session)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let lock_wait = locking.elapsed();
-        if found.is_some() {
-            sqlx::query(
-                "INSERT INTO conversation_entries (session_id, entry_id, seq, payload)
-                 VALUES ($1, gen_random_uuid()::text, 0, '{}')",
-            )
-            .bind(session)
-            .execute(&mut *tx)
-            .await?;
+    at_rate(rate, stop, targets, move |session| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            let locking = Instant::now();
+            let found = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(session)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let lock_wait = locking.elapsed();
+            if found.is_some() {
+                sqlx::query(
+                    "INSERT INTO conversation_entries (session_id, entry_id, seq, payload)
+                     VALUES ($1, gen_random_uuid()::text, 0, '{}')",
+                )
+                .bind(session)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(lock_wait)
         }
-        tx.commit().await?;
-        writes
-            .total_ms
-            .push(started.elapsed().as_secs_f64() * 1000.0);
-        writes.lock_wait_ms.push(lock_wait.as_secs_f64() * 1000.0);
-    }
-    Ok(writes)
+    })
+    .await
 }
 
 /// The naive delete: one statement per table over every owner.
@@ -684,10 +1171,45 @@ async fn writer_targets(pool: &PgPool) -> anyhow::Result<Vec<(Uuid, Uuid)>> {
 }
 
 /// What the application writer saw: each transaction's latency, and how long it waited for its
-/// two locks, in ms.
+/// locks, in ms.
 struct Writes {
     total_ms: Vec<f64>,
     lock_wait_ms: Vec<f64>,
+}
+
+/// An application at a fixed `rate` until `stop`: one transaction per tick, over `targets` in
+/// turn. `transaction` runs one (from its `BEGIN` to its commit) and returns how long it waited
+/// for its locks; its whole latency is measured here.
+async fn at_rate<T, F, Fut>(
+    rate: u32,
+    stop: Arc<AtomicBool>,
+    targets: Vec<T>,
+    mut transaction: F,
+) -> anyhow::Result<Writes>
+where
+    T: Clone,
+    F: FnMut(T) -> Fut,
+    Fut: Future<Output = anyhow::Result<Duration>>,
+{
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut writes = Writes {
+        total_ms: Vec::new(),
+        lock_wait_ms: Vec::new(),
+    };
+    for target in targets.iter().cycle() {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        tick.tick().await;
+        let started = Instant::now();
+        let lock_wait = transaction(target.clone()).await?;
+        writes
+            .total_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
+        writes.lock_wait_ms.push(lock_wait.as_secs_f64() * 1000.0);
+    }
+    Ok(writes)
 }
 
 /// The application writer (materialization and convergence) at a fixed rate: lock the
@@ -698,45 +1220,36 @@ async fn write_at_rate(
     rate: u32,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Writes> {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut writes = Writes {
-        total_ms: Vec::new(),
-        lock_wait_ms: Vec::new(),
-    };
-    let mut i = 0;
-    while !stop.load(Ordering::Relaxed) {
-        tick.tick().await;
-        let (conversation, run) = targets[i % targets.len()];
-        i += 1;
-        let started = Instant::now();
-        let mut tx = pool.begin().await?;
-        let locking = Instant::now();
-        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-            .bind(conversation)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
-            .bind(run)
-            .execute(&mut *tx)
-            .await?;
-        let lock_wait = locking.elapsed();
-        sqlx::query("UPDATE runs SET requested_model = requested_model WHERE id = $1")
-            .bind(run)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("INSERT INTO conversation_events (conversation_id, run_id, kind) VALUES ($1, $2, 'materialized')")
+    at_rate(rate, stop, targets, move |(conversation, run)| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            let locking = Instant::now();
+            sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+                .bind(conversation)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+                .bind(run)
+                .execute(&mut *tx)
+                .await?;
+            let lock_wait = locking.elapsed();
+            sqlx::query("UPDATE runs SET requested_model = requested_model WHERE id = $1")
+                .bind(run)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO conversation_events (conversation_id, run_id, kind) VALUES ($1, $2, 'materialized')",
+            )
             .bind(conversation)
             .bind(run)
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
-        writes
-            .total_ms
-            .push(started.elapsed().as_secs_f64() * 1000.0);
-        writes.lock_wait_ms.push(lock_wait.as_secs_f64() * 1000.0);
-    }
-    Ok(writes)
+            tx.commit().await?;
+            Ok(lock_wait)
+        }
+    })
+    .await
 }
 
 /// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity.
@@ -818,9 +1331,128 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_results(cli: &Cli, results: &[Scale]) -> anyhow::Result<()> {
+/// What a run writes: the scales measured so far, or the short-lived records.
+enum Section<'a> {
+    Scales(&'a [Scale]),
+    Expiry(&'a Expiry),
+}
+
+/// The heading the short-lived records' section starts with, in latest.md.
+const EXPIRY_HEADING: &str = "## Short-lived records";
+
+/// Writes `section` into latest.json (`scales`, or `expiry`) and latest.md (the tables at the
+/// top, or the section under [`EXPIRY_HEADING`]), keeping what the files hold of the other part.
+fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cli.out)?;
-    let machine = format!(
+    let (json_path, md_path) = (cli.out.join("latest.json"), cli.out.join("latest.md"));
+    let mut json = match std::fs::read_to_string(&json_path) {
+        Ok(text) => json_members(&text)
+            .with_context(|| format!("{} is not a JSON object", json_path.display()))?,
+        Err(_) => Vec::new(),
+    };
+    let md = std::fs::read_to_string(&md_path).unwrap_or_default();
+    let (mut scales, mut expiry) = match md.find(EXPIRY_HEADING) {
+        Some(at) => (md[..at].to_owned(), md[at..].to_owned()),
+        None => (md, String::new()),
+    };
+    match section {
+        Section::Scales(results) => {
+            let machine = machine();
+            set_member(&mut json, "machine", &machine)?;
+            set_member(&mut json, "measured_at", &Utc::now().to_rfc3339())?;
+            set_member(&mut json, "scales", results)?;
+            scales = format!(
+                "Measured {} on {machine}.\n\n{}",
+                Utc::now().format("%Y-%m-%d"),
+                markdown(results)
+            );
+        }
+        Section::Expiry(e) => {
+            set_member(&mut json, "expiry", e)?;
+            expiry = expiry_markdown(e);
+        }
+    }
+    let members: Vec<String> = json
+        .iter()
+        .map(|(key, value)| format!("  {}: {value}", serde_json::Value::from(key.as_str())))
+        .collect();
+    std::fs::write(&json_path, format!("{{\n{}\n}}", members.join(",\n")))?;
+    let parts: Vec<&str> = [&scales, &expiry]
+        .into_iter()
+        .map(|part| part.trim_end())
+        .filter(|part| !part.is_empty())
+        .collect();
+    std::fs::write(&md_path, parts.join("\n\n") + "\n")?;
+    Ok(())
+}
+
+/// The members of a JSON object's text in order, each as its key and its value's text, as
+/// written: parsing and printing them again would change the last digit of some figures.
+fn json_members(text: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let object: serde_json::Value = serde_json::from_str(text)?;
+    let count = object.as_object().context("not an object")?.len();
+    let (mut members, mut depth, mut start) = (Vec::new(), 0, 0);
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, b) in text.bytes().enumerate() {
+        if in_string {
+            (in_string, escaped) = match b {
+                _ if escaped => (true, false),
+                b'\\' => (true, true),
+                b'"' => (false, false),
+                _ => (true, false),
+            };
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth == 1 {
+                    start = i + 1;
+                }
+            }
+            b'}' | b']' | b',' if depth == 1 => {
+                let member = text[start..i].trim();
+                if !member.is_empty() {
+                    let mut key = serde_json::Deserializer::from_str(member).into_iter::<String>();
+                    let name = key.next().context("a member without a key")??;
+                    let value = member[key.byte_offset()..].trim_start();
+                    let value = value.strip_prefix(':').context("a key without a value")?;
+                    members.push((name, value.trim().to_owned()));
+                }
+                start = i + 1;
+                if b != b',' {
+                    depth -= 1;
+                }
+            }
+            b'}' | b']' => depth -= 1,
+            _ => {}
+        }
+    }
+    if members.len() != count {
+        bail!("{} members found of {count}", members.len());
+    }
+    Ok(members)
+}
+
+/// Sets member `key` of an object held as [`json_members`] to `value`, pretty-printed as a
+/// member of the top level (appended if it is new).
+fn set_member(
+    members: &mut Vec<(String, String)>,
+    key: &str,
+    value: &(impl Serialize + ?Sized),
+) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?.replace('\n', "\n  ");
+    match members.iter_mut().find(|(name, _)| name == key) {
+        Some(member) => member.1 = text,
+        None => members.push((key.to_owned(), text)),
+    }
+    Ok(())
+}
+
+/// The machine, as the results name it: cores and CPU model.
+fn machine() -> String {
+    format!(
         "{} cores, {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -836,25 +1468,54 @@ fn write_results(cli: &Cli, results: &[Scale]) -> anyhow::Result<()> {
                     .to_owned())
             )
             .unwrap_or_default()
+    )
+}
+
+/// The short-lived records' section of latest.md.
+fn expiry_markdown(e: &Expiry) -> String {
+    let when = if e.separate_run {
+        "in a separate run from the tables above (`bash bench/run.sh --only expiry`)"
+    } else {
+        "in the same run as the tables above"
+    };
+    let mut md = format!(
+        "{EXPIRY_HEADING}\n\nMeasured {} on {}, {when}. Each table holds {} expired rows (created evenly from {OLDEST_DAYS:.0} days to a day past its age before the pass, oldest first) and {} young ones that must stay, built in {:.0} s; each method runs on its own copy. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings but `expiry.batch_size = {}` and every other kind at 0 days), timed from the worker being up to its last hop. raw: `SELECT id … WHERE created_at < cutoff ORDER BY created_at, id LIMIT {}`, then `DELETE … WHERE id = ANY($1)`, each batch its own transaction, with no lock and no re-check. Beside each, an application writer ({} per second) locks one record (old or young, by turns), updates it if it is still there, inserts a new one and commits. \"left\" counts expired rows sexton skipped because the writer held them (`busy`, for the next pass).\n\n| table | expired rows | method | seconds | rows deleted | left | rows/s | vs raw | writer p50 / p99 / max ms (idle) | writer longest lock wait ms (idle) | longest tx ms | hop median / p99 ms | µs per row read (median hop) | peak RSS MB | outside batch statements |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        e.measured_at.format("%Y-%m-%d"),
+        e.machine,
+        e.rows,
+        e.rows / 10,
+        e.fill_seconds,
+        e.batch_size,
+        e.batch_size,
+        e.writer_rate,
     );
-    let json = serde_json::json!({
-        "measured_at": Utc::now().to_rfc3339(),
-        "machine": machine,
-        "scales": results,
-    });
-    std::fs::write(
-        cli.out.join("latest.json"),
-        serde_json::to_string_pretty(&json)?,
-    )?;
-    std::fs::write(
-        cli.out.join("latest.md"),
-        format!(
-            "Measured {} on {machine}.\n\n{}",
-            Utc::now().format("%Y-%m-%d"),
-            markdown(results)
-        ),
-    )?;
-    Ok(())
+    for t in &e.tables {
+        let raw = t
+            .methods
+            .iter()
+            .find(|m| m.method.name == "raw")
+            .map_or(0.0, |m| m.method.rows_per_s);
+        for ExpiryMethod {
+            method: m,
+            deleted,
+            left,
+        } in &t.methods
+        {
+            md.push_str(&format!(
+                "| {} | {} | {} | {:.1} | {} | {} | {:.0} | {:.2}× | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} ({:.1}) | {:.0} | {} | {} | {} | {} |\n",
+                t.table, t.expired, m.name, m.seconds, deleted, left, m.rows_per_s, m.rows_per_s / raw,
+                m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
+                t.idle_writer.p50_ms, t.idle_writer.p99_ms, t.idle_writer.max_ms,
+                m.writer_longest_lock_wait_ms, t.idle_writer_longest_lock_wait_ms,
+                m.longest_transaction_ms,
+                m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
+                m.hop_us_per_candidate.map_or("—".into(), |h| format!("{:.1}", h.p50_ms)),
+                m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
+                m.share_outside_owner_transactions.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
+            ));
+        }
+    }
+    md
 }
 
 fn markdown(results: &[Scale]) -> String {
