@@ -153,9 +153,15 @@ async fn ex2_conversation_runs_age_from_completed_at_not_delivered_at(pool: PgPo
     let mut spec = RunSpec::conversation(account, conversation, 0.0);
     spec.completed_at = None;
     let unfinished = env.run(spec).await;
+    // The reverse: completed long ago, delivered just now: completed_at decides, it goes.
+    let mut spec = RunSpec::conversation(account, conversation, 200.0);
+    spec.delivered_at = Some(days_before_pass(1.0));
+    let delivered_late = env.run(spec).await;
     env.pass(account).await;
     assert!(fixture::has_detail(&env.pool, late.id).await);
     assert!(fixture::has_detail(&env.pool, unfinished.id).await);
+    assert!(fixture::is_pruned(&env.pool, delivered_late.id).await);
+    assert_eq!(fixture::detail_rows(&env.pool, delivered_late.id).await, 0);
 }
 
 #[sqlx::test]
@@ -203,11 +209,17 @@ async fn ex2_standalone_and_inference_runs_are_never_touched(pool: PgPool) {
         ..RunSpec::conversation(account, conversation, 300.0)
     };
     untouched.push(env.run(spec).await);
+    // The control: a conversation run as old as they are goes.
+    let owner = env
+        .run(RunSpec::conversation(account, conversation, 300.0))
+        .await;
     env.pass(account).await;
     for run in untouched {
         assert!(fixture::has_detail(&env.pool, run.id).await);
         assert!(!fixture::is_pruned(&env.pool, run.id).await);
     }
+    assert!(fixture::is_pruned(&env.pool, owner.id).await);
+    assert_eq!(fixture::detail_rows(&env.pool, owner.id).await, 0);
 }
 
 #[sqlx::test]
@@ -417,7 +429,16 @@ async fn ex5_each_blocker_holds_its_run_back_until_it_resolves(pool: PgPool) {
         (delegating, RetainReason::OutstandingDelegation),
         (source, RetainReason::ActiveHistoryRequest),
     ] {
-        assert!(fixture::has_detail(&env.pool, run.id).await, "{reason:?}");
+        // The fixture's one row per table, and the second attempt this case added.
+        let expected = match reason {
+            RetainReason::PendingWork => fixture::WITH_SECOND_ATTEMPT,
+            _ => [1; 7],
+        };
+        assert_eq!(
+            fixture::detail_counts(&env.pool, run.id).await,
+            expected,
+            "{reason:?}"
+        );
         assert!(!fixture::is_pruned(&env.pool, run.id).await, "{reason:?}");
         assert_eq!(retained(&reports, reason), 1, "{reason:?} counted");
     }
@@ -575,7 +596,10 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
     writer.commit().await.unwrap();
     let report = hop.await.unwrap();
     assert_eq!(report.retained.get(&RetainReason::PendingWork), Some(&1));
-    assert!(fixture::has_detail(&env.pool, run.id).await);
+    assert_eq!(
+        fixture::detail_counts(&env.pool, run.id).await,
+        fixture::WITH_SECOND_ATTEMPT
+    );
     assert!(!fixture::is_pruned(&env.pool, run.id).await);
 }
 
@@ -755,16 +779,64 @@ fn spawn_pass(env: &Env, account: Uuid) -> tokio::task::JoinHandle<u32> {
     })
 }
 
+/// Counts the reads (or writes) that overlapped a pass: made while it was running and while the
+/// account was part pruned, part not. A test over concurrency requires enough of them, so that it
+/// cannot pass with every read before the pass started or after it ended.
+#[derive(Default)]
+struct Overlap {
+    all: usize,
+    mid_pass: usize,
+}
+
+impl Overlap {
+    /// Records one access made on `db` (inside its transaction, so that the state it counts is
+    /// the one the access saw).
+    async fn record<'e>(
+        &mut self,
+        db: impl sqlx::PgExecutor<'e>,
+        account: Uuid,
+        pass: &tokio::task::JoinHandle<u32>,
+    ) {
+        let (pruned, total): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE details_pruned_at IS NOT NULL), count(*)
+             FROM runs WHERE account_id = $1",
+        )
+        .bind(account)
+        .fetch_one(db)
+        .await
+        .unwrap();
+        self.all += 1;
+        if !pass.is_finished() && pruned > 0 && pruned < total {
+            self.mid_pass += 1;
+        }
+    }
+
+    fn require(&self, at_least: usize) {
+        assert!(
+            self.mid_pass >= at_least,
+            "only {} of {} accesses overlapped the pass mid-way",
+            self.mid_pass,
+            self.all
+        );
+    }
+}
+
+/// Settings that make a pass long: one owner per transaction, small windows.
+fn slow_pass(env: &mut Env, window: u32) {
+    env.settings.window_size = window;
+    env.settings.owners_per_transaction = 1;
+    env.settings.transaction_target = Duration::from_millis(1);
+}
+
 #[sqlx::test]
 async fn ex6_a_reader_that_locks_the_conversation_sees_owners_whole_or_pruned(pool: PgPool) {
     let mut env = Env::new(pool).await;
-    env.settings.window_size = 10;
+    slow_pass(&mut env, 10);
     let (account, conversations) = many_owners(&env, 8, 15).await;
     let pass = spawn_pass(&env, account);
     let mut reads = 0;
-    let mut seen_pruned = 0;
-    let mut seen_whole = 0;
-    while !pass.is_finished() || reads == 0 {
+    let mut overlap = Overlap::default();
+    while !pass.is_finished() {
         let conversation = conversations[reads % conversations.len()];
         let mut tx = env.pool.begin().await.unwrap();
         sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR SHARE")
@@ -786,30 +858,28 @@ async fn ex6_a_reader_that_locks_the_conversation_sees_owners_whole_or_pruned(po
                 Some(_) => {
                     assert_eq!(rows, 0, "a pruned owner with detail left");
                     assert_eq!(effects, Some(job::pruned_runner_effects()));
-                    seen_pruned += 1;
                 }
-                None => {
-                    assert_eq!(rows, 7, "an unpruned owner missing detail");
-                    seen_whole += 1;
-                }
+                None => assert_eq!(rows, 7, "an unpruned owner missing detail"),
             }
         }
+        overlap.record(&mut *tx, account, &pass).await;
         tx.commit().await.unwrap();
         reads += 1;
     }
     assert_eq!(pass.await.unwrap(), 120);
-    assert!(seen_pruned + seen_whole > 0);
+    overlap.require(10);
 }
 
 #[sqlx::test]
 async fn ex6_no_deadlock_with_a_writer_using_the_same_lock_order(pool: PgPool) {
     let mut env = Env::new(pool).await;
-    env.settings.window_size = 10;
+    slow_pass(&mut env, 10);
     env.settings.owner_lock_timeout = Duration::from_secs(10);
     let (account, conversations) = many_owners(&env, 6, 10).await;
     let pass = spawn_pass(&env, account);
     let mut writes = 0;
-    while !pass.is_finished() || writes == 0 {
+    let mut overlap = Overlap::default();
+    while !pass.is_finished() {
         let conversation = conversations[writes % conversations.len()];
         let mut tx = env.pool.begin().await.unwrap();
         sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
@@ -830,20 +900,24 @@ async fn ex6_no_deadlock_with_a_writer_using_the_same_lock_order(pool: PgPool) {
             .execute(&mut *tx)
             .await
             .expect("writer: insert");
+        overlap.record(&mut *tx, account, &pass).await;
         tx.commit().await.expect("writer: commit");
         writes += 1;
     }
     assert_eq!(pass.await.unwrap(), 60, "every owner pruned, no hop failed");
+    overlap.require(10);
 }
 
 #[sqlx::test]
 async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_window(pool: PgPool) {
     let mut env = Env::new(pool).await;
-    env.settings.window_size = 5;
+    slow_pass(&mut env, 5);
     let (account, conversations) = many_owners(&env, 4, 12).await;
     let pass = spawn_pass(&env, account);
     let mut reads = 0;
-    while !pass.is_finished() || reads == 0 {
+    let mut overlap = Overlap::default();
+    let mut rebuilt = 0;
+    while !pass.is_finished() {
         let conversation = conversations[reads % conversations.len()];
         // 1. Assemble the fixed window without locks: markers first, then each run's detail.
         let markers: Vec<(Uuid, Option<DateTime<Utc>>)> = sqlx::query_as(
@@ -887,6 +961,7 @@ async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_windo
                 "retained text survives"
             );
             window = text.iter().map(|(id, _)| (*id, false, 0)).collect();
+            rebuilt += 1;
         }
         // The sealed window never holds a run whose detail was read half-removed.
         for (run, with_detail, tasks) in &window {
@@ -894,7 +969,10 @@ async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_windo
                 assert_eq!(*tasks, 2, "run {run} assembled with partial detail");
             }
         }
+        overlap.record(&env.pool, account, &pass).await;
         reads += 1;
     }
     assert_eq!(pass.await.unwrap(), 48);
+    overlap.require(10);
+    assert!(rebuilt > 0, "no read met a marker that moved under it ({reads} reads)");
 }

@@ -9,6 +9,7 @@ use sexton::config::{ScheduleSettings, parse_cron};
 use sexton::queue::{self, PushOutcome};
 use sqlx::PgPool;
 use tokio::process::Command;
+use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
@@ -237,15 +238,45 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
             Proc::spawn(cmd)
         })
         .collect();
+    // One account's scope is held, as a hop of another replica would hold it, until a worker
+    // has met it busy: the contention is certain, not left to timing.
+    let held: Uuid = sqlx::query_scalar("SELECT id FROM accounts ORDER BY id LIMIT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let lock = sexton::hop::ScopeLock::try_take(&pool, "prune_execution_details", Some(held))
+        .await
+        .unwrap()
+        .expect("the scope is free before any worker runs");
     // Two passes at once for every account: yesterday's slot and today's.
     for slot in [pass_start() - chrono::Duration::days(1), pass_start()] {
         sexton::tick::tick(&pool, &settings, slot).await.unwrap();
     }
+    poll_until(Duration::from_secs(60), || async {
+        workers
+            .iter()
+            .any(|w| w.logged("another hop of this scope is running"))
+    })
+    .await;
+    lock.release().await;
     wait_until_idle(&pool).await;
     let mut lines = Vec::new();
     for worker in workers {
         lines.extend(worker.stop().await);
     }
+    let busy: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            e["message"] == "another hop of this scope is running; trying again later"
+                && e["span"]["job"] == "prune_execution_details"
+        })
+        .collect();
+    assert!(
+        busy.iter()
+            .any(|e| e["span"]["account"] == held.to_string().as_str()),
+        "a hop met the held account busy and was deferred"
+    );
     let intervals = hop_intervals(&lines);
     assert_eq!(intervals.len(), 4, "hops of every account were logged");
     for (account, mut hops) in intervals {

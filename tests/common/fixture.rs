@@ -179,9 +179,38 @@ pub async fn detail_rows<'e>(db: impl sqlx::PgExecutor<'e>, run: Uuid) -> i64 {
     .unwrap()
 }
 
-/// Whether the run still has all its detail (7 rows from the fixture, more if the case added).
+/// The run's rows in each detail table, in the order of [`DETAIL_TABLES`].
+pub async fn detail_counts(pool: &PgPool, run: Uuid) -> [i64; 7] {
+    let mut counts = [0; 7];
+    for (count, table) in counts.iter_mut().zip(DETAIL_TABLES) {
+        *count = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE run_id = $1"
+        )))
+        .bind(run)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    }
+    counts
+}
+
+/// The detail tables, as this oracle lists them (on purpose apart from the job's own list).
+pub const DETAIL_TABLES: [&str; 7] = [
+    "run_tasks",
+    "run_task_edges",
+    "tool_results",
+    "sealed_requests",
+    "reasoning_traces",
+    "invocation_attempts",
+    "output_files",
+];
+
+/// The fixture's detail with a second invocation attempt added by the case.
+pub const WITH_SECOND_ATTEMPT: [i64; 7] = [1, 1, 1, 1, 1, 2, 1];
+
+/// Whether the run still has exactly the detail the fixture wrote: one row in each table.
 pub async fn has_detail(pool: &PgPool, run: Uuid) -> bool {
-    detail_rows(pool, run).await >= 7
+    detail_counts(pool, run).await == [1; 7]
 }
 
 pub async fn is_pruned(pool: &PgPool, run: Uuid) -> bool {
