@@ -974,5 +974,8 @@ async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_windo
     }
     assert_eq!(pass.await.unwrap(), 48);
     overlap.require(10);
-    assert!(rebuilt > 0, "no read met a marker that moved under it ({reads} reads)");
+    assert!(
+        rebuilt > 0,
+        "no read met a marker that moved under it ({reads} reads)"
+    );
 }
