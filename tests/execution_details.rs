@@ -580,7 +580,7 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
         .await
         .unwrap();
     let hop = env.spawn_hop(Args::first(account, pass_start()));
-    common::wait_for_lock_waiter(&env.pool).await;
+    common::wait_for_lock_waiter(&env.pool, "conversations").await;
     sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
         .bind(run.id)
         .execute(&mut *writer)

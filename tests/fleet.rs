@@ -319,7 +319,7 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
         .unwrap();
-    common::wait_for_lock_waiter(&pool).await;
+    common::wait_for_lock_waiter(&pool, "conversations").await;
     a.child.start_kill().unwrap();
     a.child.wait().await.unwrap();
     writer.rollback().await.unwrap();

@@ -905,7 +905,7 @@ async fn ex5_pending_work_committed_while_an_owner_waits_for_its_run_wins(pool: 
         .run(RunSpec::conversation(account, elsewhere, 41.0))
         .await;
     let hop = env.spawn_hop(Args::first(account, pass_start()));
-    common::wait_for_lock_waiter(&env.pool).await;
+    common::wait_for_lock_waiter(&env.pool, "runs").await;
     writer.commit().await.unwrap();
     let report = hop.await.unwrap();
     assert!(

@@ -188,19 +188,22 @@ pub async fn seeded_backlog(pool: &PgPool, seed: u64) -> Backlog {
     }
 }
 
-/// Waits until some session of the test's database is blocked on a lock; fails the test after
+/// Waits until a session of the test's database is blocked on a lock while running a statement
+/// that locks rows `FROM <table>` — the waiter the test expects, not any; fails the test after
 /// 60 s rather than hang.
-pub async fn wait_for_lock_waiter(pool: &PgPool) {
+pub async fn wait_for_lock_waiter(pool: &PgPool, table: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no session waited for a lock within 60 s"
+            "no statement on {table} waited for a lock within 60 s"
         );
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND pid <> pg_backend_pid() AND query ILIKE '%FROM ' || $1 || ' %FOR %'",
         )
+        .bind(table)
         .fetch_one(pool)
         .await
         .unwrap();
