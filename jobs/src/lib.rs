@@ -7,6 +7,8 @@ pub mod attachment_expiry;
 pub mod clock;
 pub mod cutoff;
 pub mod files;
+#[cfg(test)]
+mod golden;
 pub mod job;
 pub mod payload;
 pub mod prune_execution_details;

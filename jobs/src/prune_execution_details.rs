@@ -320,15 +320,7 @@ pub async fn hop(
         ..after
     };
 
-    let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT id, conversation_id, {AGE} AS age FROM runs
-         WHERE account_id = $1
-           AND {UNPRUNED_OWNER}
-           AND {AGE} < $2
-           AND ({AGE}, id) > ($3, $4)
-         ORDER BY {AGE}, id
-         LIMIT $5"
-    )))
+    let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(&**WINDOW))
     .bind(args.account_id)
     .bind(bound)
     .bind(after.age)
@@ -545,6 +537,20 @@ fn prune_locked(lock: &str) -> String {
     )
 }
 
+/// The window of a hop: `$1` the account, `$2` the bound, `$3`/`$4` the cursor (age, run),
+/// `$5` the window size. Candidates in (age, id) order through the window index.
+static WINDOW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT id, conversation_id, {AGE} AS age FROM runs
+         WHERE account_id = $1
+           AND {UNPRUNED_OWNER}
+           AND {AGE} < $2
+           AND ({AGE}, id) > ($3, $4)
+         ORDER BY {AGE}, id
+         LIMIT $5"
+    )
+});
+
 /// [`prune_locked`] for owners taken together: a run that is not free at once is left out.
 static PRUNE_LOCKED: LazyLock<String> = LazyLock::new(|| prune_locked("SKIP LOCKED"));
 /// [`prune_locked`] for an owner taken alone: its run's lock is waited for.
@@ -726,7 +732,18 @@ async fn drain_files(
 /// # Errors
 /// [`Error::Database`] on a database error.
 pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
-    let seconds: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+    let seconds: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(&**BACKLOG))
+    .bind(now)
+    .bind(EARLIEST)
+    .fetch_one(pool)
+    .await?;
+    Ok(seconds.unwrap_or(0.0).max(0.0))
+}
+
+/// The backlog: `$1` now, `$2` the earliest finite age. Per account, the oldest eligible
+/// owner through the window index.
+static BACKLOG: LazyLock<String> = LazyLock::new(|| {
+    format!(
         "SELECT max(EXTRACT(EPOCH FROM (c.cutoff - o.age)))::float8
          FROM (SELECT id, $1 - make_interval(days => execution_details_retention_days) AS cutoff
                FROM accounts
@@ -738,13 +755,8 @@ pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, E
                AND {AGE} > $2 AND {}
              ORDER BY {AGE}, r.id LIMIT 1) o",
         blockers("r.id", |_, sql| format!("NOT {sql}"), " AND ")
-    )))
-    .bind(now)
-    .bind(EARLIEST)
-    .fetch_one(pool)
-    .await?;
-    Ok(seconds.unwrap_or(0.0).max(0.0))
-}
+    )
+});
 
 /// What a pass would do for one account now, deleting nothing (`sexton preview`).
 #[derive(Debug, Clone, Serialize)]
@@ -797,12 +809,10 @@ pub async fn preview(
     Ok(previews)
 }
 
-async fn fill_preview(
-    conn: &mut PgConnection,
-    preview: &mut Preview,
-    cutoff: DateTime<Utc>,
-) -> Result<(), Error> {
-    let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+/// The preview of one account: `$1` the account, `$2` the cutoff. Owners by verdict, then the
+/// detail rows and bytes of the eligible ones.
+static PREVIEW: LazyLock<String> = LazyLock::new(|| {
+    format!(
         "WITH candidates AS (
              SELECT id, isfinite({AGE}) AS finite FROM runs
              WHERE account_id = $1 AND {UNPRUNED_OWNER} AND {AGE} < $2),
@@ -820,7 +830,15 @@ async fn fill_preview(
          UNION ALL SELECT 'output_files', count(*) FROM output_files WHERE run_id IN (SELECT id FROM eligible)
          UNION ALL SELECT 'bytes', COALESCE(sum(bytes), 0)::bigint FROM output_files WHERE run_id IN (SELECT id FROM eligible)",
         blockers("c.id", |reason, sql| format!("WHEN {sql} THEN '{}'", reason.as_str()), " ")
-    )))
+    )
+});
+
+async fn fill_preview(
+    conn: &mut PgConnection,
+    preview: &mut Preview,
+    cutoff: DateTime<Utc>,
+) -> Result<(), Error> {
+    let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
     .bind(preview.account_id)
     .bind(cutoff)
     .fetch_all(&mut *conn)
@@ -1005,6 +1023,16 @@ impl std::fmt::Display for Preview {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_statement_matches_its_golden_file() {
+        let g = crate::golden::check;
+        g("prune_execution_details/window", &WINDOW);
+        g("prune_execution_details/prune_together", &PRUNE_LOCKED);
+        g("prune_execution_details/prune_alone", &PRUNE_WAITING);
+        g("prune_execution_details/backlog", &BACKLOG);
+        g("prune_execution_details/preview", &PREVIEW);
+    }
 
     #[test]
     fn fl1_args_round_trip_and_refuse_unknown_fields() {

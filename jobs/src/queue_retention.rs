@@ -269,3 +269,14 @@ impl std::fmt::Display for Preview {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_matches_its_golden_file() {
+        crate::golden::check("queue_retention/delete_finished", DELETE_FINISHED);
+        crate::golden::check("queue_retention/delete_stale_workers", DELETE_STALE_WORKERS);
+    }
+}

@@ -563,6 +563,20 @@ impl<R: Record> Job for Expire<R> {
 mod tests {
     use super::*;
 
+    fn golden<R: Record>() {
+        crate::golden::check(&format!("record_expiry/{}_batch", R::TABLE), R::BATCH);
+        crate::golden::check(&format!("record_expiry/{}_oldest", R::TABLE), R::OLDEST);
+        crate::golden::check(&format!("record_expiry/{}_count", R::TABLE), R::COUNT);
+    }
+
+    #[test]
+    fn every_statement_matches_its_golden_file() {
+        golden::<Handoffs>();
+        golden::<DreamPreloads>();
+        golden::<WorkingRecords>();
+        golden::<ConversationEvents>();
+    }
+
     #[test]
     fn fl1_args_round_trip_and_refuse_unknown_fields() {
         let args = Args {

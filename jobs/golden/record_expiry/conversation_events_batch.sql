@@ -1,0 +1,17 @@
+WITH batch AS (
+            SELECT id, created_at FROM conversation_events
+            WHERE created_at < $1 AND (created_at, id) > ($2, $3::bigint)
+            ORDER BY created_at, id
+            LIMIT $4),
+        locked AS (
+            SELECT e.id FROM conversation_events e JOIN batch b ON b.id = e.id
+            WHERE e.created_at < $1
+            FOR UPDATE OF e SKIP LOCKED),
+        gone AS (
+            DELETE FROM conversation_events e USING locked WHERE e.id = locked.id RETURNING 1),
+        last AS (
+            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+        SELECT (SELECT count(*) FROM batch) AS read,
+               (SELECT count(*) FROM gone) AS deleted,
+               (SELECT created_at FROM last) AS last_at,
+               (SELECT id FROM last) AS last_id

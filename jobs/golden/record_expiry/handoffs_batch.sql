@@ -1,0 +1,17 @@
+WITH batch AS (
+            SELECT id, created_at FROM handoffs
+            WHERE created_at < $1 AND (created_at, id) > ($2, $3::uuid)
+            ORDER BY created_at, id
+            LIMIT $4),
+        locked AS (
+            SELECT h.id FROM handoffs h JOIN batch b ON b.id = h.id
+            WHERE h.created_at < $1
+            FOR UPDATE OF h SKIP LOCKED),
+        gone AS (
+            DELETE FROM handoffs h USING locked WHERE h.id = locked.id RETURNING 1),
+        last AS (
+            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+        SELECT (SELECT count(*) FROM batch) AS read,
+               (SELECT count(*) FROM gone) AS deleted,
+               (SELECT created_at FROM last) AS last_at,
+               (SELECT id FROM last) AS last_id

@@ -1,0 +1,17 @@
+WITH batch AS (
+            SELECT id, updated_at FROM working_records
+            WHERE NOT pinned AND updated_at < $1 AND (updated_at, id) > ($2, $3::uuid)
+            ORDER BY updated_at, id
+            LIMIT $4),
+        locked AS (
+            SELECT w.id FROM working_records w JOIN batch b ON b.id = w.id
+            WHERE NOT w.pinned AND w.updated_at < $1
+            FOR UPDATE OF w SKIP LOCKED),
+        gone AS (
+            DELETE FROM working_records w USING locked WHERE w.id = locked.id RETURNING 1),
+        last AS (
+            SELECT updated_at, id::text AS id FROM batch ORDER BY updated_at DESC, id DESC LIMIT 1)
+        SELECT (SELECT count(*) FROM batch) AS read,
+               (SELECT count(*) FROM gone) AS deleted,
+               (SELECT updated_at FROM last) AS last_at,
+               (SELECT id FROM last) AS last_id
