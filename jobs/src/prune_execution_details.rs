@@ -37,36 +37,43 @@ const AGE: &str = "(CASE WHEN kind = 'conversation' THEN completed_at \
 const UNPRUNED_OWNER: &str = "details_pruned_at IS NULL AND conversation_id IS NOT NULL \
                               AND kind IN ('conversation', 'direct_reply')";
 
-/// What holds an owner back (EX-5), in the order reasons are reported: each an SQL condition
-/// on the run id expression written `{run}`.
-const BLOCKERS: [(RetainReason, &str); 4] = [
-    (
-        RetainReason::PendingWork,
-        "EXISTS (SELECT 1 FROM invocation_attempts \
-                 WHERE run_id = {run} AND status IN ('pending', 'running'))",
-    ),
-    (
-        RetainReason::PendingSettlement,
-        "EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = {run} AND status = 'pending')",
-    ),
-    (
-        RetainReason::OutstandingDelegation,
-        "EXISTS (SELECT 1 FROM delegations \
-                 WHERE parent_run_id = {run} AND status = 'outstanding')",
-    ),
-    (
-        RetainReason::ActiveHistoryRequest,
-        "EXISTS (SELECT 1 FROM history_request_sources s \
-                 JOIN history_requests h ON h.id = s.history_request_id \
-                 WHERE s.source_run_id = {run} AND h.sealed_at IS NULL)",
-    ),
+/// What holds an owner back (EX-5), in the order reasons are reported.
+const BLOCKERS: [RetainReason; 4] = [
+    RetainReason::PendingWork,
+    RetainReason::PendingSettlement,
+    RetainReason::OutstandingDelegation,
+    RetainReason::ActiveHistoryRequest,
 ];
+
+/// The condition under which `reason` holds back the run whose id is the SQL expression `run`
+/// (EX-5); `None` for the reasons found otherwise.
+fn blocks(reason: RetainReason, run: &str) -> Option<String> {
+    Some(match reason {
+        RetainReason::PendingWork => format!(
+            "EXISTS (SELECT 1 FROM invocation_attempts \
+                     WHERE run_id = {run} AND status IN ('pending', 'running'))"
+        ),
+        RetainReason::PendingSettlement => format!(
+            "EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = {run} AND status = 'pending')"
+        ),
+        RetainReason::OutstandingDelegation => format!(
+            "EXISTS (SELECT 1 FROM delegations \
+                     WHERE parent_run_id = {run} AND status = 'outstanding')"
+        ),
+        RetainReason::ActiveHistoryRequest => format!(
+            "EXISTS (SELECT 1 FROM history_request_sources s \
+                     JOIN history_requests h ON h.id = s.history_request_id \
+                     WHERE s.source_run_id = {run} AND h.sealed_at IS NULL)"
+        ),
+        RetainReason::NotEligible | RetainReason::Busy => return None,
+    })
+}
 
 /// The blockers' conditions on the run id expression `run`, each rendered by `render`.
 fn blockers(run: &str, render: impl Fn(RetainReason, String) -> String, separator: &str) -> String {
     BLOCKERS
         .iter()
-        .map(|(reason, sql)| render(*reason, sql.replace("{run}", run)))
+        .filter_map(|reason| blocks(*reason, run).map(|sql| render(*reason, sql)))
         .collect::<Vec<_>>()
         .join(separator)
 }
@@ -170,6 +177,17 @@ impl RetainReason {
         RetainReason::NotEligible,
         RetainReason::Busy,
     ];
+
+    /// The labels of [`RetainReason::ALL`], in that order.
+    pub const NAMES: [&'static str; 6] = {
+        let mut names = [""; 6];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = RetainReason::ALL[i].as_str();
+            i += 1;
+        }
+        names
+    };
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -321,13 +339,13 @@ pub async fn hop(
     };
 
     let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(&**WINDOW))
-    .bind(args.account_id)
-    .bind(bound)
-    .bind(after.age)
-    .bind(after.run_id)
-    .bind(i64::from(settings.window_size))
-    .fetch_all(&mut *conn)
-    .await?;
+        .bind(args.account_id)
+        .bind(bound)
+        .bind(after.age)
+        .bind(after.run_id)
+        .bind(i64::from(settings.window_size))
+        .fetch_all(&mut *conn)
+        .await?;
 
     let mut cursor = args.cursor;
     let mut out_of_budget = false;
@@ -433,10 +451,8 @@ struct Locked {
     id: Uuid,
     pruned: bool,
     eligible: bool,
-    pending_work: bool,
-    pending_settlement: bool,
-    outstanding_delegation: bool,
-    active_history_request: bool,
+    /// Whether each of [`BLOCKERS`] holds it back, in that order.
+    blocked: Vec<bool>,
     /// Detail rows deleted, per table in [`DETAIL_TABLES`] order.
     deleted: Vec<i64>,
 }
@@ -450,39 +466,51 @@ enum Verdict {
 
 impl Locked {
     /// The statement prunes exactly the owners judged [`Verdict::Prune`] here: not yet pruned,
-    /// eligible, and held back by no blocker (see [`PRUNE_LOCKED`]).
+    /// eligible, and held back by no blocker (see [`prune_locked`]).
     fn verdict(&self) -> Verdict {
-        let reason = if self.pruned {
+        if self.pruned {
             return Verdict::AlreadyPruned;
-        } else if !self.eligible {
-            RetainReason::NotEligible
-        } else if self.pending_work {
-            RetainReason::PendingWork
-        } else if self.pending_settlement {
-            RetainReason::PendingSettlement
-        } else if self.outstanding_delegation {
-            RetainReason::OutstandingDelegation
-        } else if self.active_history_request {
-            RetainReason::ActiveHistoryRequest
-        } else {
-            return Verdict::Prune;
-        };
-        Verdict::Retain(reason)
+        }
+        if !self.eligible {
+            return Verdict::Retain(RetainReason::NotEligible);
+        }
+        match BLOCKERS
+            .iter()
+            .zip(&self.blocked)
+            .find(|(_, blocked)| **blocked)
+        {
+            Some((reason, _)) => Verdict::Retain(*reason),
+            None => Verdict::Prune,
+        }
     }
 }
 
-/// The owner transaction's statement, once the runs' conversations (`$2`, one per run in `$1`)
-/// are locked, with the runs' lock taken as `lock` says (`SKIP LOCKED` or waiting): locks the
-/// runs in id order (EX-6), re-checks each under its lock (EX-1, EX-2, EX-5) and, for those
-/// still to go, deletes their detail, records their files in `sexton.pending_file_deletions`
-/// — each path once, and only if no surviving row still references it — and sets the markers
-/// on runs and on variants of the account's own conversations (EX-3, EX-4, EX-9). One row per
-/// run locked. The other rows' view of `output_files` is the statement's snapshot, which still
-/// holds the rows being deleted: hence "not of a run pruned here".
-/// `$3` is the bound, `$4` the pass start, `$5` the account, `$6` now, `$7` the effects.
+/// The owner transaction's statement, once the runs' conversations are locked; the runs' lock
+/// is taken as `lock` says (`SKIP LOCKED`, or waiting). It locks the runs in id order (EX-6),
+/// re-checks each under its lock (EX-1, EX-2, EX-5) and, for those still to go, deletes their
+/// detail, records their files in `sexton.pending_file_deletions` — each path once, and only
+/// if no surviving row still references it — and sets the markers on runs and on variants of
+/// the account's own conversations (EX-3, EX-4, EX-9). One row per run locked. The other rows'
+/// view of `output_files` is the statement's snapshot, which still holds the rows being
+/// deleted: hence "not of a run pruned here". The rendered statements are in
+/// `jobs/golden/prune_execution_details/`.
+///
+/// | param | what |
+/// |---|---|
+/// | `$1` | the runs (`uuid[]`) |
+/// | `$2` | the conversation each must still belong to (`uuid[]`, same order) |
+/// | `$3` | the bound: the stricter of the carried and the current cutoff |
+/// | `$4` | what the current setting is measured back from |
+/// | `$5` | the account |
+/// | `$6` | now, for the markers |
+/// | `$7` | the runner effects of a pruned run |
 fn prune_locked(lock: &str) -> String {
+    let recheck = recheck_columns("c.conversation_id");
+    let names: Vec<&str> = BLOCKERS.iter().map(|reason| reason.as_str()).collect();
+    let any_blocker = names.join(" OR ");
+    let blocked = names.join(", ");
     // Each table's deleted rows are the CTE `<table>_gone`; `output_files_gone` keeps the paths.
-    let deletes: Vec<String> = DETAIL_TABLES
+    let deletes = DETAIL_TABLES
         .iter()
         .map(|table| {
             let returning = if *table == "output_files" {
@@ -495,15 +523,16 @@ fn prune_locked(lock: &str) -> String {
                  WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING {returning})"
             )
         })
-        .collect();
-    let counts: Vec<String> = DETAIL_TABLES
+        .collect::<Vec<_>>()
+        .join(",\n         ");
+    let deleted = DETAIL_TABLES
         .iter()
         .map(|table| format!("(SELECT count(*) FROM {table}_gone)"))
-        .collect();
-    let blocked: Vec<&str> = BLOCKERS.iter().map(|(reason, _)| reason.as_str()).collect();
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         "WITH locked AS (
-             SELECT {}
+             SELECT {recheck}
              FROM unnest($1::uuid[], $2::uuid[]) AS c (run_id, conversation_id)
              JOIN runs r ON r.id = c.run_id
              JOIN accounts a ON a.id = r.account_id
@@ -512,8 +541,8 @@ fn prune_locked(lock: &str) -> String {
              FOR UPDATE OF r {lock}),
          prune AS (
              SELECT array_agg(id) AS runs, array_agg(variant_id) AS variants FROM locked
-             WHERE NOT pruned AND eligible AND NOT ({})),
-         {},
+             WHERE NOT pruned AND eligible AND NOT ({any_blocker})),
+         {deletes},
          pending AS (INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
                      SELECT DISTINCT 'outputs', $5, g.relative_path FROM output_files_gone g
                      WHERE NOT EXISTS (
@@ -526,14 +555,9 @@ fn prune_locked(lock: &str) -> String {
                      FROM turns t JOIN conversations cv ON cv.id = t.conversation_id
                      WHERE v.id = ANY((SELECT variants FROM prune)::uuid[])
                        AND t.id = v.turn_id AND cv.account_id = $5)
-         SELECT id, pruned, eligible, {},
-                ARRAY[{}]::bigint[] AS deleted
-         FROM locked",
-        recheck_columns("c.conversation_id"),
-        blocked.join(" OR "),
-        deletes.join(",\n         "),
-        blocked.join(", "),
-        counts.join(", "),
+         SELECT id, pruned, eligible, ARRAY[{blocked}]::bool[] AS blocked,
+                ARRAY[{deleted}]::bigint[] AS deleted
+         FROM locked"
     )
 }
 
@@ -733,10 +757,10 @@ async fn drain_files(
 /// [`Error::Database`] on a database error.
 pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
     let seconds: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(&**BACKLOG))
-    .bind(now)
-    .bind(EARLIEST)
-    .fetch_one(pool)
-    .await?;
+        .bind(now)
+        .bind(EARLIEST)
+        .fetch_one(pool)
+        .await?;
     Ok(seconds.unwrap_or(0.0).max(0.0))
 }
 
@@ -821,15 +845,16 @@ static PREVIEW: LazyLock<String> = LazyLock::new(|| {
              FROM candidates c),
          eligible AS (SELECT id FROM classified WHERE class = 'eligible')
          SELECT class, count(*) FROM classified GROUP BY class
-         UNION ALL SELECT 'run_task_edges', count(*) FROM run_task_edges WHERE run_id IN (SELECT id FROM eligible)
-         UNION ALL SELECT 'run_tasks', count(*) FROM run_tasks WHERE run_id IN (SELECT id FROM eligible)
-         UNION ALL SELECT 'tool_results', count(*) FROM tool_results WHERE run_id IN (SELECT id FROM eligible)
-         UNION ALL SELECT 'sealed_requests', count(*) FROM sealed_requests WHERE run_id IN (SELECT id FROM eligible)
-         UNION ALL SELECT 'reasoning_traces', count(*) FROM reasoning_traces WHERE run_id IN (SELECT id FROM eligible)
-         UNION ALL SELECT 'invocation_attempts', count(*) FROM invocation_attempts WHERE run_id IN (SELECT id FROM eligible)
-         UNION ALL SELECT 'output_files', count(*) FROM output_files WHERE run_id IN (SELECT id FROM eligible)
+         {rows}
          UNION ALL SELECT 'bytes', COALESCE(sum(bytes), 0)::bigint FROM output_files WHERE run_id IN (SELECT id FROM eligible)",
-        blockers("c.id", |reason, sql| format!("WHEN {sql} THEN '{}'", reason.as_str()), " ")
+        blockers("c.id", |reason, sql| format!("WHEN {sql} THEN '{}'", reason.as_str()), " "),
+        rows = DETAIL_TABLES
+            .iter()
+            .map(|table| format!(
+                "UNION ALL SELECT '{table}', count(*) FROM {table} WHERE run_id IN (SELECT id FROM eligible)"
+            ))
+            .collect::<Vec<_>>()
+            .join("\n         "),
     )
 });
 
@@ -839,10 +864,10 @@ async fn fill_preview(
     cutoff: DateTime<Utc>,
 ) -> Result<(), Error> {
     let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
-    .bind(preview.account_id)
-    .bind(cutoff)
-    .fetch_all(&mut *conn)
-    .await?;
+        .bind(preview.account_id)
+        .bind(cutoff)
+        .fetch_all(&mut *conn)
+        .await?;
     for (key, n) in counts {
         if key == "eligible" {
             preview.eligible_owners = n;
@@ -875,14 +900,7 @@ impl Job for PruneExecutionDetails {
     const QUEUE: &'static str = "sexton.prune_execution_details";
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "execution_details";
-    const RETAIN_REASONS: &'static [&'static str] = &[
-        RetainReason::PendingWork.as_str(),
-        RetainReason::PendingSettlement.as_str(),
-        RetainReason::OutstandingDelegation.as_str(),
-        RetainReason::ActiveHistoryRequest.as_str(),
-        RetainReason::NotEligible.as_str(),
-        RetainReason::Busy.as_str(),
-    ];
+    const RETAIN_REASONS: &'static [&'static str] = &RetainReason::NAMES;
 
     type Args = Args;
     type Settings = HopSettings;

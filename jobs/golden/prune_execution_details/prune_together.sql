@@ -40,6 +40,6 @@ EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id 
                      FROM turns t JOIN conversations cv ON cv.id = t.conversation_id
                      WHERE v.id = ANY((SELECT variants FROM prune)::uuid[])
                        AND t.id = v.turn_id AND cv.account_id = $5)
-         SELECT id, pruned, eligible, pending_work, pending_settlement, outstanding_delegation, active_history_request,
+         SELECT id, pruned, eligible, ARRAY[pending_work, pending_settlement, outstanding_delegation, active_history_request]::bool[] AS blocked,
                 ARRAY[(SELECT count(*) FROM run_task_edges_gone), (SELECT count(*) FROM run_tasks_gone), (SELECT count(*) FROM tool_results_gone), (SELECT count(*) FROM sealed_requests_gone), (SELECT count(*) FROM reasoning_traces_gone), (SELECT count(*) FROM invocation_attempts_gone), (SELECT count(*) FROM output_files_gone)]::bigint[] AS deleted
          FROM locked
