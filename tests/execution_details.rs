@@ -979,3 +979,69 @@ async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_windo
         "no read met a marker that moved under it ({reads} reads)"
     );
 }
+
+#[sqlx::test]
+async fn op1_the_preview_counts_what_the_next_pass_then_does(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    for _ in 0..3 {
+        env.run(RunSpec::conversation(account, conversation, 50.0))
+            .await;
+    }
+    env.run(RunSpec::conversation(account, conversation, 5.0))
+        .await;
+    for blocker in [
+        "INSERT INTO invocation_attempts (run_id, attempt, status) VALUES ($1, 2, 'running')",
+        "INSERT INTO settlement_receipts (run_id, status) VALUES ($1, 'pending')",
+        "INSERT INTO delegations (parent_run_id, status) VALUES ($1, 'outstanding')",
+    ] {
+        let run = env
+            .run(RunSpec::conversation(account, conversation, 60.0))
+            .await;
+        sqlx::query(blocker)
+            .bind(run.id)
+            .execute(&env.pool)
+            .await
+            .unwrap();
+    }
+    // Another account's old owner is not in this account's preview.
+    let other = fixture::account(&env.pool, Some(30)).await;
+    let elsewhere = fixture::conversation(&env.pool, other).await;
+    env.run(RunSpec::conversation(other, elsewhere, 50.0)).await;
+
+    let mut conn = env.pool.acquire().await.unwrap();
+    let previews = job::preview(&mut conn, pass_start(), Some(account))
+        .await
+        .unwrap();
+    drop(conn);
+    let reports = env.pass(account).await;
+
+    assert_eq!(previews.len(), 1);
+    let preview = &previews[0];
+    let pruned: u32 = reports.iter().map(|r| r.pruned).sum();
+    assert_eq!((preview.eligible_owners, pruned), (3, 3));
+    for reason in [
+        RetainReason::PendingWork,
+        RetainReason::PendingSettlement,
+        RetainReason::OutstandingDelegation,
+    ] {
+        assert_eq!(
+            preview.retained.get(&reason).copied().unwrap_or_default(),
+            i64::from(retained(&reports, reason)),
+            "{reason:?}"
+        );
+        assert_eq!(retained(&reports, reason), 1, "{reason:?}");
+    }
+    for (table, expected) in &preview.rows {
+        let deleted: u64 = reports.iter().filter_map(|r| r.rows.get(table)).sum();
+        assert_eq!(*expected as u64, deleted, "{table}");
+    }
+    assert_eq!(preview.rows.values().sum::<i64>(), 3 * 7);
+    let bytes: u64 = reports.iter().map(|r| r.bytes_reclaimed).sum();
+    assert_eq!(
+        (preview.bytes, bytes),
+        (15, 15),
+        "five bytes per output file"
+    );
+}

@@ -444,3 +444,50 @@ async fn op1_status_shows_a_pass_mid_way_and_after_with_the_jobs_kept_failed(poo
         "{text}"
     );
 }
+
+#[sqlx::test]
+async fn op1_the_demo_runs_every_job_kind_and_reports_each(pool: PgPool) {
+    let url = common::database_url(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::sexton(&url, dir.path())
+        .arg("demo")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "demo failed: {stdout}");
+    let files = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("files were written under "))
+        .and_then(|l| l.strip_suffix("; delete it when done."))
+        .expect("the report names its files");
+    std::fs::remove_dir_all(files).ok();
+    assert!(stdout.contains("pass finished in"), "{stdout}");
+    for kind in KINDS {
+        // The passes table: the job's name, then eight counts.
+        let (line, numbers) = stdout
+            .lines()
+            .find_map(|l| {
+                let mut fields = l.split_whitespace();
+                (fields.next() == Some(kind.name())).then_some(())?;
+                let numbers: Vec<u64> = fields.map(|n| n.parse().ok()).collect::<Option<_>>()?;
+                (numbers.len() == 8).then_some((l, numbers))
+            })
+            .unwrap_or_else(|| panic!("no line for {} in the report:\n{stdout}", kind.name()));
+        let (passes, finished) = (numbers[0], numbers[1]);
+        assert!(passes >= 1 && finished == passes, "{line}");
+    }
+    let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(accounts > 0, "the demo seeded");
+
+    let again = common::sexton(&url, dir.path())
+        .arg("demo")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(again.status.code(), Some(1), "a database in use is refused");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already holds"));
+}
