@@ -521,44 +521,50 @@ async fn seed_fills_every_table_and_writes_real_files(pool: PgPool) {
             .iter()
             .any(|p| p.file_name().is_some_and(|n| n == "bad.trace.jsonl"))
     );
-    let signed = traces
+    // TR-3: every trace but the deliberately bad ones carries a valid signature; the bad
+    // ones are the control that the check rejects something.
+    let (bad, signed): (Vec<_>, Vec<_>) = traces
         .iter()
         .filter(|p| !p.is_symlink())
-        .filter(|p| {
-            std::fs::read_to_string(p).is_ok_and(|t| {
-                t.starts_with("{\"agent_id\"") || t.contains("\"format\":\"run-trace/1\"")
-            })
-        })
-        .count();
-    assert!(signed > 0, "valid trace files");
+        .partition(|p| p.file_name().is_some_and(|n| n == "bad.trace.jsonl"));
+    assert!(!signed.is_empty(), "valid trace files");
+    for path in &signed {
+        assert!(
+            has_trace_signature(path),
+            "{} has no valid signature",
+            path.display()
+        );
+    }
+    for path in &bad {
+        assert!(
+            !has_trace_signature(path),
+            "{} is accepted as signed",
+            path.display()
+        );
+    }
 }
 
 #[sqlx::test]
 async fn seed_is_deterministic_for_a_seed(pool: PgPool) {
-    let dir = tempfile::tempdir().unwrap();
-    let settings = common::settings(dir.path());
-    let options = SeedOptions {
+    let options = |seed| SeedOptions {
         scale: 1,
-        seed: 42,
+        seed,
         now: "2026-12-01T03:00:00Z".parse().unwrap(),
         show_progress: false,
     };
-    let fingerprint = "SELECT md5(string_agg(id::text || kind || coalesce(completed_at::text, ''), ',' ORDER BY id)) FROM runs";
-    seed(&pool, &settings.paths, &options).await.unwrap();
-    let first: String = sqlx::query_scalar(fingerprint)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    sqlx::query("TRUNCATE accounts CASCADE")
-        .execute(&pool)
-        .await
-        .unwrap();
-    seed(&pool, &settings.paths, &options).await.unwrap();
-    let second: String = sqlx::query_scalar(fingerprint)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(first, second);
+    let first = seeded_fingerprint(&pool, "a", &options(42)).await;
+    let second = seeded_fingerprint(&pool, "b", &options(42)).await;
+    assert_same_fingerprint(&first, &second);
+    // The control: the fingerprint sees a different seed, in the rows and in the files.
+    let other = seeded_fingerprint(&pool, "c", &options(43)).await;
+    assert_ne!(
+        first.tables, other.tables,
+        "seed 43 wrote the rows of seed 42"
+    );
+    assert_ne!(
+        first.files, other.files,
+        "seed 43 wrote the files of seed 42"
+    );
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -719,4 +725,184 @@ fn sample_payloads() -> Vec<(&'static str, serde_json::Value)> {
             (kind.queue(), payload)
         }))
         .collect()
+}
+
+/// Whether a trace file's first line is the signature of TR-3: a JSON object with
+/// `"format":"run-trace/1"` and string `agent_id` and `session_id`.
+fn has_trace_signature(path: &std::path::Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    let first = text.lines().next().unwrap_or_default();
+    let Ok(serde_json::Value::Object(signature)) = serde_json::from_str(first) else {
+        return false;
+    };
+    signature.get("format").and_then(|f| f.as_str()) == Some("run-trace/1")
+        && signature.get("agent_id").is_some_and(|a| a.is_string())
+        && signature.get("session_id").is_some_and(|s| s.is_string())
+}
+
+/// Everything one seed run wrote: a hash of each table's rows (all columns, in a stable
+/// order) and the facts of each file under the file roots, with a digest over both.
+#[derive(Debug, PartialEq, Eq)]
+struct SeedFingerprint {
+    /// Table name → md5 of its rows.
+    tables: std::collections::BTreeMap<String, String>,
+    /// Path relative to the roots' parent → length, mtime and content md5 (or a link's target).
+    files: std::collections::BTreeMap<String, String>,
+    digest: String,
+}
+
+/// Seeds a fresh database and fresh file roots with `options`, and fingerprints the result.
+/// `suffix` names the database, beside the test's own; it is dropped afterwards.
+async fn seeded_fingerprint(pool: &PgPool, suffix: &str, options: &SeedOptions) -> SeedFingerprint {
+    let current: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    // Database names are at most 63 bytes; the test's own name already fills them.
+    let name = format!(
+        "{}_{suffix}",
+        &current[..current.len().min(62 - suffix.len())]
+    );
+    let drop = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+    sqlx::query(sqlx::AssertSqlSafe(drop.clone()))
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(pool)
+        .await
+        .unwrap();
+    let fresh = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(pool.connect_options().as_ref().clone().database(&name))
+        .await
+        .unwrap();
+    common::migrate(&fresh).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    seed(&fresh, &settings.paths, options).await.unwrap();
+    let tables = table_hashes(&fresh).await;
+    let files = file_facts(&fresh, dir.path()).await;
+    fresh.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(drop))
+        .execute(pool)
+        .await
+        .unwrap();
+
+    let manifest: String = tables
+        .iter()
+        .chain(&files)
+        .map(|(key, value)| format!("{key}\t{value}\n"))
+        .collect();
+    let digest: String = sqlx::query_scalar("SELECT md5($1)")
+        .bind(manifest)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    SeedFingerprint {
+        tables,
+        files,
+        digest,
+    }
+}
+
+/// md5 of every row of every table in `public` (the platform's tables: all the seed writes),
+/// all columns, rows ordered by their text. Each table of the contract must hold rows, so that
+/// the hash is not over empty tables.
+async fn table_hashes(pool: &PgPool) -> std::collections::BTreeMap<String, String> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables
+         WHERE table_schema = 'public' AND table_type = 'BASE TABLE'
+           AND table_name <> '_sqlx_migrations'
+         ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut hashes = std::collections::BTreeMap::new();
+    for name in names {
+        // The names come from the catalog, never from input.
+        let (rows, hash): (i64, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*), md5(string_agg(t::text, '|' ORDER BY t::text)) FROM \"{name}\" t"
+        )))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        hashes.insert(name, format!("{rows} {}", hash.unwrap_or_default()));
+    }
+    for (table, _) in CONTRACT {
+        let entry = hashes.get(*table).map_or("absent", String::as_str);
+        assert!(
+            !entry.starts_with("0 ") && entry != "absent",
+            "{table} is empty after seeding ({entry})"
+        );
+    }
+    hashes
+}
+
+/// Length, mtime (ns since the epoch) and content md5 of every regular file under `base`, and
+/// the target (relative to `base`) of every symlink, keyed by path relative to `base`.
+async fn file_facts(
+    pool: &PgPool,
+    base: &std::path::Path,
+) -> std::collections::BTreeMap<String, String> {
+    let mut facts = std::collections::BTreeMap::new();
+    let mut contents = Vec::new();
+    let mut stack = vec![base.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let relative = path.strip_prefix(base).unwrap().display().to_string();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                let target = target.strip_prefix(base).unwrap_or(&target);
+                facts.insert(relative, format!("-> {}", target.display()));
+            } else if meta.is_dir() {
+                stack.push(path);
+            } else {
+                let mtime = meta
+                    .modified()
+                    .unwrap()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos();
+                contents.push((relative, meta.len(), mtime, std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    assert!(!contents.is_empty(), "the seed wrote no files");
+    let md5s: Vec<String> = sqlx::query_scalar(
+        "SELECT md5(c) FROM unnest($1::bytea[]) WITH ORDINALITY AS u (c, i) ORDER BY i",
+    )
+    .bind(contents.iter().map(|c| c.3.clone()).collect::<Vec<_>>())
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for ((relative, len, mtime, _), md5) in contents.into_iter().zip(md5s) {
+        facts.insert(relative, format!("{len} {mtime} {md5}"));
+    }
+    facts
+}
+
+/// Equal fingerprints, or a failure naming the first tables and files that differ.
+fn assert_same_fingerprint(a: &SeedFingerprint, b: &SeedFingerprint) {
+    let differ = |x: &std::collections::BTreeMap<String, String>,
+                  y: &std::collections::BTreeMap<String, String>| {
+        x.keys()
+            .chain(y.keys())
+            .filter(|k| x.get(*k) != y.get(*k))
+            .take(10)
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert!(
+        a == b,
+        "the same --seed and --now wrote different data: tables {:?}, files {:?}",
+        differ(&a.tables, &b.tables),
+        differ(&a.files, &b.files)
+    );
 }
