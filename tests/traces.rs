@@ -6,6 +6,7 @@
 use std::fs::FileTimes;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
@@ -74,9 +75,17 @@ fn allocated(path: &Path) -> u64 {
 async fn clean(pool: &PgPool, root: &Path, limits: Limits, confirm: bool) -> TraceReport {
     common::migrate(pool).await;
     let mut conn = pool.acquire().await.unwrap();
-    job::clean(&mut conn, root, limits, pass_start(), confirm, &mut Quiet)
-        .await
-        .unwrap()
+    job::clean(
+        &mut conn,
+        root,
+        limits,
+        pass_start(),
+        confirm,
+        &mut Quiet,
+        &AtomicBool::new(false),
+    )
+    .await
+    .unwrap()
 }
 
 fn age_limit(days: i32) -> Limits {
@@ -303,6 +312,7 @@ async fn er3_a_file_deleted_or_rewritten_between_plan_and_delete_is_not_deleted_
         pass_start(),
         true,
         &mut meddler,
+        &AtomicBool::new(false),
     )
     .await
     .unwrap();
@@ -477,4 +487,134 @@ async fn tr4_the_background_job_runs_once_per_period_fleet_wide_only_when_enable
     .await
     .unwrap();
     assert_eq!(finished, 1);
+}
+
+#[sqlx::test]
+async fn tr3_a_live_session_spelled_otherwise_still_stays_and_a_non_uuid_session_is_kept(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let account = common::fixture::account(&pool, Some(90)).await;
+    let current = Uuid::new_v4();
+    let agent: Uuid =
+        sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'a') RETURNING id")
+            .bind(account)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    sqlx::query(
+        "INSERT INTO sessions (id, account_id, agent_id, kind, state, last_activity_at)
+         VALUES ($1, $2, $3, 'task', 'idle', now())",
+    )
+    .bind(current)
+    .bind(account)
+    .bind(agent)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE agents SET current_session_id = $2 WHERE id = $1")
+        .bind(agent)
+        .bind(current)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let t = Traces::new();
+    let spelled = |session: String| {
+        format!(
+            "{{\"format\":\"run-trace/1\",\"agent_id\":\"{}\",\"session_id\":\"{session}\"}}\n",
+            t.agent
+        )
+    };
+    let upper = t.file(
+        "upper.trace.jsonl",
+        spelled(current.to_string().to_uppercase()).as_bytes(),
+        100.0,
+    );
+    let braced = t.file(
+        "braced.trace.jsonl",
+        spelled(format!("{{{current}}}")).as_bytes(),
+        100.0,
+    );
+    let not_uuid = t.file(
+        "not-uuid.trace.jsonl",
+        spelled("session-7".into()).as_bytes(),
+        100.0,
+    );
+    let control = t.trace("gone.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+
+    let report = clean(&pool, &t.root, age_limit(30), true).await;
+
+    assert!(upper.exists() && braced.exists(), "the same session, spelled otherwise");
+    assert!(not_uuid.exists(), "no proof that it is not live");
+    assert!(!control.exists());
+    assert_eq!(report.kept.get("live_session"), Some(&2));
+    assert_eq!(report.kept.get("bad_signature"), Some(&1));
+}
+
+#[sqlx::test]
+async fn tr2_live_traces_count_toward_the_quota_and_the_next_oldest_go_instead(pool: PgPool) {
+    common::migrate(&pool).await;
+    let account = common::fixture::account(&pool, Some(90)).await;
+    let main = Uuid::new_v4();
+    let agent: Uuid =
+        sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'a') RETURNING id")
+            .bind(account)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    sqlx::query(
+        "INSERT INTO sessions (id, account_id, agent_id, kind, state, last_activity_at)
+         VALUES ($1, $2, $3, 'main', 'idle', now())",
+    )
+    .bind(main)
+    .bind(account)
+    .bind(agent)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE agents SET main_session_id = $2 WHERE id = $1")
+        .bind(agent)
+        .bind(main)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let t = Traces::new();
+    let live = t.trace("live.trace.jsonl", main, 10.0, 20_000);
+    let a = t.trace("a.trace.jsonl", Uuid::new_v4(), 9.0, 20_000);
+    let b = t.trace("b.trace.jsonl", Uuid::new_v4(), 8.0, 20_000);
+    let c = t.trace("c.trace.jsonl", Uuid::new_v4(), 7.0, 20_000);
+    let limits = Limits {
+        max_age_days: 0,
+        max_bytes: allocated(&live) + allocated(&c),
+    };
+
+    let dry = clean(&pool, &t.root, limits, false).await;
+    assert_eq!(dry.planned.get("quota"), Some(&2), "the dry run plans what will go");
+    let report = clean(&pool, &t.root, limits, true).await;
+
+    assert!(live.exists() && c.exists());
+    assert!(!a.exists() && !b.exists());
+    assert_eq!(report.kept.get("live_session"), Some(&1));
+}
+
+#[sqlx::test]
+async fn tr2_more_equally_old_traces_than_are_sorted_in_memory_still_meet_the_quota(
+    pool: PgPool,
+) {
+    let t = Traces::new();
+    let mut files = Vec::new();
+    for n in 0..21_000 {
+        files.push(t.trace(&format!("t{n}.trace.jsonl"), Uuid::new_v4(), 5.0, 0));
+    }
+    let each = allocated(&files[0]);
+    let limits = Limits {
+        max_age_days: 0,
+        max_bytes: each * 10_000,
+    };
+
+    let report = clean(&pool, &t.root, limits, true).await;
+
+    let left = files.iter().filter(|f| f.exists()).count() as u64;
+    assert_eq!(left, 10_000, "exactly within the quota");
+    assert_eq!(report.deleted, 11_000);
 }

@@ -15,6 +15,7 @@ use figment::providers::{Env, Format, Toml};
 use figment::value::{Dict, Value};
 use serde::Deserialize;
 pub use sexton_jobs::files::PathSettings;
+use sexton_jobs::health::HealthSettings;
 pub use sexton_jobs::settings::Problem;
 use sexton_jobs::settings::{Check, Raw};
 
@@ -35,6 +36,8 @@ pub struct Settings {
     pub log: LogSettings,
     /// Each job kind's own section, parsed by the job.
     pub jobs: JobSettings,
+    /// Database health indicators every hop checks (`[health]`).
+    pub health: HealthSettings,
 }
 
 /// A job kind's settings section, as configuration reads it: the registry hands one per kind
@@ -484,6 +487,7 @@ impl RawSettings {
                 level: level?,
             },
             jobs: JobSettings::default(),
+            health: HealthSettings::OFF,
         })
     }
 }
@@ -524,6 +528,11 @@ fn with_jobs(
         );
     }
     settings.jobs = parsed;
+    let health = merged
+        .get("health")
+        .map(|value| serde_json::to_value(value).unwrap_or_default())
+        .unwrap_or_else(|| serde_json::json!({}));
+    settings.health = sexton_jobs::health::settings(&health, &mut check)?;
     (parsed_all(jobs, &settings.jobs)).then_some(settings)
 }
 

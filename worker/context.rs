@@ -1,6 +1,7 @@
 //! What every handler gets and what it may answer: the types shared by the hops, the fan-out
 //! and the runtime that calls them, so that no handler imports the runtime.
 
+use sexton_jobs::health::Health;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -23,17 +24,21 @@ pub struct JobContext {
     /// Hops of every queue together: at most `queue.concurrency` run at once, so that the pool
     /// (checked against it at start) always has their connections (FL-6).
     pub hops: Arc<Semaphore>,
+    /// The database's health, read by every hop between owner transactions (issue #16).
+    pub health: Arc<Health>,
 }
 
 impl JobContext {
     pub fn new(pool: PgPool, settings: Arc<Settings>, clock: SharedClock) -> Self {
         let hops = Arc::new(Semaphore::new(settings.queue.concurrency));
+        let health = Arc::new(Health::new(settings.health.clone()));
         Self {
             pool,
             settings,
             clock,
             stopping: Arc::default(),
             hops,
+            health,
         }
     }
 }

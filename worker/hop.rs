@@ -51,9 +51,18 @@ fn hop_key(position: &Position) -> String {
 /// # Errors
 /// [`QueueError`] when the queue refuses the job.
 pub async fn push<J: Job>(ctx: &JobContext, args: &J::Args) -> Result<PushOutcome, QueueError> {
+    push_after::<J>(ctx, args, None).await
+}
+
+/// [`push`], to run no sooner than `delay` from now.
+async fn push_after<J: Job>(
+    ctx: &JobContext,
+    args: &J::Args,
+    delay: Option<Duration>,
+) -> Result<PushOutcome, QueueError> {
     let options = PushOptions {
         idempotency_key: Some(hop_key(&J::position(args))),
-        run_after: None,
+        run_after: delay,
     };
     queue::push(&ctx.pool, J::QUEUE, &ctx.settings.queue, args, options).await
 }
@@ -232,6 +241,7 @@ async fn run_locked<J: Job>(
             clock: ctx.clock.as_ref(),
             stop: &ctx.stopping,
             paths: &ctx.settings.paths,
+            health: &ctx.health,
         },
         settings,
         args,
@@ -253,10 +263,15 @@ async fn run_locked<J: Job>(
     };
     let seconds = started.elapsed().as_secs_f64();
     // The hop's work is done and counted whatever happens to the hand-over.
+    // A throttled pass waits before its next hop (issue #16).
+    let delay = report.throttled.map(|_| ctx.settings.health.backoff);
     let pushed = match &report.next {
-        Some(next) => push::<J>(ctx, next).await.map(|_| ()),
+        Some(next) => push_after::<J>(ctx, next, delay).await.map(|_| ()),
         None => Ok(()),
     };
+    if let Some(indicator) = report.throttled {
+        metrics::throttled(J::NAME, indicator.as_str());
+    }
     let span = tracing::Span::current();
     span.record("window", report.window);
     match &pushed {
@@ -321,6 +336,7 @@ fn log_hop_done<A>(
         owner_ms = (report.owner_seconds * 1000.0) as u64,
         locked_at = %locked_at.to_rfc3339(),
         unlocked_at = %unlocked_at.to_rfc3339(),
+        throttled_by = report.throttled.map(|i| i.as_str()),
         "hop done"
     );
 }

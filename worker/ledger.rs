@@ -66,9 +66,11 @@ pub async fn record_hop<A>(
     sqlx::query(
         "INSERT INTO sexton.passes AS p
              (job, scope, slot, started_at, finished_at, outcome, hops, last_hop, candidates,
-              pruned, retained, rows_deleted, files_deleted, bytes_reclaimed, file_errors)
+              pruned, retained, rows_deleted, files_deleted, bytes_reclaimed, file_errors,
+              throttles, last_throttled_at, last_throttled_by)
          VALUES ($1, $2, $3, $14, CASE WHEN $4 THEN now() END, $5, 1, $6, $7, $8, $9, $10,
-                 $11, $12, $13)
+                 $11, $12, $13, CASE WHEN $15::text IS NULL THEN 0 ELSE 1 END,
+                 CASE WHEN $15::text IS NOT NULL THEN now() END, $15)
          ON CONFLICT (job, scope, slot) DO UPDATE SET
              started_at = COALESCE(p.started_at, EXCLUDED.started_at),
              updated_at = now(),
@@ -84,6 +86,9 @@ pub async fn record_hop<A>(
              files_deleted = p.files_deleted + EXCLUDED.files_deleted,
              bytes_reclaimed = p.bytes_reclaimed + EXCLUDED.bytes_reclaimed,
              file_errors = p.file_errors + EXCLUDED.file_errors,
+             throttles = p.throttles + EXCLUDED.throttles,
+             last_throttled_at = COALESCE(EXCLUDED.last_throttled_at, p.last_throttled_at),
+             last_throttled_by = COALESCE(EXCLUDED.last_throttled_by, p.last_throttled_by),
              last_error = NULL",
     )
     .bind(job)
@@ -100,6 +105,7 @@ pub async fn record_hop<A>(
     .bind(report.files.bytes as i64)
     .bind(report.files.errors as i64)
     .bind(started)
+    .bind(report.throttled.map(|i| i.as_str()))
     .execute(pool)
     .await?;
     Ok(())
@@ -207,6 +213,10 @@ pub struct Pass {
     pub bytes_reclaimed: i64,
     pub file_errors: i64,
     pub last_error: Option<String>,
+    /// Hops that stopped early on a red health indicator, the last of them, and why.
+    pub throttles: i32,
+    pub last_throttled_at: Option<DateTime<Utc>>,
+    pub last_throttled_by: Option<String>,
 }
 
 /// The latest pass of every job and scope.
@@ -223,7 +233,8 @@ pub async fn latest(pool: &PgPool) -> Result<Vec<Pass>, sqlx::Error> {
                      WHEN p.hops = 0 THEN 'pending'
                      ELSE 'running' END AS state,
                 p.outcome, p.hops, p.candidates, p.pruned, p.retained, p.rows_deleted,
-                p.files_deleted, p.bytes_reclaimed, p.file_errors, p.last_error
+                p.files_deleted, p.bytes_reclaimed, p.file_errors, p.last_error,
+                p.throttles, p.last_throttled_at, p.last_throttled_by
          FROM sexton.passes p LEFT JOIN accounts a ON a.id = p.scope
          ORDER BY p.job, p.scope, p.slot DESC",
     )

@@ -13,6 +13,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sexton_jobs::files::FileCounts;
+use sexton_jobs::health::Health;
 use sexton_jobs::job::Job as _;
 use sexton_jobs::session_retention::{
     self as job, Ages, Args, HopSettings, Policy, SessionRetention, Target,
@@ -161,7 +162,14 @@ async fn delete(
         };
         let mut args = Args::first(account, at, Policy::Fixed(ages));
         loop {
-            let report = job::hop(lock.conn(), &hop_settings, &args, &stop).await;
+            let report = job::hop(
+                lock.conn(),
+                &Health::new(settings.health.clone()),
+                &hop_settings,
+                &args,
+                &stop,
+            )
+            .await;
             let report = match report {
                 Ok(report) => report,
                 Err(err) => {

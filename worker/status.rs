@@ -168,6 +168,16 @@ impl Status {
                 if let Some(error) = &pass.last_error {
                     let _ = writeln!(out, "    last error: {error}");
                 }
+                if pass.throttles > 0 {
+                    let _ = writeln!(
+                        out,
+                        "    throttled {} times, last at {} by {} (the database was unhealthy; \
+                         hops wait [health] backoff_ms)",
+                        pass.throttles,
+                        time(pass.last_throttled_at),
+                        pass.last_throttled_by.as_deref().unwrap_or("?"),
+                    );
+                }
             }
         }
         let _ = writeln!(out, "\nnightly slots: {}", counts(&self.nightly));

@@ -95,7 +95,17 @@ pub async fn clean(settings: &Settings, confirm: bool, json: bool) -> anyhow::Re
     }
     let mut lines = Lines { json, first: true };
     let mut conn = pool.acquire().await?;
-    let report = job::clean(&mut conn, root, traces.limits, at, confirm, &mut lines).await?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let report = job::clean(
+        &mut conn,
+        root,
+        traces.limits,
+        at,
+        confirm,
+        &mut lines,
+        &stop,
+    )
+    .await?;
     let totals = Totals {
         limits: traces.limits,
         at,

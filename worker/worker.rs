@@ -381,6 +381,9 @@ async fn refresh_gauges(ctx: JobContext) {
             }
         }
         ledger::publish_last_success(&ctx.pool).await;
+        if let Some(readings) = ctx.health.last() {
+            metrics::health(&readings);
+        }
         tokio::time::sleep(ctx.settings.http.refresh_interval).await;
     }
 }

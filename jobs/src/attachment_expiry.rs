@@ -124,6 +124,7 @@ pub async fn hop(
         files: FileCounts::default(),
         owner_seconds: 0.0,
         next: None,
+        throttled: None,
     };
     report
         .files
@@ -169,8 +170,18 @@ pub async fn hop(
 
     let mut last = args.after;
     let mut out_of_budget = false;
+    let mut pace = env.health.pace(conn).await?;
     for (n, chunk) in window.chunks(CHUNK).enumerate() {
         if n > 0 && (started.elapsed() >= settings.budget || env.stop.load(Ordering::Relaxed)) {
+            out_of_budget = true;
+            break;
+        }
+        // Between marking transactions only (issue #16).
+        if let Some(pace) = pace.as_mut() {
+            pace.wait(conn, env.stop).await?;
+        }
+        if let Some(red) = env.health.red(conn, &["attachments"]).await? {
+            report.throttled = Some(red);
             out_of_budget = true;
             break;
         }
@@ -202,8 +213,16 @@ pub async fn hop(
             .files
             .add(files::drain(conn, Root::Attachments, root_path, Some(args.account_id)).await?);
     }
+    // The last transaction's WAL counts too: the rate holds across hops.
+    if let Some(pace) = pace.as_mut() {
+        pace.wait(conn, env.stop).await?;
+    }
     if window.len() == settings.window_size as usize || out_of_budget {
-        report.outcome = HopOutcome::Continued.as_str();
+        report.outcome = if report.throttled.is_some() {
+            HopOutcome::Throttled.as_str()
+        } else {
+            HopOutcome::Continued.as_str()
+        };
         report.next = Some(Args {
             version: V1,
             account_id: args.account_id,
@@ -295,6 +314,7 @@ impl Job for AttachmentExpiry {
     const QUEUE: &'static str = "sexton.attachment_expiry";
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "attachments";
+    const TABLES: &'static [&'static str] = &["attachments", "pending_file_deletions"];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;

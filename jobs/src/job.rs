@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::files::{FileCounts, PathSettings};
+use crate::health::{Health, Indicator};
 use crate::settings::Check;
 
 /// What a pass covers, and so what its lock guards: at most one hop of a kind per scope runs
@@ -60,6 +61,8 @@ pub struct Env<'a> {
     /// Raised on shutdown (FL-5): finish the owner in hand, take no more, hand over.
     pub stop: &'a AtomicBool,
     pub paths: &'a PathSettings,
+    /// The database's health, checked between owner transactions (issue #16).
+    pub health: &'a Health,
 }
 
 /// How a hop ended, for every job kind.
@@ -74,6 +77,9 @@ pub enum HopOutcome {
     Disabled,
     /// The account no longer exists (ER-4): the pass ends quietly.
     AccountGone,
+    /// The database is unhealthy (replication lag, a vacuum on a table the job writes): the
+    /// hop took no more owners and the next one waits `[health] backoff_ms`.
+    Throttled,
 }
 
 impl HopOutcome {
@@ -84,6 +90,7 @@ impl HopOutcome {
             HopOutcome::Finished => "finished",
             HopOutcome::Disabled => "disabled",
             HopOutcome::AccountGone => "account_gone",
+            HopOutcome::Throttled => "throttled",
         }
     }
 }
@@ -108,6 +115,8 @@ pub struct Report<A> {
     pub owner_seconds: f64,
     /// The next hop of the pass, if it goes on.
     pub next: Option<A>,
+    /// The red indicator that stopped the hop early, if one did: the next hop waits.
+    pub throttled: Option<Indicator>,
 }
 
 impl<A> Report<A> {
@@ -129,6 +138,8 @@ pub trait Job: Send + Sync + 'static {
     const SECTION: &'static str;
     /// Connections one hop holds at once, the one carrying its scope lock included.
     const CONNECTIONS: u32 = 1;
+    /// The tables a hop writes: a vacuum on one of them pauses its hops (issue #16).
+    const TABLES: &'static [&'static str] = &[];
     /// Every reason an owner may be retained for: metric label values, reported as 0 until
     /// they happen.
     const RETAIN_REASONS: &'static [&'static str];

@@ -9,6 +9,7 @@ pub mod cutoff;
 pub mod files;
 #[cfg(test)]
 mod golden;
+pub mod health;
 pub mod job;
 pub mod payload;
 pub mod prune_execution_details;

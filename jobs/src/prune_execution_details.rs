@@ -24,6 +24,7 @@ use uuid::Uuid;
 use crate::clock::Clock;
 use crate::cutoff::{EARLIEST, days_before};
 use crate::files::{self, DrainError, PathSettings, Root};
+use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
 use crate::job::{Env, Job, Position, Report, Scope};
 use crate::payload::V1;
@@ -92,6 +93,20 @@ pub const DETAIL_TABLES: [&str; 7] = [
     "reasoning_traces",
     "invocation_attempts",
     "output_files",
+];
+
+/// Every table a hop writes: the detail tables, the markers' tables, the file records.
+const WRITTEN: [&str; 10] = [
+    "run_task_edges",
+    "run_tasks",
+    "tool_results",
+    "sealed_requests",
+    "reasoning_traces",
+    "invocation_attempts",
+    "output_files",
+    "runs",
+    "variants",
+    "pending_file_deletions",
 ];
 
 /// One hop's payload: which account, which pass, where the window starts.
@@ -218,6 +233,8 @@ pub struct HopReport {
     pub next: Option<Args>,
     /// Time spent inside owners' transactions, from begin to commit or rollback.
     pub owner_seconds: f64,
+    /// The red indicator that stopped the hop early, if one did (issue #16).
+    pub throttled: Option<Indicator>,
 }
 
 impl HopReport {
@@ -271,7 +288,7 @@ pub async fn run(
     stop: &AtomicBool,
 ) -> Result<HopReport, Error> {
     let mut conn = pool.acquire().await?;
-    hop(&mut conn, clock, settings, args, stop).await
+    hop(&mut conn, clock, &Health::off(), settings, args, stop).await
 }
 
 /// [`run`] on a connection of the caller's: one connection for the whole hop, no pool round
@@ -282,6 +299,7 @@ pub async fn run(
 pub async fn hop(
     conn: &mut PgConnection,
     clock: &dyn Clock,
+    health: &Health,
     settings: &HopSettings,
     args: &Args,
     stop: &AtomicBool,
@@ -298,6 +316,7 @@ pub async fn hop(
         file_errors: 0,
         next: None,
         owner_seconds: 0.0,
+        throttled: None,
     };
     // Files of owners pruned by an earlier hop that died between commit and unlink.
     report.add_files(drain_files(conn, settings, args.account_id).await?);
@@ -359,11 +378,21 @@ pub async fn hop(
         reference,
     };
     let mut rest = window.as_slice();
+    let mut pace = health.pace(conn).await?;
     while !rest.is_empty() {
         // A hop always takes its first owners, however slow what came before: a budget spent
         // before them would hand the same cursor on forever.
         let budget_spent = rest.len() < window.len() && started.elapsed() >= settings.budget;
         if budget_spent || stop.load(Ordering::Relaxed) {
+            out_of_budget = true;
+            break;
+        }
+        // Between owner transactions only: nothing is ever half-done (issue #16).
+        if let Some(pace) = pace.as_mut() {
+            pace.wait(conn, stop).await?;
+        }
+        if let Some(red) = health.red(conn, &WRITTEN).await? {
+            report.throttled = Some(red);
             out_of_budget = true;
             break;
         }
@@ -397,11 +426,19 @@ pub async fn hop(
             });
         }
     }
+    // The last transaction's WAL counts too: the rate holds across hops.
+    if let Some(pace) = pace.as_mut() {
+        pace.wait(conn, stop).await?;
+    }
     report.add_files(drain_files(conn, settings, args.account_id).await?);
 
     let full = window.len() as u64 == u64::from(settings.window_size);
     if full || out_of_budget {
-        report.outcome = HopOutcome::Continued;
+        report.outcome = if report.throttled.is_some() {
+            HopOutcome::Throttled
+        } else {
+            HopOutcome::Continued
+        };
         report.next = Some(Args {
             version: V1,
             account_id: args.account_id,
@@ -900,6 +937,7 @@ impl Job for PruneExecutionDetails {
     const QUEUE: &'static str = "sexton.prune_execution_details";
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "execution_details";
+    const TABLES: &'static [&'static str] = &WRITTEN;
     const RETAIN_REASONS: &'static [&'static str] = &RetainReason::NAMES;
 
     type Args = Args;
@@ -962,7 +1000,7 @@ impl Job for PruneExecutionDetails {
             output_root: env.paths.output_root.clone(),
             ..settings.clone()
         };
-        let report = hop(env.conn, env.clock, settings, args, env.stop).await?;
+        let report = hop(env.conn, env.clock, env.health, settings, args, env.stop).await?;
         Ok(Report {
             outcome: report.outcome.as_str(),
             window: settings.window_size,
@@ -981,6 +1019,7 @@ impl Job for PruneExecutionDetails {
             },
             owner_seconds: report.owner_seconds,
             next: report.next,
+            throttled: report.throttled,
         })
     }
 

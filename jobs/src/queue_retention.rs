@@ -101,6 +101,7 @@ pub async fn hop(
         files: FileCounts::default(),
         owner_seconds: 0.0,
         next: None,
+        throttled: None,
     };
     let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *conn)

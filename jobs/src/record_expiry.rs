@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 use crate::cutoff::{self, EARLIEST, days_before};
 use crate::files::{FileCounts, PathSettings};
+use crate::health::Health;
 pub use crate::job::HopOutcome;
 use crate::job::{Env, Job, Position, Report, Scope};
 use crate::payload::V1;
@@ -286,6 +287,7 @@ pub struct Expire<R>(PhantomData<R>);
 /// run again.
 pub async fn hop<R: Record>(
     conn: &mut PgConnection,
+    health: &Health,
     settings: &ExpirySettings,
     args: &Args,
     stop: &std::sync::atomic::AtomicBool,
@@ -301,6 +303,7 @@ pub async fn hop<R: Record>(
         files: FileCounts::default(),
         owner_seconds: 0.0,
         next: None,
+        throttled: None,
     };
     let days = R::days(settings);
     if days == 0 {
@@ -322,9 +325,18 @@ pub async fn hop<R: Record>(
     let mut after = args.after.clone();
     let mut more = true;
     let mut batches = 0u32;
+    let mut pace = health.pace(conn).await?;
     while more {
         // The first batch is always taken, so that every hop moves the pass forward.
         if batches > 0 && (started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed)) {
+            break;
+        }
+        // Between batches only, each its own transaction (issue #16).
+        if let Some(pace) = pace.as_mut() {
+            pace.wait(conn, stop).await?;
+        }
+        if let Some(red) = health.red(conn, &[R::TABLE]).await? {
+            report.throttled = Some(red);
             break;
         }
         let (after_at, after_id) = after
@@ -350,8 +362,16 @@ pub async fn hop<R: Record>(
         }
         more = read == u64::from(settings.batch_size);
     }
+    // The last batch's WAL counts too: the rate holds across hops.
+    if let Some(pace) = pace.as_mut() {
+        pace.wait(conn, stop).await?;
+    }
     if more {
-        report.outcome = HopOutcome::Continued.as_str();
+        report.outcome = if report.throttled.is_some() {
+            HopOutcome::Throttled.as_str()
+        } else {
+            HopOutcome::Continued.as_str()
+        };
         report.next = Some(Args {
             version: V1,
             pass_started_at: args.pass_started_at,
@@ -485,6 +505,7 @@ impl<R: Record> Job for Expire<R> {
     const QUEUE: &'static str = R::QUEUE;
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "expiry";
+    const TABLES: &'static [&'static str] = &[R::TABLE];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;
@@ -517,7 +538,7 @@ impl<R: Record> Job for Expire<R> {
         settings: &ExpirySettings,
         args: &Args,
     ) -> Result<Report<Args>, Error> {
-        hop::<R>(env.conn, settings, args, env.stop).await
+        hop::<R>(env.conn, env.health, settings, args, env.stop).await
     }
 
     async fn backlog_seconds(

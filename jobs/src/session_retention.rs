@@ -28,6 +28,7 @@ use uuid::Uuid;
 
 use crate::cutoff::{EARLIEST, days_before};
 use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
+use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
 use crate::job::{Env, Job, Position, Report, Scope};
 use crate::payload::V1;
@@ -247,6 +248,8 @@ pub struct HopReport {
     pub files: FileCounts,
     pub owner_seconds: f64,
     pub next: Option<Args>,
+    /// The red indicator that stopped the hop early, if one did (issue #16).
+    pub throttled: Option<Indicator>,
 }
 
 impl HopReport {
@@ -261,6 +264,7 @@ impl HopReport {
             files: FileCounts::default(),
             owner_seconds: 0.0,
             next: None,
+            throttled: None,
         }
     }
 
@@ -295,7 +299,7 @@ pub async fn run(
     stop: &AtomicBool,
 ) -> Result<HopReport, Error> {
     let mut conn = pool.acquire().await?;
-    hop(&mut conn, settings, args, stop).await
+    hop(&mut conn, &Health::off(), settings, args, stop).await
 }
 
 /// One hop on the caller's connection: sessions of one kind, one window, short transactions.
@@ -304,6 +308,7 @@ pub async fn run(
 /// As [`run`].
 pub async fn hop(
     conn: &mut PgConnection,
+    health: &Health,
     settings: &HopSettings,
     args: &Args,
     stop: &AtomicBool,
@@ -356,12 +361,22 @@ pub async fn hop(
 
     let mut last = cursor.after;
     let mut out_of_budget = false;
+    let mut pace = health.pace(conn).await?;
     for (n, chunk) in window
         .chunks(settings.sessions_per_transaction.max(1) as usize)
         .enumerate()
     {
         // The first chunk is always taken, however slow what came before (see EX-7's rule).
         if (n > 0 && started.elapsed() >= settings.budget) || stop.load(Ordering::Relaxed) {
+            out_of_budget = true;
+            break;
+        }
+        // Between deletion transactions only: nothing is ever half-done (issue #16).
+        if let Some(pace) = pace.as_mut() {
+            pace.wait(conn, stop).await?;
+        }
+        if let Some(red) = health.red(conn, &TABLES).await? {
+            report.throttled = Some(red);
             out_of_budget = true;
             break;
         }
@@ -407,6 +422,10 @@ pub async fn hop(
             last = Some((*at, *id));
         }
     }
+    // The last transaction's WAL counts too: the rate holds across hops.
+    if let Some(pace) = pace.as_mut() {
+        pace.wait(conn, stop).await?;
+    }
     report
         .files
         .add(drain(conn, settings, args.account_id).await?);
@@ -418,7 +437,11 @@ pub async fn hop(
         kind.next().map(|kind| Cursor { kind, after: None })
     };
     if let Some(cursor) = next_cursor {
-        report.outcome = HopOutcome::Continued;
+        report.outcome = if report.throttled.is_some() {
+            HopOutcome::Throttled
+        } else {
+            HopOutcome::Continued
+        };
         report.next = Some(Args {
             version: V1,
             account_id: args.account_id,
@@ -924,6 +947,7 @@ impl Job for SessionRetention {
     const QUEUE: &'static str = "sexton.session_retention";
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "sessions";
+    const TABLES: &'static [&'static str] = &TABLES;
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;
@@ -978,7 +1002,7 @@ impl Job for SessionRetention {
             sessions_root: env.paths.sessions_root.clone(),
             ..settings.clone()
         };
-        let report = hop(env.conn, settings, args, env.stop).await?;
+        let report = hop(env.conn, env.health, settings, args, env.stop).await?;
         Ok(Report {
             outcome: report.outcome.as_str(),
             window: settings.window_size,
@@ -989,6 +1013,7 @@ impl Job for SessionRetention {
             files: report.files,
             owner_seconds: report.owner_seconds,
             next: report.next,
+            throttled: report.throttled,
         })
     }
 

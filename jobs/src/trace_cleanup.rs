@@ -23,6 +23,7 @@ use std::io::{self, Read as _, Write as _};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
 use rustix::fs::{AtFlags, Dir, FileType, FlockOperation, Mode, OFlags};
@@ -115,7 +116,7 @@ pub struct Planned {
     pub bytes: u64,
     pub mtime: DateTime<Utc>,
     pub reason: Reason,
-    pub session_id: String,
+    pub session_id: Uuid,
     #[serde(skip)]
     seen: Seen,
 }
@@ -254,7 +255,7 @@ struct Candidate {
     path: String,
     blocks_bytes: u64,
     seen: Seen,
-    session_id: String,
+    session_id: Uuid,
 }
 
 /// Allocated bytes: blocks × 512, not length (a sparse file counts by its blocks, TR-2).
@@ -280,8 +281,10 @@ fn seen(stat: &rustix::fs::Stat) -> Seen {
     }
 }
 
-/// The session a trace belongs to, if its first line is a valid signature.
-fn signature(first_line: &[u8]) -> Option<String> {
+/// The session a trace belongs to, if its first line is a valid signature. A `session_id` that
+/// is not a UUID names no session an agent can point at, so nothing could prove it is not live:
+/// such a file is not a candidate.
+fn signature(first_line: &[u8]) -> Option<Uuid> {
     #[derive(Deserialize)]
     struct Signature {
         format: String,
@@ -290,7 +293,9 @@ fn signature(first_line: &[u8]) -> Option<String> {
         session_id: String,
     }
     let sig: Signature = serde_json::from_slice(first_line).ok()?;
-    (sig.format == FORMAT).then_some(sig.session_id)
+    (sig.format == FORMAT)
+        .then(|| Uuid::parse_str(&sig.session_id).ok())
+        .flatten()
 }
 
 /// Reads the first line of `name` in `dir` (opened without following a symlink).
@@ -498,35 +503,58 @@ impl Histogram {
     }
 }
 
-/// Where the quota line falls: every candidate ordered at or before `(mtime_ns, path)` goes.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct QuotaLine {
-    mtime_ns: i128,
-    path: String,
+/// Where the quota line falls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum QuotaLine {
+    /// Every candidate ordered at or before `(mtime, path)` goes.
+    Upto(i128, String),
+    /// Every candidate older than this mtime goes, and of those with exactly this mtime (too
+    /// many to sort), as many as cover the bytes given, in walk order: all are equally old.
+    Ties(i128, u64),
 }
+
+/// Most files of the boundary bucket sorted in memory; a fuller bucket is narrowed first.
+const BOUNDARY_FILES: usize = 20_000;
+
+/// How many bits a narrowing step divides a bucket's width by.
+const NARROW_BITS: u32 = 14;
 
 /// What one walk is for.
 enum Pass {
     /// Classify everything; plan by age; the histogram of the rest.
     Age(Histogram),
-    /// The candidates in the bucket where the quota line falls.
+    /// The candidates in the bucket where the quota line falls (at most [`BOUNDARY_FILES`] of
+    /// them), and a finer histogram of the bucket in case there are more.
     Boundary {
         shift: u32,
         bucket: i128,
         files: Vec<(i128, String, u64)>,
+        overflow: bool,
+        finer: BTreeMap<i128, u64>,
     },
-    /// Plan by quota.
-    Quota(QuotaLine),
+    /// Plan by quota; `taken` counts the bytes taken among ties.
+    Quota { line: QuotaLine, taken: u64 },
+}
+
+fn finer_shift(shift: u32) -> u32 {
+    shift.saturating_sub(NARROW_BITS)
 }
 
 /// Planned files of the current directory, acted on in batches.
 struct Plan<'a> {
     conn: &'a mut PgConnection,
     report: TraceReport,
+    /// Candidates of the current directory awaiting their live-session check.
+    candidates: Vec<Candidate>,
+    /// Planned files of the current directory awaiting deletion (confirmed runs).
     pending: Vec<Planned>,
     observer: &'a mut dyn Observer,
     confirm: bool,
     age_cutoff_ns: Option<i128>,
+    /// Allocated bytes of live sessions' traces: they count toward the quota but never go.
+    live_bytes: u64,
+    stop: &'a AtomicBool,
+    stopped: bool,
 }
 
 impl Plan<'_> {
@@ -551,14 +579,34 @@ impl Plan<'_> {
         }
     }
 
-    /// One walk of the tree for `pass`.
+    /// One walk of the tree for `pass`; stops early (and says so) when the worker stops.
     async fn walk(&mut self, walk: &mut Walk, pass: &mut Pass) -> Result<(), Error> {
+        let mut steps = 0u64;
         while let Some(step) = walk.next_step() {
+            steps += 1;
+            // The walk is file-system work on the runtime's thread: let others run, and see a
+            // shutdown (FL-5), every so often.
+            if steps % 1024 == 0 {
+                tokio::task::yield_now().await;
+                if self.stop.load(Ordering::Relaxed) {
+                    self.stopped = true;
+                    return Ok(());
+                }
+            }
             match step {
-                Step::DirDone(dir) => self.flush(&dir).await?,
-                Step::Entry(dir, entry) => {
-                    self.visit(pass, entry);
-                    if self.pending.len() >= BATCH {
+                Step::DirDone(dir) => {
+                    self.resolve(pass).await?;
+                    self.flush(&dir).await?;
+                }
+                Step::Entry(_, Entry::Kept(reason)) => {
+                    if matches!(pass, Pass::Age(_)) {
+                        self.report.keep(reason);
+                    }
+                }
+                Step::Entry(dir, Entry::Candidate(candidate)) => {
+                    self.candidates.push(candidate);
+                    if self.candidates.len() >= BATCH {
+                        self.resolve(pass).await?;
                         self.flush(&dir).await?;
                     }
                 }
@@ -567,40 +615,76 @@ impl Plan<'_> {
         Ok(())
     }
 
-    fn visit(&mut self, pass: &mut Pass, entry: Entry) {
-        match (pass, entry) {
-            (Pass::Age(_), Entry::Kept(reason)) => self.report.keep(reason),
-            (Pass::Age(histogram), Entry::Candidate(c)) => {
+    /// Checks the waiting candidates against the live sessions, then gives each to `pass`: a
+    /// live session's trace is kept (and counted once, by the first walk).
+    async fn resolve(&mut self, pass: &mut Pass) -> Result<(), Error> {
+        if self.candidates.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.candidates);
+        let sessions: Vec<Uuid> = batch.iter().map(|c| c.session_id).collect();
+        let live = live_sessions(self.conn, &sessions).await?;
+        for candidate in batch {
+            if live.contains(&candidate.session_id) {
+                if let Pass::Age(_) = pass {
+                    self.report.candidates += 1;
+                    self.report.candidate_bytes += candidate.blocks_bytes;
+                    self.live_bytes += candidate.blocks_bytes;
+                    self.report.keep("live_session");
+                }
+                continue;
+            }
+            self.visit(pass, candidate);
+        }
+        Ok(())
+    }
+
+    fn visit(&mut self, pass: &mut Pass, c: Candidate) {
+        let mtime = c.seen.mtime_ns;
+        match pass {
+            Pass::Age(histogram) => {
                 self.report.candidates += 1;
                 self.report.candidate_bytes += c.blocks_bytes;
-                if self.old(c.seen.mtime_ns) {
+                if self.old(mtime) {
                     self.plan(c, Reason::Age);
                 } else {
-                    histogram.add(c.seen.mtime_ns, c.blocks_bytes);
+                    histogram.add(mtime, c.blocks_bytes);
                 }
             }
-            (
-                Pass::Boundary {
-                    shift,
-                    bucket,
-                    files,
-                },
-                Entry::Candidate(c),
-            ) => {
-                if !self.old(c.seen.mtime_ns) && c.seen.mtime_ns >> *shift == *bucket {
-                    files.push((c.seen.mtime_ns, c.path, c.blocks_bytes));
+            Pass::Boundary {
+                shift,
+                bucket,
+                files,
+                overflow,
+                finer,
+            } => {
+                if self.old(mtime) || mtime >> *shift != *bucket {
+                    return;
+                }
+                *finer.entry(mtime >> finer_shift(*shift)).or_default() += c.blocks_bytes;
+                if files.len() < BOUNDARY_FILES {
+                    files.push((mtime, c.path, c.blocks_bytes));
+                } else {
+                    *overflow = true;
                 }
             }
-            (Pass::Quota(line), Entry::Candidate(c)) => {
-                let key = QuotaLine {
-                    mtime_ns: c.seen.mtime_ns,
-                    path: c.path.clone(),
+            Pass::Quota { line, taken } => {
+                if self.old(mtime) {
+                    return;
+                }
+                let goes = match line {
+                    QuotaLine::Upto(at, path) => (mtime, c.path.as_str()) <= (*at, path.as_str()),
+                    QuotaLine::Ties(at, need) => {
+                        mtime < *at || (mtime == *at && *taken < *need && {
+                            *taken += c.blocks_bytes;
+                            true
+                        })
+                    }
                 };
-                if !self.old(c.seen.mtime_ns) && key <= *line {
+                if goes {
                     self.plan(c, Reason::Quota);
                 }
             }
-            (_, Entry::Kept(_)) => {}
         }
     }
 
@@ -612,15 +696,8 @@ impl Plan<'_> {
         }
         let batch = std::mem::take(&mut self.pending);
         self.observer.before_delete(&batch);
-        let sessions: Vec<String> = batch.iter().map(|p| p.session_id.clone()).collect();
-        let live: Vec<String> = sqlx::query_scalar(
-            "SELECT s FROM unnest($1::text[]) s
-             WHERE EXISTS (SELECT 1 FROM agents a
-                           WHERE a.current_session_id::text = s OR a.main_session_id::text = s)",
-        )
-        .bind(&sessions)
-        .fetch_all(&mut *self.conn)
-        .await?;
+        let sessions: Vec<Uuid> = batch.iter().map(|p| p.session_id).collect();
+        let live = live_sessions(self.conn, &sessions).await?;
         for file in batch {
             if live.contains(&file.session_id) {
                 self.report.keep("live_session");
@@ -670,8 +747,25 @@ impl Plan<'_> {
     }
 }
 
+/// Which of `sessions` are an agent's current or main session (TR-3), through the indexes on
+/// both columns.
+async fn live_sessions(
+    conn: &mut PgConnection,
+    sessions: &[Uuid],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT s FROM unnest($1::uuid[]) s
+         WHERE EXISTS (SELECT 1 FROM agents WHERE current_session_id = s)
+            OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = s)",
+    )
+    .bind(sessions)
+    .fetch_all(conn)
+    .await
+}
+
 /// Cleans the traces root by `limits` at `now`: plans every file (each shown to `observer`) and,
-/// with `confirm`, deletes them. The caller holds the [`Lease`] for a confirmed run.
+/// with `confirm`, deletes them. The caller holds the [`Lease`] for a confirmed run. When `stop`
+/// is raised the run ends after the batch in hand; what is left waits for the next run.
 ///
 /// # Errors
 /// [`Error::Root`] when the root cannot be opened or read, [`Error::Database`] when the live
@@ -683,6 +777,7 @@ pub async fn clean(
     now: DateTime<Utc>,
     confirm: bool,
     observer: &mut dyn Observer,
+    stop: &AtomicBool,
 ) -> Result<TraceReport, Error> {
     let root_error = |source: io::Error| Error::Root {
         path: root.to_owned(),
@@ -705,45 +800,89 @@ pub async fn clean(
             confirmed: confirm,
             ..TraceReport::default()
         },
+        candidates: Vec::new(),
         pending: Vec::new(),
         observer,
         confirm,
         age_cutoff_ns,
+        live_bytes: 0,
+        stop,
+        stopped: false,
     };
     let mut age = Pass::Age(Histogram::default());
     plan.walk(&mut walk()?, &mut age).await?;
     let Pass::Age(histogram) = age else {
         return Ok(plan.report);
     };
-    let excess = histogram.total.saturating_sub(limits.max_bytes);
-    if limits.max_bytes == 0 || excess == 0 {
+    // Live traces count toward the quota; only the others can go to meet it.
+    let excess = (histogram.total + plan.live_bytes).saturating_sub(limits.max_bytes);
+    if limits.max_bytes == 0 || excess == 0 || plan.stopped {
         return Ok(plan.report);
     }
-    let Some((bucket, before)) = histogram.line(excess) else {
+    let Some((first_bucket, first_before)) = histogram.line(excess) else {
+        // Not even every other trace would bring the total within the quota: all of them go.
+        let all = QuotaLine::Ties(i128::MAX, 0);
+        plan.walk(&mut walk()?, &mut Pass::Quota { line: all, taken: 0 })
+            .await?;
         return Ok(plan.report);
     };
-    let mut boundary = Pass::Boundary {
-        shift: histogram.shift,
-        bucket,
-        files: Vec::new(),
-    };
-    plan.walk(&mut walk()?, &mut boundary).await?;
-    let Pass::Boundary { mut files, .. } = boundary else {
-        return Ok(plan.report);
-    };
-    files.sort();
-    let mut covered = before;
-    let mut line = None;
-    for (mtime_ns, path, bytes) in files {
-        covered += bytes;
-        line = Some(QuotaLine { mtime_ns, path });
-        if covered >= excess {
-            break;
+    let (mut shift, mut bucket, mut before) = (histogram.shift, first_bucket, first_before);
+    let line = loop {
+        let mut boundary = Pass::Boundary {
+            shift,
+            bucket,
+            files: Vec::new(),
+            overflow: false,
+            finer: BTreeMap::new(),
+        };
+        plan.walk(&mut walk()?, &mut boundary).await?;
+        if plan.stopped {
+            return Ok(plan.report);
         }
-    }
-    if let Some(line) = line {
-        plan.walk(&mut walk()?, &mut Pass::Quota(line)).await?;
-    }
+        let Pass::Boundary {
+            mut files,
+            overflow,
+            finer,
+            ..
+        } = boundary
+        else {
+            return Ok(plan.report);
+        };
+        let bucket_end = (bucket + 1) << shift;
+        if !overflow {
+            files.sort();
+            let mut covered = before;
+            let mut line = None;
+            for (mtime_ns, path, bytes) in files {
+                covered += bytes;
+                line = Some(QuotaLine::Upto(mtime_ns, path));
+                if covered >= excess {
+                    break;
+                }
+            }
+            // The bucket's files changed since they were counted: take all it held.
+            break line.unwrap_or(QuotaLine::Ties(bucket_end, 0));
+        }
+        if shift == 0 {
+            // Too many files of one and the same mtime to sort: any of them will do.
+            break QuotaLine::Ties(bucket, excess.saturating_sub(before));
+        }
+        let narrower = Histogram {
+            shift: finer_shift(shift),
+            buckets: finer,
+            total: 0,
+        };
+        match narrower.line(excess.saturating_sub(before)) {
+            Some((finer_bucket, finer_before)) => {
+                before += finer_before;
+                bucket = finer_bucket;
+                shift = narrower.shift;
+            }
+            None => break QuotaLine::Ties(bucket_end, 0),
+        }
+    };
+    plan.walk(&mut walk()?, &mut Pass::Quota { line, taken: 0 })
+        .await?;
     Ok(plan.report)
 }
 
@@ -916,6 +1055,7 @@ impl Job for TraceCleanup {
             files: FileCounts::default(),
             owner_seconds: 0.0,
             next: None,
+            throttled: None,
         };
         if !settings.enabled {
             report.outcome = HopOutcome::Disabled.as_str();
@@ -938,7 +1078,16 @@ impl Job for TraceCleanup {
             Err(err) => return Err(err),
         };
         let started = std::time::Instant::now();
-        let done = clean(env.conn, root, settings.limits, now, true, &mut Quiet).await?;
+        let done = clean(
+            env.conn,
+            root,
+            settings.limits,
+            now,
+            true,
+            &mut Quiet,
+            env.stop,
+        )
+        .await?;
         report.owner_seconds = started.elapsed().as_secs_f64();
         report.candidates = done.candidates;
         report.pruned = done.deleted;
@@ -976,6 +1125,7 @@ impl Job for TraceCleanup {
             now,
             false,
             &mut Quiet,
+            &AtomicBool::new(false),
         )
         .await?;
         Ok(vec![Preview {

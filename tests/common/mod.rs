@@ -27,6 +27,9 @@ pub fn settings(dir: &Path) -> Settings {
     };
     settings.queue.poll_interval = Duration::from_millis(100);
     settings.queue.retry_backoff = Duration::from_millis(50);
+    // Health throttling (issue #16) is proven by its own tests; elsewhere an autovacuum the
+    // test's bulk inserts start, or another test's replication slot, must not pause a pass.
+    settings.health = sexton_jobs::health::HealthSettings::OFF;
     settings
 }
 
@@ -122,6 +125,8 @@ pub fn sexton(database_url: &str, dir: &Path) -> Command {
         .env("SEXTON_PATHS__SESSIONS_ROOT", dir.join("sessions"))
         .env("SEXTON_PATHS__TRACES_ROOT", dir.join("traces"))
         .env("SEXTON_QUEUE__POLL_INTERVAL_MS", "100")
+        .env("SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES", "0")
+        .env("SEXTON_HEALTH__PAUSE_ON_VACUUM", "false")
         .env("SEXTON_QUEUE__RETRY_BACKOFF_MS", "50")
         .env("SEXTON_LOG__LEVEL", "info,sqlx=warn")
         // Tests fire slots themselves; a fleet member must not catch up on, or reach, a real one.

@@ -5,15 +5,27 @@ use std::sync::atomic::AtomicBool;
 
 use sexton_jobs::clock::ManualClock;
 use sexton_jobs::files::PathSettings;
+use sexton_jobs::health::Health;
 use sexton_jobs::job::{Env, Job, Report};
 use sqlx::PgPool;
 
 use super::fixture::pass_start;
 
-/// One hop of `J`.
+/// One hop of `J`, every health indicator off.
 pub async fn hop<J: Job>(
     pool: &PgPool,
     paths: &PathSettings,
+    settings: &J::Settings,
+    args: &J::Args,
+) -> Report<J::Args> {
+    hop_with::<J>(pool, paths, &Health::off(), settings, args).await
+}
+
+/// One hop of `J` under `health`.
+pub async fn hop_with<J: Job>(
+    pool: &PgPool,
+    paths: &PathSettings,
+    health: &Health,
     settings: &J::Settings,
     args: &J::Args,
 ) -> Report<J::Args> {
@@ -24,6 +36,7 @@ pub async fn hop<J: Job>(
         clock: &ManualClock::new(pass_start()),
         stop: &AtomicBool::new(false),
         paths,
+        health,
     };
     J::run(env, settings, args).await.unwrap()
 }
@@ -33,11 +46,22 @@ pub async fn pass<J: Job>(
     pool: &PgPool,
     paths: &PathSettings,
     settings: &J::Settings,
+    args: J::Args,
+) -> Vec<Report<J::Args>> {
+    pass_with::<J>(pool, paths, &Health::off(), settings, args).await
+}
+
+/// [`pass`] under `health`.
+pub async fn pass_with<J: Job>(
+    pool: &PgPool,
+    paths: &PathSettings,
+    health: &Health,
+    settings: &J::Settings,
     mut args: J::Args,
 ) -> Vec<Report<J::Args>> {
     let mut reports = Vec::new();
     loop {
-        let report = hop::<J>(pool, paths, settings, &args).await;
+        let report = hop_with::<J>(pool, paths, health, settings, &args).await;
         let next = report.next.clone();
         reports.push(report);
         match next {

@@ -43,6 +43,18 @@ fn describe() {
     describe_counter!("sexton_hops_total", "Hops run, by outcome.");
     describe_histogram!("sexton_hop_duration_seconds", "Duration of one hop.");
     describe_counter!("sexton_job_runs_total", "Queue jobs run, by outcome.");
+    describe_counter!(
+        "sexton_throttled_total",
+        "Hops that stopped early on a red health indicator, by job and indicator."
+    );
+    describe_gauge!(
+        "sexton_health_replication_lag_bytes",
+        "The largest replication lag last read, in bytes of WAL."
+    );
+    describe_gauge!(
+        "sexton_health_vacuums",
+        "Vacuums running in this database when last read."
+    );
     describe_gauge!(
         "sexton_last_success_timestamp_seconds",
         "The latest slot for which every pass of the job finished (Unix seconds)."
@@ -113,4 +125,15 @@ pub fn queue(counts: &QueueCounts) {
 /// A job's backlog in seconds.
 pub fn backlog(job: &'static str, seconds: f64) {
     gauge!("sexton_backlog_seconds", "job" => job).set(seconds);
+}
+
+/// A hop that stopped early on a red health indicator (issue #16).
+pub fn throttled(job: &'static str, indicator: &'static str) {
+    counter!("sexton_throttled_total", "job" => job, "indicator" => indicator).increment(1);
+}
+
+/// The last readings of the health indicators.
+pub fn health(readings: &sexton_jobs::health::Readings) {
+    gauge!("sexton_health_replication_lag_bytes").set(readings.replication_lag_bytes as f64);
+    gauge!("sexton_health_vacuums").set(readings.vacuuming.len() as f64);
 }
