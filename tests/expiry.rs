@@ -798,3 +798,38 @@ async fn ttl5_an_invalid_age_is_refused_naming_the_setting(pool: PgPool) {
         .unwrap();
     assert_eq!(accepted.status.code(), Some(0));
 }
+
+#[sqlx::test]
+async fn ttl5_the_cursor_follows_numeric_ids_so_each_row_is_counted_once(pool: PgPool) {
+    let world = World::new(&pool, None).await;
+    // Equally old events whose ids sort differently as text ("999" after "2000").
+    sqlx::query(
+        "INSERT INTO conversation_events (conversation_id, kind, created_at)
+         SELECT $1, 'delta', $2 FROM generate_series(1, 2500)",
+    )
+    .bind(world.conversation)
+    .bind(days_before_pass(40.0))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut app = pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT 1 FROM conversation_events WHERE id IN (SELECT id FROM conversation_events
+                                                        ORDER BY id LIMIT 100) FOR UPDATE",
+    )
+    .execute(&mut *app)
+    .await
+    .unwrap();
+    let settings = ExpirySettings {
+        batch_size: 1000,
+        ..settings()
+    };
+
+    let reports = pass::<ConversationEvents>(&pool, &settings).await;
+    app.commit().await.unwrap();
+
+    let candidates: u64 = reports.iter().map(|r| r.candidates).sum();
+    assert_eq!(candidates, 2500, "every row read once");
+    assert_eq!((pruned(&reports), busy(&reports)), (2400, 100));
+    assert_eq!(count(&pool, "conversation_events").await, 100);
+}

@@ -544,7 +544,10 @@ async fn tr3_a_live_session_spelled_otherwise_still_stays_and_a_non_uuid_session
 
     let report = clean(&pool, &t.root, age_limit(30), true).await;
 
-    assert!(upper.exists() && braced.exists(), "the same session, spelled otherwise");
+    assert!(
+        upper.exists() && braced.exists(),
+        "the same session, spelled otherwise"
+    );
     assert!(not_uuid.exists(), "no proof that it is not live");
     assert!(!control.exists());
     assert_eq!(report.kept.get("live_session"), Some(&2));
@@ -589,7 +592,11 @@ async fn tr2_live_traces_count_toward_the_quota_and_the_next_oldest_go_instead(p
     };
 
     let dry = clean(&pool, &t.root, limits, false).await;
-    assert_eq!(dry.planned.get("quota"), Some(&2), "the dry run plans what will go");
+    assert_eq!(
+        dry.planned.get("quota"),
+        Some(&2),
+        "the dry run plans what will go"
+    );
     let report = clean(&pool, &t.root, limits, true).await;
 
     assert!(live.exists() && c.exists());
@@ -598,9 +605,7 @@ async fn tr2_live_traces_count_toward_the_quota_and_the_next_oldest_go_instead(p
 }
 
 #[sqlx::test]
-async fn tr2_more_equally_old_traces_than_are_sorted_in_memory_still_meet_the_quota(
-    pool: PgPool,
-) {
+async fn tr2_more_equally_old_traces_than_are_sorted_in_memory_still_meet_the_quota(pool: PgPool) {
     let t = Traces::new();
     let mut files = Vec::new();
     for n in 0..21_000 {
@@ -617,4 +622,78 @@ async fn tr2_more_equally_old_traces_than_are_sorted_in_memory_still_meet_the_qu
     let left = files.iter().filter(|f| f.exists()).count() as u64;
     assert_eq!(left, 10_000, "exactly within the quota");
     assert_eq!(report.deleted, 11_000);
+}
+
+#[sqlx::test]
+async fn tr3_a_lease_file_that_is_a_hard_link_is_refused_and_its_target_left_whole(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    let t = Traces::new();
+    let old = t.trace("old.trace.jsonl", Uuid::new_v4(), 100.0, 10);
+    let precious = t.dir.path().join("precious.txt");
+    std::fs::write(&precious, b"must not be truncated").unwrap();
+    std::fs::hard_link(&precious, t.root.join(job::LEASE_FILE)).unwrap();
+    let cli = || {
+        let mut cmd = common::sexton(&url, t.dir.path());
+        cmd.args(["traces", "clean", "--confirm"])
+            .env("SEXTON_TRACES__MAX_AGE_DAYS", "60");
+        cmd
+    };
+
+    let refused = cli().output().await.unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(std::fs::read(&precious).unwrap(), b"must not be truncated");
+    assert!(old.exists());
+
+    std::fs::remove_file(t.root.join(job::LEASE_FILE)).unwrap();
+    let accepted = cli().output().await.unwrap();
+    assert_eq!(
+        accepted.status.code(),
+        Some(0),
+        "the control: a lease sexton creates"
+    );
+    assert!(!old.exists());
+}
+
+#[sqlx::test]
+async fn tr4_a_cadence_longer_than_the_queue_keeps_its_keys_and_roots_overlapping_artifacts_are_refused(
+    pool: PgPool,
+) {
+    let url = common::database_url(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let check = |envs: &[(&str, String)]| {
+        let mut cmd = common::sexton(&url, dir.path());
+        cmd.arg("check-config")
+            .env("SEXTON_TRACES__ENABLED", "true")
+            .env("SEXTON_TRACES__MAX_AGE_DAYS", "30");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    let long = check(&[("SEXTON_TRACES__CADENCE_MINUTES", (8 * 1440).to_string())])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(long.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&long.stderr).contains("traces.cadence_minutes"));
+    let week = check(&[("SEXTON_TRACES__CADENCE_MINUTES", (7 * 1440).to_string())])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        week.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&week.stderr)
+    );
+
+    let inside = dir.path().join("artifacts").join("traces");
+    std::fs::create_dir_all(&inside).unwrap();
+    let overlapping = check(&[("SEXTON_PATHS__TRACES_ROOT", inside.display().to_string())])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(overlapping.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&overlapping.stderr).contains("paths.traces_root"));
 }

@@ -335,6 +335,16 @@ impl RawSettings {
         let artifacts_root = c.path("paths.artifacts_root", &p.artifacts_root);
         let sessions_root = c.path("paths.sessions_root", &p.sessions_root);
         let traces_root = c.path("paths.traces_root", &p.traces_root);
+        if let (Some(traces), Some(artifacts)) = (&traces_root, &artifacts_root)
+            && overlap(traces, artifacts)
+        {
+            c.fail(
+                "paths.traces_root",
+                "a directory that neither contains nor lies inside paths.artifacts_root \
+                 (generated artifacts have no TTL)",
+                format!("{:?} and {:?}", traces, artifacts),
+            );
+        }
         if let (Some(attachments), Some(artifacts)) = (&attachments_root, &artifacts_root)
             && overlap(attachments, artifacts)
         {

@@ -202,7 +202,31 @@ pub fn sections() -> Vec<&'static dyn Section> {
 /// # Errors
 /// As [`Settings::load`].
 pub fn load_settings(file: Option<&Path>) -> Result<Settings, ConfigError> {
-    Settings::load(file, &sections())
+    let settings = Settings::load(file, &sections())?;
+    // A period's key lives in the queue as long as finished jobs do: a longer cadence could run
+    // a period twice once the key is gone (FL-7).
+    let problems: Vec<crate::config::Problem> = KINDS
+        .iter()
+        .filter_map(|kind| match kind.cadence(&settings) {
+            Cadence::Every(period) if period > settings.queue.finished_job_retention => {
+                Some(crate::config::Problem {
+                    setting: format!("{}.cadence_minutes", kind.section()),
+                    message: format!(
+                        "expected at most queue.finished_job_retention_days ({} days) in \
+                         minutes, got {}",
+                        settings.queue.finished_job_retention.num_days(),
+                        period.num_minutes()
+                    ),
+                })
+            }
+            _ => None,
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(settings)
+    } else {
+        Err(ConfigError::Invalid(problems))
+    }
 }
 
 /// The kind whose queue is `queue`.

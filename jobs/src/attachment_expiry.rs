@@ -185,10 +185,13 @@ pub async fn hop(
             out_of_budget = true;
             break;
         }
-        let mut expired = Vec::new();
+        let (mut expired, mut judged) = (Vec::new(), Vec::new());
         for (id, path) in chunk {
             match judge(&root, path, cutoff) {
-                Verdict::Expired => expired.push(*id),
+                Verdict::Expired => {
+                    expired.push(*id);
+                    judged.push(path.clone());
+                }
                 Verdict::Young => {}
                 Verdict::Kept(reason) => retain(&mut report, reason),
             }
@@ -201,6 +204,7 @@ pub async fn hop(
         let chunk_started = Instant::now();
         let marked: Vec<Uuid> = sqlx::query_scalar(MARK_EXPIRED)
             .bind(&expired)
+            .bind(&judged)
             .bind(args.account_id)
             .fetch_all(&mut *conn)
             .await?;
@@ -241,22 +245,26 @@ fn retain(report: &mut Report<Args>, reason: &'static str) {
     }
 }
 
-/// Marks `$1` (attachments of account `$2` still live) expired and records their files for
-/// removal, in one statement and so one short transaction; a row an application holds is
-/// skipped. Returns the rows marked.
+/// Marks the attachments `$1` of account `$3` expired — each only if still live and still
+/// naming the path `$2` it was judged by, so that a row repointed at a fresh file meanwhile is
+/// left for the next pass — and records their files for removal, in one statement and so one
+/// short transaction; a row an application holds is skipped. Returns the rows marked.
 const MARK_EXPIRED: &str = "
-    WITH locked AS (
-        SELECT id FROM attachments
-        WHERE id = ANY($1) AND account_id = $2 AND bytes_expired_at IS NULL
-        ORDER BY id
-        FOR UPDATE SKIP LOCKED),
+    WITH judged AS (
+        SELECT * FROM unnest($1::uuid[], $2::text[]) AS j (id, relative_path)),
+    locked AS (
+        SELECT a.id FROM attachments a JOIN judged j ON j.id = a.id
+        WHERE a.account_id = $3 AND a.bytes_expired_at IS NULL
+          AND a.relative_path = j.relative_path
+        ORDER BY a.id
+        FOR UPDATE OF a SKIP LOCKED),
     marked AS (
         UPDATE attachments a SET bytes_expired_at = now()
         FROM locked WHERE a.id = locked.id
         RETURNING a.id, a.relative_path),
     recorded AS (
         INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-        SELECT 'attachments', $2, relative_path FROM marked)
+        SELECT 'attachments', $3, relative_path FROM marked)
     SELECT id FROM marked";
 
 /// The `[attachments]` section as given.

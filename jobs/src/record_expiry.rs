@@ -91,7 +91,7 @@ impl Record for Handoffs {
         gone AS (
             DELETE FROM handoffs h USING locked WHERE h.id = locked.id RETURNING 1),
         last AS (
-            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+            SELECT b.created_at, b.id::text AS id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1)
         SELECT (SELECT count(*) FROM batch) AS read,
                (SELECT count(*) FROM gone) AS deleted,
                (SELECT created_at FROM last) AS last_at,
@@ -130,7 +130,7 @@ impl Record for DreamPreloads {
         gone AS (
             DELETE FROM dream_preloads d USING locked WHERE d.id = locked.id RETURNING 1),
         last AS (
-            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+            SELECT b.created_at, b.id::text AS id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1)
         SELECT (SELECT count(*) FROM batch) AS read,
                (SELECT count(*) FROM gone) AS deleted,
                (SELECT created_at FROM last) AS last_at,
@@ -169,7 +169,7 @@ impl Record for WorkingRecords {
         gone AS (
             DELETE FROM working_records w USING locked WHERE w.id = locked.id RETURNING 1),
         last AS (
-            SELECT updated_at, id::text AS id FROM batch ORDER BY updated_at DESC, id DESC LIMIT 1)
+            SELECT b.updated_at, b.id::text AS id FROM batch b ORDER BY b.updated_at DESC, b.id DESC LIMIT 1)
         SELECT (SELECT count(*) FROM batch) AS read,
                (SELECT count(*) FROM gone) AS deleted,
                (SELECT updated_at FROM last) AS last_at,
@@ -210,7 +210,7 @@ impl Record for ConversationEvents {
         gone AS (
             DELETE FROM conversation_events e USING locked WHERE e.id = locked.id RETURNING 1),
         last AS (
-            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+            SELECT b.created_at, b.id::text AS id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1)
         SELECT (SELECT count(*) FROM batch) AS read,
                (SELECT count(*) FROM gone) AS deleted,
                (SELECT created_at FROM last) AS last_at,

@@ -224,6 +224,15 @@ impl Lease {
             }
             Err(e) => return Err(failed(e.into())),
         }
+        // The lease is a plain file of its own: not a hard link to something else the holder
+        // would truncate.
+        let stat = rustix::fs::fstat(&fd).map_err(|e| failed(e.into()))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile || stat.st_nlink != 1 {
+            return Err(failed(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a plain file with a single link; remove it and let sexton create it",
+            )));
+        }
         let mut file = std::fs::File::from(fd);
         file.set_len(0).map_err(failed)?;
         writeln!(file, "{holder}").map_err(failed)?;
@@ -675,10 +684,11 @@ impl Plan<'_> {
                 let goes = match line {
                     QuotaLine::Upto(at, path) => (mtime, c.path.as_str()) <= (*at, path.as_str()),
                     QuotaLine::Ties(at, need) => {
-                        mtime < *at || (mtime == *at && *taken < *need && {
-                            *taken += c.blocks_bytes;
-                            true
-                        })
+                        mtime < *at
+                            || (mtime == *at && *taken < *need && {
+                                *taken += c.blocks_bytes;
+                                true
+                            })
                     }
                 };
                 if goes {
@@ -822,8 +832,14 @@ pub async fn clean(
     let Some((first_bucket, first_before)) = histogram.line(excess) else {
         // Not even every other trace would bring the total within the quota: all of them go.
         let all = QuotaLine::Ties(i128::MAX, 0);
-        plan.walk(&mut walk()?, &mut Pass::Quota { line: all, taken: 0 })
-            .await?;
+        plan.walk(
+            &mut walk()?,
+            &mut Pass::Quota {
+                line: all,
+                taken: 0,
+            },
+        )
+        .await?;
         return Ok(plan.report);
     };
     let (mut shift, mut bucket, mut before) = (histogram.shift, first_bucket, first_before);

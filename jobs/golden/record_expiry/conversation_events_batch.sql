@@ -10,7 +10,7 @@ WITH batch AS (
         gone AS (
             DELETE FROM conversation_events e USING locked WHERE e.id = locked.id RETURNING 1),
         last AS (
-            SELECT created_at, id::text AS id FROM batch ORDER BY created_at DESC, id DESC LIMIT 1)
+            SELECT b.created_at, b.id::text AS id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1)
         SELECT (SELECT count(*) FROM batch) AS read,
                (SELECT count(*) FROM gone) AS deleted,
                (SELECT created_at FROM last) AS last_at,

@@ -10,7 +10,7 @@ WITH batch AS (
         gone AS (
             DELETE FROM working_records w USING locked WHERE w.id = locked.id RETURNING 1),
         last AS (
-            SELECT updated_at, id::text AS id FROM batch ORDER BY updated_at DESC, id DESC LIMIT 1)
+            SELECT b.updated_at, b.id::text AS id FROM batch b ORDER BY b.updated_at DESC, b.id DESC LIMIT 1)
         SELECT (SELECT count(*) FROM batch) AS read,
                (SELECT count(*) FROM gone) AS deleted,
                (SELECT updated_at FROM last) AS last_at,
