@@ -595,7 +595,7 @@ impl Plan<'_> {
             steps += 1;
             // The walk is file-system work on the runtime's thread: let others run, and see a
             // shutdown (FL-5), every so often.
-            if steps % 1024 == 0 {
+            if steps.is_multiple_of(1024) {
                 tokio::task::yield_now().await;
                 if self.stop.load(Ordering::Relaxed) {
                     self.stopped = true;
