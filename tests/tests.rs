@@ -7,6 +7,7 @@ mod execution_details;
 mod expiry;
 mod fleet;
 mod foundation;
+mod health;
 mod hostile;
 mod registry;
 mod sessions;

@@ -1,0 +1,239 @@
+//! Health-aware pruning (issue #16) on a real PostgreSQL: a replication slot that holds WAL
+//! back, a vacuum running on `runs`, a WAL budget — and each indicator turned off, ignored.
+
+use std::time::{Duration, Instant};
+
+use sexton_jobs::files::PathSettings;
+use sexton_jobs::health::{Health, HealthSettings, Indicator};
+use sexton_jobs::prune_execution_details::{Args, HopSettings, PruneExecutionDetails};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::common;
+use crate::common::fixture::{self, RunSpec, pass_start};
+use crate::common::process::poll_until;
+use crate::common::run;
+
+type Ped = PruneExecutionDetails;
+
+fn hop_settings(paths: &PathSettings) -> HopSettings {
+    HopSettings {
+        window_size: 5,
+        owners_per_transaction: 5,
+        transaction_target: Duration::from_millis(50),
+        budget: Duration::from_secs(600),
+        owner_lock_timeout: Duration::from_millis(200),
+        output_root: paths.output_root.clone(),
+    }
+}
+
+fn health(lag: u64, vacuum: bool, wal: u64) -> Health {
+    Health::new(HealthSettings {
+        max_replication_lag_bytes: lag,
+        pause_on_vacuum: vacuum,
+        max_wal_bytes_per_second: wal,
+        backoff: Duration::from_millis(1),
+        cache: Duration::ZERO,
+    })
+}
+
+/// An account with `n` owners old enough to go; the file roots under a temp dir.
+async fn backlog(pool: &PgPool, n: usize) -> (tempfile::TempDir, PathSettings, Uuid) {
+    common::migrate(pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let paths = run::roots(dir.path());
+    let account = fixture::account(pool, Some(30)).await;
+    let conversation = fixture::conversation(pool, account).await;
+    for _ in 0..n {
+        fixture::run(
+            pool,
+            &paths.output_root,
+            RunSpec::conversation(account, conversation, 50.0),
+        )
+        .await;
+    }
+    (dir, paths, account)
+}
+
+async fn pruned(pool: &PgPool, account: Uuid) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM runs WHERE account_id = $1 AND details_pruned_at IS NOT NULL",
+    )
+    .bind(account)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test]
+async fn hl1_a_lagging_replication_slot_throttles_hops_until_it_is_dropped(pool: PgPool) {
+    let (_dir, paths, account) = backlog(&pool, 20).await;
+    let settings = hop_settings(&paths);
+    // A slot left by an earlier, failed run of this test would hold WAL back for good.
+    sqlx::query(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+         WHERE slot_name LIKE 'sexton_hl_%' AND NOT active",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let slot = format!("sexton_hl_{}", Uuid::new_v4().simple());
+    sqlx::query("SELECT pg_create_physical_replication_slot($1, true)")
+        .bind(&slot)
+        .execute(&pool)
+        .await
+        .unwrap();
+    // WAL the slot holds back: a few megabytes, past the 1 MiB the test allows.
+    sqlx::query(
+        "CREATE TABLE hl_wal AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 5000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let lagging = health(1 << 20, false, 0);
+
+    let mut args = Args::first(account, pass_start());
+    let mut throttles = 0;
+    for _ in 0..3 {
+        let report = run::hop_with::<Ped>(&pool, &paths, &lagging, &settings, &args).await;
+        assert_eq!(report.outcome, "throttled");
+        assert_eq!(report.throttled, Some(Indicator::ReplicationLag));
+        assert_eq!(report.pruned, 0, "nothing is taken while the replica lags");
+        throttles += 1;
+        args = report.next.expect("a throttled hop hands over");
+    }
+    assert_eq!(pruned(&pool, account).await, 0);
+    // The indicator turned off: the same lag is ignored.
+    let off = run::hop_with::<Ped>(&pool, &paths, &health(0, false, 0), &settings, &args).await;
+    assert_eq!(off.throttled, None);
+    assert_eq!(off.pruned, 5);
+    let args = off.next.expect("more to do");
+
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let rest = run::pass_with::<Ped>(&pool, &paths, &lagging, &settings, args).await;
+
+    assert_eq!(throttles, 3);
+    assert!(rest.iter().all(|r| r.throttled.is_none()));
+    assert_eq!(rest.last().unwrap().outcome, "finished");
+    assert_eq!(pruned(&pool, account).await, 20, "the pass completes");
+}
+
+#[sqlx::test]
+async fn hl2_a_vacuum_running_on_runs_pauses_hops_while_it_runs(pool: PgPool) {
+    let (_dir, paths, account) = backlog(&pool, 20).await;
+    let settings = hop_settings(&paths);
+    // Enough pages that a vacuum slowed to a crawl is still running when the hop looks.
+    sqlx::query(
+        "INSERT INTO runs (account_id, kind, status, requested_model)
+         SELECT $1, 'standalone', 'completed', 'm' FROM generate_series(1, 20000)",
+    )
+    .bind(account)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut vacuum = pool.acquire().await.unwrap().detach();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut vacuum)
+        .await
+        .unwrap();
+    // A statement of its own: VACUUM refuses to run in a multi-statement (implicit) block.
+    sqlx::raw_sql("SET vacuum_cost_delay = 100; SET vacuum_cost_limit = 1")
+        .execute(&mut vacuum)
+        .await
+        .unwrap();
+    let running =
+        tokio::spawn(async move { sqlx::raw_sql("VACUUM runs").execute(&mut vacuum).await });
+    let vacuuming = || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_vacuum
+                            WHERE relid = 'runs'::regclass AND pid = $1)",
+        )
+        .bind(pid)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    poll_until(Duration::from_secs(30), || vacuuming()).await;
+    let pausing = health(0, true, 0);
+
+    let args = Args::first(account, pass_start());
+    let paused = run::hop_with::<Ped>(&pool, &paths, &pausing, &settings, &args).await;
+    assert_eq!(paused.outcome, "throttled");
+    assert_eq!(paused.throttled, Some(Indicator::Vacuum));
+    assert_eq!(paused.pruned, 0);
+    // The indicator turned off: the same vacuum is ignored.
+    let args = paused.next.expect("a throttled hop hands over");
+    let off = run::hop_with::<Ped>(&pool, &paths, &health(0, false, 0), &settings, &args).await;
+    assert_eq!((off.throttled, off.pruned), (None, 5));
+    assert!(vacuuming().await, "the vacuum was still running");
+
+    sqlx::query("SELECT pg_cancel_backend($1)")
+        .bind(pid)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(running.await.unwrap().is_err(), "the vacuum was cancelled");
+    poll_until(Duration::from_secs(30), || async { !vacuuming().await }).await;
+    let rest = run::pass_with::<Ped>(&pool, &paths, &pausing, &settings, off.next.unwrap()).await;
+    assert!(rest.iter().all(|r| r.throttled.is_none()));
+    assert_eq!(pruned(&pool, account).await, 20, "the pass completes");
+}
+
+/// A whole pass under `health`, and the WAL its pace counted per second of it.
+async fn paced_pass(
+    pool: &PgPool,
+    paths: &PathSettings,
+    health: &Health,
+    account: Uuid,
+) -> (f64, Duration) {
+    let mut settings = hop_settings(paths);
+    settings.window_size = 50;
+    let started = Instant::now();
+    run::pass_with::<Ped>(
+        pool,
+        paths,
+        health,
+        &settings,
+        Args::first(account, pass_start()),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let (bytes, paced) = health.wal_accounted();
+    (bytes as f64 / elapsed.as_secs_f64(), paced)
+}
+
+#[sqlx::test]
+async fn hl3_a_wal_budget_holds_the_rate_of_a_pass_within_20_percent(pool: PgPool) {
+    let (_dir, paths, first) = backlog(&pool, 300).await;
+    let second = fixture::account(&pool, Some(30)).await;
+    let other = fixture::conversation(&pool, second).await;
+    for _ in 0..300 {
+        fixture::run(
+            &pool,
+            &paths.output_root,
+            RunSpec::conversation(second, other, 50.0),
+        )
+        .await;
+    }
+
+    // The same work unpaced (a budget no pass reaches) measures what a pass writes per second
+    // here; the budget is a quarter of it, so that it is the budget that holds the rate.
+    let (natural, unpaced) =
+        paced_pass(&pool, &paths, &health(0, false, u64::MAX / 2), first).await;
+    assert_eq!(unpaced, Duration::ZERO);
+    let budget = (natural / 4.0) as u64;
+    let (rate, paced) = paced_pass(&pool, &paths, &health(0, false, budget), second).await;
+
+    assert_eq!(pruned(&pool, first).await, 300);
+    assert_eq!(pruned(&pool, second).await, 300);
+    assert!(paced > Duration::ZERO, "the pace waited");
+    let ratio = rate / budget as f64;
+    assert!(
+        (0.8..=1.2).contains(&ratio),
+        "rate {rate:.0} B/s against a budget of {budget} B/s ({ratio:.2}x; unpaced {natural:.0})"
+    );
+}
