@@ -157,7 +157,7 @@ async fn hl2_a_vacuum_running_on_runs_pauses_hops_while_it_runs(pool: PgPool) {
         .await
         .unwrap()
     };
-    poll_until(Duration::from_secs(30), || vacuuming()).await;
+    poll_until(Duration::from_secs(30), &vacuuming).await;
     let pausing = health(0, true, 0);
 
     let args = Args::first(account, pass_start());
