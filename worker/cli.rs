@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
-use crate::{db, demo, preview, sessions, status, tick, traces, worker};
+use crate::{db, demo, explain, preview, sessions, status, tick, traces, worker};
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -56,6 +56,16 @@ pub enum Command {
         #[command(subcommand)]
         command: SessionsCommand,
     },
+    /// Why a row or file is still here (or was removed): the owning job's verdict with every
+    /// reason and its rule id. SUBJECT: run, session, attachment, trace (ID is a path under the
+    /// traces root), handoff, dream_preload, working_record, conversation_event.
+    Explain {
+        subject: String,
+        id: String,
+        /// Print one JSON object (documented in the README).
+        #[arg(long)]
+        json: bool,
+    },
     /// Run traces (SPEC §4) by the [traces] limits, whether or not background cleaning is on.
     Traces {
         #[command(subcommand)]
@@ -99,6 +109,7 @@ pub enum Command {
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     let bad_configuration = err.chain().any(|e| {
         e.downcast_ref::<crate::config::ConfigError>().is_some()
+            || e.downcast_ref::<explain::UsageError>().is_some()
             || matches!(
                 e.downcast_ref::<db::DbError>(),
                 Some(db::DbError::BadUrl(_))
@@ -213,6 +224,9 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 print!("{}", outcome.render());
             }
             Ok(())
+        }
+        Command::Explain { subject, id, json } => {
+            explain::explain(&settings, &subject, &id, json).await
         }
         Command::Traces {
             command: TracesCommand::Clean { confirm, json },

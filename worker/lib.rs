@@ -10,6 +10,7 @@ pub mod config;
 pub mod context;
 pub mod db;
 pub mod demo;
+pub mod explain;
 pub mod hop;
 pub mod http;
 pub mod ledger;

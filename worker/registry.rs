@@ -9,6 +9,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
+use sexton_jobs::explain::Explanation;
 use sexton_jobs::job::{Cadence, Job, Scope};
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
 use sexton_jobs::queue_retention::QueueRetention;
@@ -49,6 +50,19 @@ pub trait Kind: Section + Send + Sync {
     fn scope(&self) -> Scope;
     /// When its passes start, under these settings.
     fn cadence(&self, settings: &Settings) -> Cadence;
+    /// What `sexton explain` asks it about.
+    fn subjects(&self) -> &'static [&'static str];
+    /// Whether `id` is well formed for `subject`.
+    fn parse_id(&self, subject: &str, id: &str) -> Result<(), String>;
+    /// Its verdict on one subject (issue #17).
+    fn explain<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        settings: &'a Settings,
+        now: DateTime<Utc>,
+        subject: &'static str,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Explanation>>>;
     /// Runs one hop from its JSON payload.
     fn handle<'a>(
         &'a self,
@@ -122,6 +136,28 @@ impl<J: Job> Kind for Registered<J> {
 
     fn cadence(&self, settings: &Settings) -> Cadence {
         J::cadence(settings.jobs.get::<J::Settings>(J::NAME))
+    }
+
+    fn subjects(&self) -> &'static [&'static str] {
+        J::SUBJECTS
+    }
+
+    fn parse_id(&self, subject: &str, id: &str) -> Result<(), String> {
+        J::parse_id(subject, id)
+    }
+
+    fn explain<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        settings: &'a Settings,
+        now: DateTime<Utc>,
+        subject: &'static str,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Explanation>>> {
+        Box::pin(async move {
+            let job = settings.jobs.get::<J::Settings>(J::NAME);
+            Ok(J::explain(conn, job, &settings.paths, now, subject, id).await?)
+        })
     }
 
     fn handle<'a>(

@@ -23,6 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::cutoff::{self, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
 use crate::job::{Env, HopOutcome, Job, Position, Report, Scope};
 use crate::payload::V1;
@@ -267,6 +268,101 @@ const MARK_EXPIRED: &str = "
         SELECT 'attachments', $3, relative_path FROM marked)
     SELECT id FROM marked";
 
+/// The job's verdict on one attachment (issue #17), from the same judgement of its file.
+async fn explain_attachment(
+    conn: &mut PgConnection,
+    settings: &AttachmentSettings,
+    paths: &PathSettings,
+    now: DateTime<Utc>,
+    id: Uuid,
+) -> Result<Option<Explanation>, Error> {
+    type Row = (Uuid, String, Option<DateTime<Utc>>);
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT account_id, relative_path, bytes_expired_at FROM attachments WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((account, path, expired_at)) = row else {
+        return Ok(None);
+    };
+    let cutoff = match settings.max_age_days {
+        0 => None,
+        days => days_before(now, days),
+    };
+    let root = files::open_root(&paths.attachments_root).map_err(|source| DrainError::Root {
+        path: paths.attachments_root.clone(),
+        source,
+    })?;
+    let mtime = files::stat_under(&root, &path)
+        .ok()
+        .flatten()
+        .and_then(|stat| DateTime::from_timestamp(stat.st_mtime, 0));
+    let mut explanation = Explanation {
+        job: AttachmentExpiry::NAME,
+        subject: "attachment",
+        id: id.to_string(),
+        account_id: Some(account),
+        policy: match settings.max_age_days {
+            0 => "[attachments] max_age_days = 0: attachment expiry is off".into(),
+            days => format!("[attachments] max_age_days = {days}"),
+        },
+        measured_from: Some(format!("the modification time of {path}")),
+        age_at: mtime,
+        cutoff,
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    if let Some(at) = expired_at {
+        explanation.verdict = ExplainVerdict::Removed;
+        explanation.removed_at = Some(at);
+        explanation.reasons.push(ExplainReason::new(
+            "AT-1",
+            "bytes_expired",
+            "its file was deleted and bytes_expired_at set; the row stays",
+        ));
+        return Ok(Some(explanation));
+    }
+    let Some(cutoff) = cutoff else {
+        explanation.reasons.push(ExplainReason::new(
+            "AT-1",
+            "disabled",
+            "attachment expiry is off, or its age reaches back past the calendar",
+        ));
+        return Ok(Some(explanation));
+    };
+    match judge(&root, &path, cutoff) {
+        Verdict::Expired => {
+            explanation.verdict = ExplainVerdict::Eligible;
+            explanation.reasons.push(ExplainReason::new(
+                "AT-1",
+                "expired",
+                "its file is older than the age: the next pass deletes it and marks the row",
+            ));
+        }
+        Verdict::Young => explanation.reasons.push(ExplainReason::new(
+            "AT-1",
+            "not_expired",
+            "its file was modified after the cutoff",
+        )),
+        Verdict::Kept(reason) => explanation.reasons.push(ExplainReason::new(
+            "AT-1",
+            reason,
+            match reason {
+                "outside_root" => format!(
+                    "{path:?} leaves the attachments root (absolute, `..` or a symlink): never followed"
+                ),
+                "missing" => format!("no file at {path:?}: counted, the row left unmarked"),
+                "not_regular" => format!("{path:?} is not a regular file"),
+                _ => format!("{path:?} cannot be read"),
+            },
+        )),
+    }
+    Ok(Some(explanation))
+}
+
 /// The `[attachments]` section as given.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -323,6 +419,7 @@ impl Job for AttachmentExpiry {
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "attachments";
     const TABLES: &'static [&'static str] = &["attachments", "pending_file_deletions"];
+    const SUBJECTS: &'static [&'static str] = &["attachment"];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;
@@ -390,6 +487,20 @@ impl Job for AttachmentExpiry {
     ) -> Result<Option<f64>, Error> {
         // The mtime decides: measuring it means a stat per live attachment, not every refresh.
         Ok(None)
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        settings: &AttachmentSettings,
+        paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(id) => explain_attachment(conn, settings, paths, now, id).await,
+            Err(_) => Ok(None),
+        }
     }
 
     async fn preview(

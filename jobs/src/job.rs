@@ -14,6 +14,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::explain::Explanation;
 use crate::files::{FileCounts, PathSettings};
 use crate::health::{Health, Indicator};
 use crate::settings::Check;
@@ -140,6 +141,8 @@ pub trait Job: Send + Sync + 'static {
     const CONNECTIONS: u32 = 1;
     /// The tables a hop writes: a vacuum on one of them pauses its hops (issue #16).
     const TABLES: &'static [&'static str] = &[];
+    /// What `sexton explain <subject> <id>` asks this job about (issue #17).
+    const SUBJECTS: &'static [&'static str] = &[];
     /// Every reason an owner may be retained for: metric label values, reported as 0 until
     /// they happen.
     const RETAIN_REASONS: &'static [&'static str];
@@ -189,6 +192,27 @@ pub trait Job: Send + Sync + 'static {
         settings: &Self::Settings,
         now: DateTime<Utc>,
     ) -> impl Future<Output = Result<Option<f64>, Self::Error>> + Send;
+
+    /// This job's verdict on one `subject` (one of [`Job::SUBJECTS`]) named by `id`, from the
+    /// same code as its own decision; `Ok(None)` when there is no such thing. `id` has been
+    /// checked by [`Job::parse_id`].
+    fn explain(
+        _conn: &mut PgConnection,
+        _settings: &Self::Settings,
+        _paths: &PathSettings,
+        _now: DateTime<Utc>,
+        _subject: &'static str,
+        _id: &str,
+    ) -> impl Future<Output = Result<Option<Explanation>, Self::Error>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Whether `id` is well formed for `subject` (a UUID unless the job says otherwise).
+    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
+        Uuid::parse_str(id)
+            .map(|_| ())
+            .map_err(|_| format!("expected a UUID, got {id:?}"))
+    }
 
     /// What a pass would do now, deleting nothing (`sexton preview`).
     fn preview(

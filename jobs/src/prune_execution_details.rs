@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::cutoff::{EARLIEST, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, DrainError, PathSettings, Root};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
@@ -919,6 +920,198 @@ async fn fill_preview(
     Ok(())
 }
 
+/// One run as the job's own re-check judges it (`sexton explain`, issue #17): `$1` the run,
+/// `$2` its account, `$3` the cutoff, `$4` what it is measured back from — the owner
+/// statement's `locked` columns, without a lock.
+static EXPLAIN: LazyLock<String> = LazyLock::new(|| {
+    let recheck = recheck_columns("r.conversation_id");
+    let blocked = BLOCKERS
+        .iter()
+        .map(|reason| reason.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "WITH judged AS (
+             SELECT {recheck}
+             FROM runs r JOIN accounts a ON a.id = r.account_id
+             WHERE r.id = $1 AND r.account_id = $2)
+         SELECT id, pruned, eligible, ARRAY[{blocked}]::bool[] AS blocked,
+                ARRAY[]::bigint[] AS deleted
+         FROM judged"
+    )
+});
+
+/// The rows behind a blocker, for people.
+async fn blocker_detail(
+    conn: &mut PgConnection,
+    reason: RetainReason,
+    run: Uuid,
+) -> Result<String, sqlx::Error> {
+    let sql = match reason {
+        RetainReason::PendingWork => {
+            "SELECT 'invocation_attempts ' || id || ' ' || status || ' since '
+                    || to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM invocation_attempts WHERE run_id = $1 AND status IN ('pending', 'running')"
+        }
+        RetainReason::PendingSettlement => {
+            "SELECT 'settlement_receipts ' || id || ' status pending since '
+                    || to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM settlement_receipts WHERE run_id = $1 AND status = 'pending'"
+        }
+        RetainReason::OutstandingDelegation => {
+            "SELECT 'delegations ' || id || ' outstanding since '
+                    || to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM delegations WHERE parent_run_id = $1 AND status = 'outstanding'"
+        }
+        RetainReason::ActiveHistoryRequest => {
+            "SELECT 'history_requests ' || h.id || ' unsealed, assembling run ' || h.run_id
+             FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id
+             WHERE s.source_run_id = $1 AND h.sealed_at IS NULL"
+        }
+        RetainReason::NotEligible | RetainReason::Busy => return Ok(String::new()),
+    };
+    let rows: Vec<String> = sqlx::query_scalar(sql).bind(run).fetch_all(conn).await?;
+    Ok(rows.join("; "))
+}
+
+/// The job's verdict on one run (issue #17).
+async fn explain_run(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    run: Uuid,
+) -> Result<Option<Explanation>, Error> {
+    type Row = (
+        Uuid,
+        Option<i32>,
+        String,
+        Option<Uuid>,
+        Option<DateTime<Utc>>,
+        Option<DateTime<Utc>>,
+        Option<String>,
+    );
+    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT r.account_id, a.execution_details_retention_days, r.kind, r.conversation_id,
+                r.details_pruned_at, {AGE},
+                CASE WHEN r.kind = 'conversation' THEN 'completed_at'
+                     ELSE 'terminal_at (settled)' END
+         FROM runs r JOIN accounts a ON a.id = r.account_id WHERE r.id = $1"
+    )))
+    .bind(run)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((account, days, kind, conversation, pruned_at, age, measured_from)) = row else {
+        return Ok(None);
+    };
+    let cutoff = days.and_then(|days| days_before(now, days));
+    let mut explanation = Explanation {
+        job: PruneExecutionDetails::NAME,
+        subject: "run",
+        id: run.to_string(),
+        account_id: Some(account),
+        policy: days.map_or_else(
+            || {
+                "execution_details_retention_days is NULL: retention disabled for the account"
+                    .into()
+            },
+            |d| format!("execution_details_retention_days = {d} (the account's row)"),
+        ),
+        measured_from,
+        age_at: age,
+        cutoff,
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    let reason = |rule, code: &str, detail: String| ExplainReason::new(rule, code, detail);
+    if let Some(at) = pruned_at {
+        explanation.verdict = ExplainVerdict::Removed;
+        explanation.removed_at = Some(at);
+        explanation.removed_by = sqlx::query_scalar(
+            "SELECT 'the pass of slot ' || to_char(slot AT TIME ZONE 'UTC',
+                                                   'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM sexton.passes
+             WHERE job = $1 AND scope = $2 AND started_at <= $3
+             ORDER BY slot DESC LIMIT 1",
+        )
+        .bind(PruneExecutionDetails::NAME)
+        .bind(account)
+        .bind(at)
+        .fetch_optional(&mut *conn)
+        .await?;
+        explanation.reasons.push(reason(
+            "EX-3",
+            "pruned",
+            "its execution detail was deleted and its markers set; its text stays".into(),
+        ));
+        return Ok(Some(explanation));
+    }
+    // Every precondition that fails is a reason; any of them keeps the run.
+    if cutoff.is_none() {
+        explanation.reasons.push(reason(
+            "EX-1",
+            "disabled",
+            match days {
+                None => "the account's execution_details_retention_days is NULL".into(),
+                Some(d) => format!("a window of {d} days reaches back past the calendar"),
+            },
+        ));
+    }
+    let owner = conversation.is_some() && matches!(kind.as_str(), "conversation" | "direct_reply");
+    if !owner {
+        explanation.measured_from = None;
+        explanation.reasons.push(reason(
+            "EX-2",
+            "not_an_owner",
+            format!("a {kind} run without a conversation owns no execution detail to prune"),
+        ));
+    } else if age.is_none() {
+        explanation.reasons.push(reason(
+            "EX-2",
+            "no_age",
+            "not completed yet (or, for a direct reply, not settled)".into(),
+        ));
+    }
+    let Some(cutoff) = cutoff.filter(|_| owner && age.is_some()) else {
+        return Ok(Some(explanation));
+    };
+    let judged: Option<Locked> = sqlx::query_as(sqlx::AssertSqlSafe(&**EXPLAIN))
+        .bind(run)
+        .bind(account)
+        .bind(cutoff)
+        .bind(now)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(judged) = judged else {
+        return Ok(None);
+    };
+    if !judged.eligible {
+        explanation.reasons.push(reason(
+            "EX-1",
+            RetainReason::NotEligible.as_str(),
+            "not old enough: its age is not before the cutoff (or is infinite, EX-2)".to_owned(),
+        ));
+    }
+    for (blocker, blocked) in BLOCKERS.iter().zip(&judged.blocked) {
+        if *blocked {
+            let detail = blocker_detail(conn, *blocker, run).await?;
+            explanation
+                .reasons
+                .push(reason("EX-5", blocker.as_str(), detail));
+        }
+    }
+    // The verdict is the job's own, from the same columns its owner statement reads.
+    if let Verdict::Prune = judged.verdict() {
+        explanation.verdict = ExplainVerdict::Eligible;
+        explanation.reasons.push(reason(
+            "EX-1",
+            "expired",
+            "older than the window and held back by nothing: the next pass prunes it".into(),
+        ));
+    }
+    Ok(Some(explanation))
+}
+
 /// The `[execution_details]` section as given.
 #[derive(Debug, Deserialize)]
 struct RawSettings {
@@ -939,6 +1132,7 @@ impl Job for PruneExecutionDetails {
     const SECTION: &'static str = "execution_details";
     const TABLES: &'static [&'static str] = &WRITTEN;
     const RETAIN_REASONS: &'static [&'static str] = &RetainReason::NAMES;
+    const SUBJECTS: &'static [&'static str] = &["run"];
 
     type Args = Args;
     type Settings = HopSettings;
@@ -1029,6 +1223,20 @@ impl Job for PruneExecutionDetails {
         now: DateTime<Utc>,
     ) -> Result<Option<f64>, Error> {
         backlog_seconds(pool, now).await.map(Some)
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(run) => explain_run(conn, now, run).await,
+            Err(_) => Ok(None),
+        }
     }
 
     async fn preview(

@@ -23,6 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::cutoff::{self, EARLIEST, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{FileCounts, PathSettings};
 use crate::health::Health;
 pub use crate::job::HopOutcome;
@@ -65,6 +66,14 @@ pub trait Record: Send + Sync + 'static {
     /// `$3` the account or NULL.
     const COUNT: &'static str;
 
+    /// What `sexton explain` calls one record (`handoff`, …).
+    const SUBJECT: &'static str;
+    /// The column its age is measured from.
+    const AGE: &'static str;
+    /// One record for `sexton explain`: `$1` its id (as text); its account, its age and whether
+    /// it is pinned (never for kinds without pins).
+    const ROW: &'static str;
+
     fn days(settings: &ExpirySettings) -> i32;
 }
 
@@ -72,6 +81,10 @@ pub trait Record: Send + Sync + 'static {
 pub struct Handoffs;
 
 impl Record for Handoffs {
+    const AGE: &'static str = "created_at";
+    const SUBJECT: &'static str = "handoff";
+    const ROW: &'static str =
+        "SELECT account_id, created_at, false FROM handoffs WHERE id = $1::uuid";
     const JOB: &'static str = "expire_handoffs";
     const QUEUE: &'static str = "sexton.expire_handoffs";
     const TABLE: &'static str = "handoffs";
@@ -111,6 +124,10 @@ impl Record for Handoffs {
 pub struct DreamPreloads;
 
 impl Record for DreamPreloads {
+    const AGE: &'static str = "created_at";
+    const SUBJECT: &'static str = "dream_preload";
+    const ROW: &'static str =
+        "SELECT account_id, created_at, false FROM dream_preloads WHERE id = $1::uuid";
     const JOB: &'static str = "expire_dream_preloads";
     const QUEUE: &'static str = "sexton.expire_dream_preloads";
     const TABLE: &'static str = "dream_preloads";
@@ -150,6 +167,10 @@ impl Record for DreamPreloads {
 pub struct WorkingRecords;
 
 impl Record for WorkingRecords {
+    const AGE: &'static str = "updated_at";
+    const SUBJECT: &'static str = "working_record";
+    const ROW: &'static str =
+        "SELECT account_id, updated_at, pinned FROM working_records WHERE id = $1::uuid";
     const JOB: &'static str = "expire_working_records";
     const QUEUE: &'static str = "sexton.expire_working_records";
     const TABLE: &'static str = "working_records";
@@ -191,6 +212,9 @@ impl Record for WorkingRecords {
 pub struct ConversationEvents;
 
 impl Record for ConversationEvents {
+    const AGE: &'static str = "created_at";
+    const SUBJECT: &'static str = "conversation_event";
+    const ROW: &'static str = "SELECT c.account_id, e.created_at, false FROM conversation_events e JOIN conversations c ON c.id = e.conversation_id WHERE e.id = $1::bigint";
     const JOB: &'static str = "expire_conversation_events";
     const QUEUE: &'static str = "sexton.expire_conversation_events";
     const TABLE: &'static str = "conversation_events";
@@ -453,6 +477,69 @@ impl std::fmt::Display for Preview {
     }
 }
 
+/// The job's verdict on one record (issue #17): past its age (the batches' `< cutoff`, finite
+/// ages only) and not pinned.
+async fn explain_record<R: Record>(
+    conn: &mut PgConnection,
+    settings: &ExpirySettings,
+    now: DateTime<Utc>,
+    id: &str,
+) -> Result<Option<Explanation>, Error> {
+    let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(R::ROW)
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some((account, age, pinned)) = row else {
+        return Ok(None);
+    };
+    let days = R::days(settings);
+    let cutoff = enabled_cutoff::<R>(settings, now);
+    let mut explanation = Explanation {
+        job: R::JOB,
+        subject: R::SUBJECT,
+        id: id.to_owned(),
+        account_id: Some(account),
+        policy: match days {
+            0 => format!("{} = 0: this kind never expires", R::SETTING),
+            days => format!("{} = {days}", R::SETTING),
+        },
+        measured_from: Some(R::AGE.to_owned()),
+        age_at: Some(age),
+        cutoff,
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    if pinned {
+        explanation.reasons.push(ExplainReason::new(
+            "TTL-3",
+            "pinned",
+            "pinned records and cards never expire",
+        ));
+    }
+    match cutoff {
+        None => explanation.reasons.push(ExplainReason::new(
+            "TTL-5",
+            "disabled",
+            "expiry of this kind is off (or its age reaches back past the calendar)",
+        )),
+        Some(cutoff) if !(age < cutoff && age > EARLIEST) => explanation.reasons.push(
+            ExplainReason::new(R::RULE, "not_expired", "younger than its age"),
+        ),
+        Some(_) if !pinned => {
+            explanation.verdict = ExplainVerdict::Eligible;
+            explanation.reasons.push(ExplainReason::new(
+                R::RULE,
+                "expired",
+                "older than its age: the next pass deletes it (unless an application holds it)",
+            ));
+        }
+        Some(_) => {}
+    }
+    Ok(Some(explanation))
+}
+
 /// The `[expiry]` section as given.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -506,6 +593,7 @@ impl<R: Record> Job for Expire<R> {
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "expiry";
     const TABLES: &'static [&'static str] = &[R::TABLE];
+    const SUBJECTS: &'static [&'static str] = &[R::SUBJECT];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;
@@ -547,6 +635,36 @@ impl<R: Record> Job for Expire<R> {
         now: DateTime<Utc>,
     ) -> Result<Option<f64>, Error> {
         backlog_seconds::<R>(pool, settings, now).await
+    }
+
+    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
+        // Conversation events are numbered, every other kind has UUIDs.
+        let ok = if R::FIRST_ID.starts_with('-') {
+            id.parse::<i64>().is_ok()
+        } else {
+            Uuid::parse_str(id).is_ok()
+        };
+        ok.then_some(()).ok_or_else(|| {
+            if R::FIRST_ID.starts_with('-') {
+                format!("expected a whole number, got {id:?}")
+            } else {
+                format!("expected a UUID, got {id:?}")
+            }
+        })
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        settings: &ExpirySettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        if Self::parse_id(R::SUBJECT, id).is_err() {
+            return Ok(None);
+        }
+        explain_record::<R>(conn, settings, now, id).await
     }
 
     async fn preview(

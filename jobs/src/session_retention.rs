@@ -27,6 +27,7 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::cutoff::{EARLIEST, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
@@ -930,6 +931,131 @@ impl std::fmt::Display for Preview {
     }
 }
 
+/// The job's verdict on one session (issue #17), from the SQL functions the job itself judges
+/// by: `sexton.session_verdict` decides, `session_protection` and `session_evidence` give every
+/// reason that applies.
+async fn explain_session(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    session: Uuid,
+) -> Result<Option<Explanation>, Error> {
+    type Row = (
+        Uuid,
+        String,
+        DateTime<Utc>,
+        Option<bool>,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+    );
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT s.account_id, s.kind, s.last_activity_at,
+                p.enabled, p.main_days, p.task_days, p.subagent_days
+         FROM sessions s LEFT JOIN session_retention_policies p ON p.account_id = s.account_id
+         WHERE s.id = $1",
+    )
+    .bind(session)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((account, kind, last_activity, enabled, main, task, subagent)) = row else {
+        return Ok(None);
+    };
+    let policy = PolicyRow {
+        account_id: account,
+        enabled,
+        main_days: main,
+        task_days: task,
+        subagent_days: subagent,
+    };
+    let kind_of = SessionKind::ALL
+        .iter()
+        .copied()
+        .find(|k| k.as_str() == kind);
+    let ages = policy.ages();
+    let cutoff = ages
+        .zip(kind_of)
+        .and_then(|(ages, kind)| days_before(now, ages.days(kind)));
+    let mut explanation = Explanation {
+        job: SessionRetention::NAME,
+        subject: "session",
+        id: session.to_string(),
+        account_id: Some(account),
+        policy: match (enabled, ages) {
+            (None, _) => "no session_retention_policies row: nothing goes (SS-1)".into(),
+            (Some(_), None) => "the account's policy is disabled: nothing goes (SS-1)".into(),
+            (_, Some(a)) => format!(
+                "enabled: main {} / task {} / subagent {} days (the account's policy, missing \
+                 ages falling back to 60 / 30 / 7)",
+                a.main_days, a.task_days, a.subagent_days
+            ),
+        },
+        measured_from: Some(format!("last_activity_at of a {kind} session")),
+        age_at: Some(last_activity),
+        cutoff,
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    if ages.is_none() {
+        explanation.reasons.push(ExplainReason::new(
+            "SS-1",
+            "no_policy",
+            "no enabled session retention policy for the account",
+        ));
+        return Ok(Some(explanation));
+    }
+    let (verdict, protection, evidence): (Option<String>, Option<String>, Option<String>) =
+        sqlx::query_as(
+            "SELECT sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                           s.last_activity_at, $2),
+                    sexton.session_protection(s.id, s.state),
+                    sexton.session_evidence(s.kind, s.metadata, s.account_id)
+             FROM sessions s WHERE s.id = $1",
+        )
+        .bind(session)
+        .bind(cutoff)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !cutoff.is_some_and(|c| last_activity < c && last_activity > EARLIEST) {
+        explanation.reasons.push(ExplainReason::new(
+            "SS-2",
+            "not_eligible",
+            "its last activity is not before the cutoff",
+        ));
+    }
+    if let Some(protection) = protection {
+        let code = if protection.starts_with("its state") {
+            "protected_state"
+        } else {
+            "protected_pointer"
+        };
+        explanation.reasons.push(ExplainReason::new(
+            "SS-3",
+            code,
+            format!("protected: {protection}"),
+        ));
+    }
+    if let Some(evidence) = evidence {
+        explanation.reasons.push(ExplainReason::new(
+            "SS-4",
+            evidence.clone(),
+            format!("its metadata does not prove it finished ({evidence})"),
+        ));
+    }
+    // The verdict is the job's own.
+    if verdict.is_none() {
+        explanation.verdict = ExplainVerdict::Eligible;
+        explanation.reasons.push(ExplainReason::new(
+            "SS-2",
+            "expired",
+            "idle longer than its kind's age, unprotected, with its evidence: the next pass \
+             deletes it with its history",
+        ));
+    }
+    Ok(Some(explanation))
+}
+
 /// The `[sessions]` section as given.
 #[derive(Debug, Deserialize)]
 struct RawSettings {
@@ -948,6 +1074,7 @@ impl Job for SessionRetention {
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "sessions";
     const TABLES: &'static [&'static str] = &TABLES;
+    const SUBJECTS: &'static [&'static str] = &["session"];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;
@@ -1023,6 +1150,20 @@ impl Job for SessionRetention {
         now: DateTime<Utc>,
     ) -> Result<Option<f64>, Error> {
         backlog_seconds(pool, now).await.map(Some)
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(session) => explain_session(conn, now, session).await,
+            Err(_) => Ok(None),
+        }
     }
 
     async fn preview(

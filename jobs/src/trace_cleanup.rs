@@ -32,6 +32,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::cutoff::{self, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{FileCounts, PathSettings};
 use crate::job::{Cadence, Env, HopOutcome, Job, Position, Report, Scope};
 use crate::payload::V1;
@@ -159,6 +160,8 @@ pub trait Observer: Send {
     fn planned(&mut self, _file: &Planned) {}
     /// A batch about to be checked and deleted (confirmed runs only).
     fn before_delete(&mut self, _batch: &[Planned]) {}
+    /// A file under the root that stays, and why (the first walk only).
+    fn kept(&mut self, _path: &str, _reason: &'static str) {}
 }
 
 /// An observer that looks at nothing.
@@ -257,7 +260,8 @@ pub fn holder(name: &str, now: DateTime<Utc>) -> String {
 /// One entry the walk met, as the cleaner classifies it.
 enum Entry {
     Candidate(Candidate),
-    Kept(&'static str),
+    /// Not a candidate, and why; its path.
+    Kept(&'static str, String),
 }
 
 struct Candidate {
@@ -436,7 +440,10 @@ impl Walk {
                 Ok(stat) => stat,
                 Err(rustix::io::Errno::NOENT) => continue,
                 Err(_) if is_trace => {
-                    return Some(Step::Entry(level.fd.clone(), Entry::Kept("unreadable")));
+                    return Some(Step::Entry(
+                        level.fd.clone(),
+                        Entry::Kept("unreadable", relative),
+                    ));
                 }
                 Err(_) => continue,
             };
@@ -452,8 +459,10 @@ impl Walk {
                     }
                     continue;
                 }
-                FileType::Symlink if escapes(&self.root, &relative) => Entry::Kept("outside_root"),
-                FileType::Symlink if is_trace => Entry::Kept("not_regular"),
+                FileType::Symlink if escapes(&self.root, &relative) => {
+                    Entry::Kept("outside_root", relative)
+                }
+                FileType::Symlink if is_trace => Entry::Kept("not_regular", relative),
                 FileType::RegularFile if is_trace => match first_line(&level.fd, name) {
                     Ok(line) => match signature(&line) {
                         Some(session_id) => Entry::Candidate(Candidate {
@@ -462,12 +471,12 @@ impl Walk {
                             seen: seen(&stat),
                             session_id,
                         }),
-                        None => Entry::Kept("bad_signature"),
+                        None => Entry::Kept("bad_signature", relative),
                     },
-                    Err(_) => Entry::Kept("unreadable"),
+                    Err(_) => Entry::Kept("unreadable", relative),
                 },
                 _ if is_trace && FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile => {
-                    Entry::Kept("not_regular")
+                    Entry::Kept("not_regular", relative)
                 }
                 _ => continue,
             };
@@ -607,9 +616,10 @@ impl Plan<'_> {
                     self.resolve(pass).await?;
                     self.flush(&dir).await?;
                 }
-                Step::Entry(_, Entry::Kept(reason)) => {
+                Step::Entry(_, Entry::Kept(reason, path)) => {
                     if matches!(pass, Pass::Age(_)) {
                         self.report.keep(reason);
+                        self.observer.kept(&path, reason);
                     }
                 }
                 Step::Entry(dir, Entry::Candidate(candidate)) => {
@@ -640,6 +650,7 @@ impl Plan<'_> {
                     self.report.candidate_bytes += candidate.blocks_bytes;
                     self.live_bytes += candidate.blocks_bytes;
                     self.report.keep("live_session");
+                    self.observer.kept(&candidate.path, "live_session");
                 }
                 continue;
             }
@@ -1008,6 +1019,156 @@ impl std::fmt::Display for Preview {
     }
 }
 
+/// Watches one path in a dry run: what the cleaner planned or kept it for.
+struct Watch<'a> {
+    path: &'a str,
+    planned: Option<Planned>,
+    kept: Option<&'static str>,
+}
+
+impl Observer for Watch<'_> {
+    fn planned(&mut self, file: &Planned) {
+        if file.path == self.path {
+            self.planned = Some(file.clone());
+        }
+    }
+
+    fn kept(&mut self, path: &str, reason: &'static str) {
+        if path == self.path {
+            self.kept = Some(reason);
+        }
+    }
+}
+
+/// The cleaner's verdict on one file (issue #17): a dry run of the cleaner itself — the same
+/// walk, signature check, live-session check, age and quota — watching that path. `path` is
+/// relative to the traces root, or absolute under it.
+async fn explain_trace(
+    conn: &mut PgConnection,
+    settings: &TraceSettings,
+    paths: &PathSettings,
+    now: DateTime<Utc>,
+    path: &str,
+) -> Result<Option<Explanation>, Error> {
+    let root = paths
+        .traces_root
+        .canonicalize()
+        .map_err(|source| Error::Root {
+            path: paths.traces_root.clone(),
+            source,
+        })?;
+    let given = Path::new(path);
+    let relative = if given.is_absolute() {
+        match given
+            .strip_prefix(&root)
+            .or_else(|_| given.strip_prefix(&paths.traces_root))
+        {
+            Ok(relative) => relative.to_string_lossy().into_owned(),
+            Err(_) => return Ok(None),
+        }
+    } else {
+        path.to_owned()
+    };
+    let Ok(meta) = std::fs::symlink_metadata(root.join(&relative)) else {
+        return Ok(None);
+    };
+    let mut watch = Watch {
+        path: &relative,
+        planned: None,
+        kept: None,
+    };
+    let limits = settings.limits;
+    if limits.any() {
+        clean(
+            conn,
+            &root,
+            limits,
+            now,
+            false,
+            &mut watch,
+            &AtomicBool::new(false),
+        )
+        .await?;
+    }
+    let mtime = meta.modified().ok().map(DateTime::<Utc>::from);
+    let mut explanation = Explanation {
+        job: TraceCleanup::NAME,
+        subject: "trace",
+        id: relative.clone(),
+        account_id: None,
+        policy: format!(
+            "[traces] enabled = {}, max_age_days = {}, max_bytes = {}",
+            settings.enabled, limits.max_age_days, limits.max_bytes
+        ),
+        measured_from: Some("the file's modification time".into()),
+        age_at: mtime,
+        cutoff: (limits.max_age_days > 0)
+            .then(|| days_before(now, limits.max_age_days))
+            .flatten(),
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    let reason = |code: &'static str, detail: String| ExplainReason::new("TR-3", code, detail);
+    if !limits.any() {
+        explanation.reasons.push(ExplainReason::new(
+            "TR-1",
+            "no_limit",
+            "neither traces.max_age_days nor traces.max_bytes is set: nothing goes",
+        ));
+    } else if let Some(planned) = watch.planned {
+        explanation.verdict = ExplainVerdict::Eligible;
+        let (rule, detail) = match planned.reason {
+            Reason::Age => ("TR-2", "older than traces.max_age_days".to_owned()),
+            Reason::Quota => (
+                "TR-2",
+                format!(
+                    "among the oldest traces over traces.max_bytes ({} bytes allocated)",
+                    planned.bytes
+                ),
+            ),
+        };
+        explanation
+            .reasons
+            .push(ExplainReason::new(rule, planned.reason.as_str(), detail));
+        if !settings.enabled {
+            explanation.reasons.push(ExplainReason::new(
+                "TR-4",
+                "background_off",
+                "background cleaning is off: `sexton traces clean --confirm` would delete it",
+            ));
+        }
+    } else if let Some(kept) = watch.kept {
+        explanation.reasons.push(reason(
+            kept,
+            match kept {
+                "bad_signature" => {
+                    "its first line is not a run-trace/1 signature with string agent_id and a \
+                     session_id that is a UUID"
+                        .into()
+                }
+                "live_session" => "its session is an agent's current or main session".into(),
+                "outside_root" => "a symlink leading out of the traces root: never followed".into(),
+                "not_regular" => "not a regular file (a symlink, a directory, a device)".into(),
+                _ => "it cannot be read".into(),
+            },
+        ));
+    } else if !relative.ends_with(".trace.jsonl") || !meta.is_file() {
+        explanation.reasons.push(reason(
+            "not_a_trace",
+            "only regular files named *.trace.jsonl are traces".into(),
+        ));
+    } else {
+        explanation.reasons.push(ExplainReason::new(
+            "TR-2",
+            "within_limits",
+            "younger than the age limit, and not among the oldest over the quota",
+        ));
+    }
+    Ok(Some(explanation))
+}
+
 /// The background cleaner (TR-4), as the worker registers it: global, on its own cadence, and
 /// only when enabled.
 pub struct TraceCleanup;
@@ -1017,6 +1178,7 @@ impl Job for TraceCleanup {
     const QUEUE: &'static str = "sexton.trace_cleanup";
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "traces";
+    const SUBJECTS: &'static [&'static str] = &["trace"];
     const RETAIN_REASONS: &'static [&'static str] = &KEPT_REASONS;
 
     type Args = Args;
@@ -1125,6 +1287,23 @@ impl Job for TraceCleanup {
     ) -> Result<Option<f64>, Error> {
         // Measuring it means walking the whole tree: not every few seconds.
         Ok(None)
+    }
+
+    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
+        (!id.trim().is_empty())
+            .then_some(())
+            .ok_or_else(|| "expected a path under the traces root".to_owned())
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        settings: &TraceSettings,
+        paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        explain_trace(conn, settings, paths, now, id).await
     }
 
     async fn preview(
