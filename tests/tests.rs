@@ -4,6 +4,7 @@ mod attachments;
 mod common;
 mod crash;
 mod execution_details;
+mod explain;
 mod expiry;
 mod fleet;
 mod foundation;
