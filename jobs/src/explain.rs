@@ -64,7 +64,7 @@ pub struct Explanation {
     /// What its age is measured from, and that moment.
     pub measured_from: Option<String>,
     pub age_at: Option<DateTime<Utc>>,
-    /// Where the next pass would draw the line.
+    /// Where a pass starting now would draw the line.
     pub cutoff: Option<DateTime<Utc>>,
     pub verdict: Verdict,
     /// Every reason that applies (for `eligible`, the one that makes it go).
@@ -92,7 +92,7 @@ impl fmt::Display for Explanation {
         if let Some(from) = &self.measured_from {
             writeln!(f, "  age:      {from} {}", time(self.age_at))?;
         }
-        writeln!(f, "  cutoff:   {} (the next pass)", time(self.cutoff))?;
+        writeln!(f, "  cutoff:   {} (a pass starting now)", time(self.cutoff))?;
         if self.verdict == Verdict::Removed {
             writeln!(
                 f,
