@@ -534,15 +534,23 @@ impl Job for AttachmentExpiry {
                 expired: 0,
                 kept: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
             };
-            if let Some(cutoff) = cutoff {
-                let rows: Vec<String> = sqlx::query_scalar(
-                    "SELECT relative_path FROM attachments
-                     WHERE account_id = $1 AND bytes_expired_at IS NULL",
+            // Page by page, through the pass's own index: an account may hold millions.
+            let mut after = Uuid::nil();
+            while let Some(cutoff) = cutoff {
+                let rows: Vec<(Uuid, String)> = sqlx::query_as(
+                    "SELECT id, relative_path FROM attachments
+                     WHERE account_id = $1 AND bytes_expired_at IS NULL AND id > $2
+                     ORDER BY id LIMIT 1000",
                 )
                 .bind(account_id)
+                .bind(after)
                 .fetch_all(&mut *conn)
                 .await?;
-                for path in rows {
+                let Some((last, _)) = rows.last() else {
+                    break;
+                };
+                after = *last;
+                for (_, path) in rows {
                     match judge(&root, &path, cutoff) {
                         Verdict::Expired => preview.expired += 1,
                         Verdict::Young => {}

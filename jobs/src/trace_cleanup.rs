@@ -432,7 +432,12 @@ impl Walk {
                 continue;
             }
             let Ok(text) = std::str::from_utf8(bytes) else {
-                continue;
+                // A name that is not UTF-8 is never walked into or deleted: counted.
+                let lossy = format!("{}{}", level.prefix, name.to_string_lossy());
+                return Some(Step::Entry(
+                    level.fd.clone(),
+                    Entry::Kept("unreadable", lossy),
+                ));
             };
             let relative = format!("{}{text}", level.prefix);
             let is_trace = text.ends_with(".trace.jsonl");
