@@ -154,6 +154,7 @@ async fn delete(
     accounts.sort();
     accounts.dedup();
     let stop = AtomicBool::new(false);
+    let health = Health::new(settings.health.clone());
     let mut deleted = Deleted::default();
     for account in accounts {
         let Some(mut lock) = take_lock(pool, account).await? else {
@@ -162,14 +163,7 @@ async fn delete(
         };
         let mut args = Args::first(account, at, Policy::Fixed(ages));
         loop {
-            let report = job::hop(
-                lock.conn(),
-                &Health::new(settings.health.clone()),
-                &hop_settings,
-                &args,
-                &stop,
-            )
-            .await;
+            let report = job::hop(lock.conn(), &health, &hop_settings, &args, &stop).await;
             let report = match report {
                 Ok(report) => report,
                 Err(err) => {
@@ -194,6 +188,15 @@ async fn delete(
             deleted.files_deleted += files;
             deleted.bytes_reclaimed += bytes;
             deleted.file_errors += errors;
+            if let Some(indicator) = report.throttled {
+                // As a nightly pass would (issue #16): wait, then go on where it stopped.
+                progress.println(format!(
+                    "the database is unhealthy ({}); waiting {} s",
+                    indicator.as_str(),
+                    settings.health.backoff.as_secs()
+                ));
+                tokio::time::sleep(settings.health.backoff).await;
+            }
             match report.next {
                 Some(next) => args = next,
                 None => break,
