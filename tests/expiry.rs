@@ -75,13 +75,7 @@ impl World {
     async fn new(pool: &PgPool, retention_days: Option<i32>) -> Self {
         common::migrate(pool).await;
         let account = fixture::account(pool, retention_days).await;
-        let agent: Uuid = sqlx::query_scalar(
-            "INSERT INTO agents (account_id, name) VALUES ($1, 'agent') RETURNING id",
-        )
-        .bind(account)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+        let agent = fixture::agent(pool, account).await;
         let conversation = fixture::conversation(pool, account).await;
         Self {
             account,

@@ -126,32 +126,20 @@ async fn explain_sessions_agree_with_the_next_pass(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let agent: Uuid =
-        sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'a') RETURNING id")
-            .bind(account)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let id: Uuid = sqlx::query_scalar(
-            "INSERT INTO sessions (account_id, agent_id, kind, state, last_activity_at)
-             VALUES ($1, $2, 'main', 'idle', now() - interval '100 days') RETURNING id",
+    let agent = fixture::agent(&pool, account).await;
+    // The current session is protected; the other, as old, is not.
+    let ids = [
+        fixture::session(
+            &pool,
+            account,
+            agent,
+            "main",
+            100,
+            Some("current_session_id"),
         )
-        .bind(account)
-        .bind(agent)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        ids.push(id);
-    }
-    // The first is the agent's current session: protected.
-    sqlx::query("UPDATE agents SET current_session_id = $2 WHERE id = $1")
-        .bind(agent)
-        .bind(ids[0])
-        .execute(&pool)
-        .await
-        .unwrap();
+        .await,
+        fixture::session(&pool, account, agent, "main", 100, None).await,
+    ];
 
     let protected = explain(&pool, dir.path(), "session", &ids[0].to_string()).await;
     let old = explain(&pool, dir.path(), "session", &ids[1].to_string()).await;
@@ -298,12 +286,7 @@ async fn explain_records_agree_with_the_next_pass_and_bad_ids_exit_2(pool: PgPoo
     let dir = tempfile::tempdir().unwrap();
     let paths = run::roots(dir.path());
     let account = fixture::account(&pool, Some(30)).await;
-    let agent: Uuid =
-        sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'a') RETURNING id")
-            .bind(account)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let agent = fixture::agent(&pool, account).await;
     let mut ids = Vec::new();
     for pinned in [true, false] {
         let id: Uuid = sqlx::query_scalar(

@@ -17,7 +17,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::common;
-use crate::common::fixture::pass_start;
+use crate::common::fixture::{self, pass_start};
 use crate::common::process::{Proc, fleet_worker, poll_until};
 
 /// A traces root with agents' directories, and the moment the cleaner runs at.
@@ -231,34 +231,11 @@ async fn tr3_symlinks_bad_signatures_and_odd_files_are_counted_never_deleted(poo
 #[sqlx::test]
 async fn tr3_the_trace_of_a_live_session_stays(pool: PgPool) {
     common::migrate(&pool).await;
-    let account = common::fixture::account(&pool, Some(90)).await;
-    let (current, main) = (Uuid::new_v4(), Uuid::new_v4());
-    let agent: Uuid =
-        sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'a') RETURNING id")
-            .bind(account)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    for (session, kind) in [(current, "task"), (main, "main")] {
-        sqlx::query(
-            "INSERT INTO sessions (id, account_id, agent_id, kind, state, last_activity_at)
-             VALUES ($1, $2, $3, $4, 'idle', now())",
-        )
-        .bind(session)
-        .bind(account)
-        .bind(agent)
-        .bind(kind)
-        .execute(&pool)
-        .await
-        .unwrap();
-    }
-    sqlx::query("UPDATE agents SET current_session_id = $2, main_session_id = $3 WHERE id = $1")
-        .bind(agent)
-        .bind(current)
-        .bind(main)
-        .execute(&pool)
-        .await
-        .unwrap();
+    let account = fixture::account(&pool, Some(90)).await;
+    let agent = fixture::agent(&pool, account).await;
+    let current =
+        fixture::session(&pool, account, agent, "task", 0, Some("current_session_id")).await;
+    let main = fixture::session(&pool, account, agent, "main", 0, Some("main_session_id")).await;
     let t = Traces::new();
     let of_current = t.trace("current.trace.jsonl", current, 100.0, 10);
     let of_main = t.trace("main.trace.jsonl", main, 100.0, 10);
@@ -494,30 +471,10 @@ async fn tr3_a_live_session_spelled_otherwise_still_stays_and_a_non_uuid_session
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let account = common::fixture::account(&pool, Some(90)).await;
-    let current = Uuid::new_v4();
-    let agent: Uuid =
-        sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'a') RETURNING id")
-            .bind(account)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    sqlx::query(
-        "INSERT INTO sessions (id, account_id, agent_id, kind, state, last_activity_at)
-         VALUES ($1, $2, $3, 'task', 'idle', now())",
-    )
-    .bind(current)
-    .bind(account)
-    .bind(agent)
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query("UPDATE agents SET current_session_id = $2 WHERE id = $1")
-        .bind(agent)
-        .bind(current)
-        .execute(&pool)
-        .await
-        .unwrap();
+    let account = fixture::account(&pool, Some(90)).await;
+    let agent = fixture::agent(&pool, account).await;
+    let current =
+        fixture::session(&pool, account, agent, "task", 0, Some("current_session_id")).await;
     let t = Traces::new();
     let spelled = |session: String| {
         format!(
@@ -557,30 +514,9 @@ async fn tr3_a_live_session_spelled_otherwise_still_stays_and_a_non_uuid_session
 #[sqlx::test]
 async fn tr2_live_traces_count_toward_the_quota_and_the_next_oldest_go_instead(pool: PgPool) {
     common::migrate(&pool).await;
-    let account = common::fixture::account(&pool, Some(90)).await;
-    let main = Uuid::new_v4();
-    let agent: Uuid =
-        sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'a') RETURNING id")
-            .bind(account)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    sqlx::query(
-        "INSERT INTO sessions (id, account_id, agent_id, kind, state, last_activity_at)
-         VALUES ($1, $2, $3, 'main', 'idle', now())",
-    )
-    .bind(main)
-    .bind(account)
-    .bind(agent)
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query("UPDATE agents SET main_session_id = $2 WHERE id = $1")
-        .bind(agent)
-        .bind(main)
-        .execute(&pool)
-        .await
-        .unwrap();
+    let account = fixture::account(&pool, Some(90)).await;
+    let agent = fixture::agent(&pool, account).await;
+    let main = fixture::session(&pool, account, agent, "main", 0, Some("main_session_id")).await;
     let t = Traces::new();
     let live = t.trace("live.trace.jsonl", main, 10.0, 20_000);
     let a = t.trace("a.trace.jsonl", Uuid::new_v4(), 9.0, 20_000);

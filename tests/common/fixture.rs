@@ -229,3 +229,46 @@ pub async fn is_pruned_any(pool: &PgPool) -> bool {
         .await
         .unwrap()
 }
+
+/// An agent of `account`.
+pub async fn agent(pool: &PgPool, account: Uuid) -> Uuid {
+    sqlx::query_scalar("INSERT INTO agents (account_id, name) VALUES ($1, 'agent') RETURNING id")
+        .bind(account)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// An idle `kind` session of `agent`, last active `idle_days` before the database's now, that the
+/// agent points at with `pointer` (`current_session_id`, `main_session_id`, …) if one is given.
+pub async fn session(
+    pool: &PgPool,
+    account: Uuid,
+    agent: Uuid,
+    kind: &str,
+    idle_days: i32,
+    pointer: Option<&str>,
+) -> Uuid {
+    let session: Uuid = sqlx::query_scalar(
+        "INSERT INTO sessions (account_id, agent_id, kind, state, last_activity_at)
+         VALUES ($1, $2, $3, 'idle', now() - make_interval(days => $4)) RETURNING id",
+    )
+    .bind(account)
+    .bind(agent)
+    .bind(kind)
+    .bind(idle_days)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    if let Some(pointer) = pointer {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE agents SET {pointer} = $1 WHERE id = $2"
+        )))
+        .bind(session)
+        .bind(agent)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    session
+}
