@@ -2,14 +2,23 @@
 # The benchmark of SPEC §8 (PF-1 … PF-4), for a person to run — never part of the tests.
 # Seeds scales 1, 10 and 100 on a throw-away PostgreSQL and compares sexton with the raw floor
 # and the naive delete on identical copies, under a concurrent application writer. Prints a
-# markdown table and writes bench/results/latest.{md,json}. About 25 minutes here.
+# markdown table and writes bench/results/latest.{md,json}. About 25 minutes here (and about 20
+# more for the file-side parts below).
 # Then the short-lived records (TTL-1, TTL-4): a million expired handoffs and a million expired
 # conversation events, expired by a sexton pass and by a raw batched delete, writer beside.
-#   bash bench/run.sh                     # scales 1,10,100, then the short-lived records
+# Then run traces (TR-1 … TR-4): `sexton traces clean` against `find -delete` by age, and sexton
+# by quota, on trees of 10 k, 100 k and 1 M files written under --scratch (about 6 GB free needed
+# at 1 M: a file takes a 4 KiB block or two), with peak RSS; the page cache is dropped before
+# each method when this runs as root. Then attachment bytes (AT-1): 100 k rows with files, a pass through the
+# queue against a plain stat-and-unlink loop.
+#   bash bench/run.sh                     # all of it
 #   bash bench/run.sh --scales 1,10       # a quicker look
 #   bash bench/run.sh --only expiry       # the short-lived records alone (a few minutes),
 #                                         # merged into the results files beside the scales
 #   bash bench/run.sh --only expiry --expiry-rows 100000   # a quicker look at them
+#   bash bench/run.sh --only traces,attachments   # the file-side jobs alone (about 20 minutes)
+#   bash bench/run.sh --only traces --trace-files 10000,100000   # a quicker look at traces
+#   bash bench/run.sh --only traces,attachments --sexton /tmp/sexton   # a binary built earlier
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$(repo_root)"
 ensure_cargo

@@ -15,6 +15,15 @@
 //! `generate_series`, no seed), expired by a sexton pass and by a raw batched
 //! `DELETE … WHERE id = ANY($1)` on identical copies, with an application writer beside each.
 //! `--only expiry` measures that part alone and merges it into the existing results.
+//!
+//! The file-side jobs have two more parts (their own modules): run traces (`--only traces`,
+//! `sexton traces clean` against `find … -delete` on trees of up to a million files, with peak
+//! RSS) and attachment bytes (`--only attachments`, a pass through the queue against a plain
+//! stat-and-unlink loop). `--only` takes a list: `--only traces,attachments`.
+
+mod attachments;
+mod disk;
+mod traces;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -52,9 +61,10 @@ struct Cli {
     /// Scratch directory for the file roots.
     #[arg(long, default_value = "/tmp/sexton-bench")]
     scratch: PathBuf,
-    /// Measure one part only, keeping the other part's figures in the results files.
-    #[arg(long, value_enum)]
-    only: Option<Part>,
+    /// Measure these parts only (a comma-separated list), keeping the other parts' figures in
+    /// the results files.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Part>,
     /// Short-lived records: expired rows of each table (handoffs, conversation events); a tenth
     /// as many young ones stay.
     #[arg(long, default_value_t = 1_000_000)]
@@ -62,6 +72,30 @@ struct Cli {
     /// Short-lived records: rows per batch, for sexton (`expiry.batch_size`) and the raw delete.
     #[arg(long, default_value_t = 2000)]
     expiry_batch: u32,
+    /// Run traces: the trees' sizes in files (a hundred per agent directory).
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    trace_files: Vec<u64>,
+    /// Run traces: the age limit in days, sexton's `max_age_days` and `find -mtime +N`.
+    #[arg(long, default_value_t = 60)]
+    trace_age_days: u32,
+    /// Run traces: bodies of the signature line alone (less written; still a block per file on
+    /// a file system of 4 KiB blocks, against one or two).
+    #[arg(long)]
+    trace_small: bool,
+    /// Run traces: the agents table holds only the agents with live sessions, not one row per
+    /// directory (to tell the live-session check's cost from the walk's).
+    #[arg(long)]
+    trace_live_agents_only: bool,
+    /// Attachment bytes: rows, each with a file (half of them past the age).
+    #[arg(long, default_value_t = 100_000)]
+    attachment_rows: u64,
+    /// Attachment bytes: accounts the rows are spread over.
+    #[arg(long, default_value_t = 4)]
+    attachment_accounts: u32,
+    /// Run traces and attachment bytes: start each method after a walk of its tree instead of
+    /// dropping the page cache (what the file system costs, told from what the method does).
+    #[arg(long)]
+    warm: bool,
 }
 
 /// The parts of the benchmark.
@@ -71,6 +105,10 @@ enum Part {
     Scales,
     /// The short-lived records' expiry jobs (handoffs, conversation events).
     Expiry,
+    /// Run traces: `sexton traces clean` against `find -delete`, by age and by quota.
+    Traces,
+    /// Attachment bytes: `attachment_expiry` through the queue against a plain loop.
+    Attachments,
 }
 
 /// The moment the data is seeded relative to and the pass starts at: in the past, so that the
@@ -175,7 +213,7 @@ async fn main() -> anyhow::Result<()> {
         .max_connections(2)
         .connect_with(base.clone())
         .await?;
-    let runs = |part| cli.only.is_none_or(|only| only == part);
+    let runs = |part| cli.only.is_empty() || cli.only.contains(&part);
     if runs(Part::Scales) {
         let mut results = Vec::new();
         for &scale in &cli.scales {
@@ -188,6 +226,12 @@ async fn main() -> anyhow::Result<()> {
         let expiry = measure_expiry(&cli, &admin, &base).await?;
         write_results(&cli, Section::Expiry(&expiry))?;
         println!("{}", expiry_markdown(&expiry));
+    }
+    if runs(Part::Traces) {
+        traces::measure(&cli, &admin, &base).await?;
+    }
+    if runs(Part::Attachments) {
+        attachments::measure(&cli, &admin, &base).await?;
     }
     Ok(())
 }
@@ -683,7 +727,7 @@ async fn measure_expiry(
     Ok(Expiry {
         measured_at: Utc::now(),
         machine: machine(),
-        separate_run: cli.only == Some(Part::Expiry),
+        separate_run: !cli.only.is_empty() && !cli.only.contains(&Part::Scales),
         rows: cli.expiry_rows,
         batch_size: cli.expiry_batch,
         writer_rate: cli.writer_rate,
@@ -936,7 +980,16 @@ fn method(name: &'static str) -> Method {
 
 /// The environment of a sexton process on database `db` with file roots under `files`.
 fn sexton_env(db: &str, files: &Path) -> Vec<(String, std::ffi::OsString)> {
-    let mut env = vec![("PGDATABASE".to_owned(), db.into())];
+    let mut env = vec![
+        ("PGDATABASE".to_owned(), db.into()),
+        // Health throttling (issue #16) off: autovacuum on the freshly loaded copies would pause
+        // the pass, and the comparison is of the work itself.
+        ("SEXTON_HEALTH__PAUSE_ON_VACUUM".to_owned(), "false".into()),
+        (
+            "SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES".to_owned(),
+            "0".into(),
+        ),
+    ];
     for (setting, dir) in ROOTS {
         env.push((format!("SEXTON_PATHS__{setting}"), files.join(dir).into()));
     }
@@ -1331,17 +1384,29 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What a run writes: the scales measured so far, or the short-lived records.
+/// What a run writes: the scales measured so far, the short-lived records, the run traces
+/// measured so far, or the attachment bytes.
 enum Section<'a> {
     Scales(&'a [Scale]),
     Expiry(&'a Expiry),
+    Traces(&'a traces::Traces),
+    Attachments(&'a attachments::Attachments),
 }
 
 /// The heading the short-lived records' section starts with, in latest.md.
 const EXPIRY_HEADING: &str = "## Short-lived records";
 
-/// Writes `section` into latest.json (`scales`, or `expiry`) and latest.md (the tables at the
-/// top, or the section under [`EXPIRY_HEADING`]), keeping what the files hold of the other part.
+/// The headed sections of latest.md, in their order there, after the scales' tables (which
+/// have no heading of their own).
+const HEADINGS: [&str; 3] = [
+    EXPIRY_HEADING,
+    traces::TRACES_HEADING,
+    attachments::ATTACHMENTS_HEADING,
+];
+
+/// Writes `section` into latest.json (`scales`, `expiry`, `traces` or `attachments`) and
+/// latest.md (the tables at the top, or the section under its heading of [`HEADINGS`]), keeping
+/// what the files hold of the other parts.
 fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cli.out)?;
     let (json_path, md_path) = (cli.out.join("latest.json"), cli.out.join("latest.md"));
@@ -1351,17 +1416,31 @@ fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
         Err(_) => Vec::new(),
     };
     let md = std::fs::read_to_string(&md_path).unwrap_or_default();
-    let (mut scales, mut expiry) = match md.find(EXPIRY_HEADING) {
-        Some(at) => (md[..at].to_owned(), md[at..].to_owned()),
-        None => (md, String::new()),
-    };
+    // parts[0]: the scales' tables; parts[1 + i]: the section under HEADINGS[i].
+    let mut starts: Vec<(usize, usize)> = HEADINGS
+        .iter()
+        .enumerate()
+        .filter_map(|(i, heading)| {
+            md.match_indices(heading)
+                .map(|(at, _)| at)
+                .find(|&at| at == 0 || md[..at].ends_with('\n'))
+                .map(|at| (at, i + 1))
+        })
+        .collect();
+    starts.sort();
+    let mut parts = vec![String::new(); HEADINGS.len() + 1];
+    parts[0] = md[..starts.first().map_or(md.len(), |(at, _)| *at)].to_owned();
+    for (n, &(at, part)) in starts.iter().enumerate() {
+        let end = starts.get(n + 1).map_or(md.len(), |(next, _)| *next);
+        parts[part] = md[at..end].to_owned();
+    }
     match section {
         Section::Scales(results) => {
             let machine = machine();
             set_member(&mut json, "machine", &machine)?;
             set_member(&mut json, "measured_at", &Utc::now().to_rfc3339())?;
             set_member(&mut json, "scales", results)?;
-            scales = format!(
+            parts[0] = format!(
                 "Measured {} on {machine}.\n\n{}",
                 Utc::now().format("%Y-%m-%d"),
                 markdown(results)
@@ -1369,7 +1448,15 @@ fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
         }
         Section::Expiry(e) => {
             set_member(&mut json, "expiry", e)?;
-            expiry = expiry_markdown(e);
+            parts[1] = expiry_markdown(e);
+        }
+        Section::Traces(t) => {
+            set_member(&mut json, "traces", t)?;
+            parts[2] = traces::markdown(t);
+        }
+        Section::Attachments(a) => {
+            set_member(&mut json, "attachments", a)?;
+            parts[3] = attachments::markdown(a);
         }
     }
     let members: Vec<String> = json
@@ -1377,8 +1464,8 @@ fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
         .map(|(key, value)| format!("  {}: {value}", serde_json::Value::from(key.as_str())))
         .collect();
     std::fs::write(&json_path, format!("{{\n{}\n}}", members.join(",\n")))?;
-    let parts: Vec<&str> = [&scales, &expiry]
-        .into_iter()
+    let parts: Vec<&str> = parts
+        .iter()
         .map(|part| part.trim_end())
         .filter(|part| !part.is_empty())
         .collect();

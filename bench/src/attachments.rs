@@ -1,0 +1,363 @@
+//! Attachment bytes (SPEC §4, AT-1): a nightly pass of `attachment_expiry` through the queue
+//! against a plain loop over the same rows — read the live rows in id order, stat each file,
+//! unlink the old ones and mark their rows, a thousand at a time — on identical copies of one
+//! database with identical file trees.
+//!
+//! The rows are spread over a few accounts; every other file was last modified before the
+//! cutoff (31–400 days before the pass), the rest after it (1–29 days), and one row in a
+//! thousand has no file. Nothing else is in the database, so the pass's other jobs find nothing.
+
+use std::os::unix::fs::MetadataExt as _;
+use std::time::UNIX_EPOCH;
+
+use super::*;
+use crate::disk::{self, Rng};
+
+/// The heading the attachment bytes' section starts with, in latest.md.
+pub const ATTACHMENTS_HEADING: &str = "## Attachment bytes";
+
+const SEED: u64 = 0xa77a_c4ed_0001;
+/// `[attachments] max_age_days`, the default.
+const MAX_AGE_DAYS: i64 = 30;
+/// One row in this many has no file.
+const MISSING_EVERY: u64 = 1000;
+/// Rows the plain loop reads, checks and marks together.
+const PLAIN_BATCH: i64 = 1000;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Attachments {
+    measured_at: DateTime<Utc>,
+    machine: String,
+    /// Measured by `--only`, without the scales.
+    separate_run: bool,
+    cache: String,
+    /// The 1-minute load average before the first method and after the last.
+    load_average: String,
+    rows: u64,
+    accounts: u32,
+    /// Rows whose file is past the age: what each method marks and unlinks.
+    expired: u64,
+    /// Rows without a file: examined, left alone.
+    missing: u64,
+    max_age_days: i64,
+    /// Building the template and writing one tree.
+    fill_seconds: f64,
+    methods: Vec<AttachmentMethod>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct AttachmentMethod {
+    /// As the other parts: seconds, rates (of rows examined), hop latencies, peak RSS.
+    #[serde(flatten)]
+    method: Method,
+    marked: u64,
+    files_deleted: u64,
+    /// The CPU time of the method's database backends.
+    db_cpu_seconds: Option<f64>,
+}
+
+/// The row a file is written for.
+struct Row {
+    id: Uuid,
+    account: usize,
+    path: String,
+    mtime: DateTime<Utc>,
+    size: usize,
+    missing: bool,
+}
+
+/// The rows, in a fixed order from [`SEED`].
+fn rows(count: u64, accounts: u32) -> Vec<Row> {
+    let mut rng = Rng::new(SEED);
+    (0..count)
+        .map(|i| {
+            let id = rng.uuid();
+            let account = (i % u64::from(accounts)) as usize;
+            let days = if i % 2 == 0 {
+                31.0 + rng.unit() * 369.0
+            } else {
+                1.0 + rng.unit() * 28.0
+            };
+            let mtime = pass_start() - chrono::Duration::seconds((days * 86_400.0) as i64);
+            Row {
+                id,
+                account,
+                path: format!("account-{account}/{:02x}/{id}.bin", id.as_bytes()[0]),
+                mtime,
+                size: 1024 + rng.below(3073) as usize,
+                missing: i % MISSING_EVERY == MISSING_EVERY / 2,
+            }
+        })
+        .collect()
+}
+
+fn cutoff() -> DateTime<Utc> {
+    pass_start() - chrono::Duration::days(MAX_AGE_DAYS)
+}
+
+/// Writes every row's file under `root` (removed first), then syncs.
+fn write_tree(root: &Path, rows: &[Row]) -> anyhow::Result<()> {
+    if root.exists() {
+        std::fs::remove_dir_all(root)?;
+    }
+    let body = vec![b'a'; 4096];
+    for row in rows.iter().filter(|r| !r.missing) {
+        let path = root.join(&row.path);
+        let file = match std::fs::File::create(&path) {
+            Ok(file) => file,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(path.parent().context("a parent")?)?;
+                std::fs::File::create(&path)?
+            }
+            Err(err) => return Err(err.into()),
+        };
+        use std::io::Write as _;
+        (&file).write_all(&body[..row.size])?;
+        file.set_modified(UNIX_EPOCH + Duration::from_secs(u64::try_from(row.mtime.timestamp())?))?;
+    }
+    disk::sync();
+    Ok(())
+}
+
+/// Files left under `root`.
+fn files_left(root: &Path) -> anyhow::Result<u64> {
+    let mut n = 0;
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                dirs.push(entry.path());
+            } else {
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// The attachment bytes: sexton through the queue (two hops at a time, the default, and one),
+/// and the plain loop.
+pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::Result<()> {
+    let template = "benchatt_template";
+    let dir = cli.scratch.join("attachments");
+    let roots = dir.join("roots");
+    let root = roots.join("attachments");
+    let _ = std::fs::remove_dir_all(&dir);
+    for (_, name) in ROOTS {
+        std::fs::create_dir_all(roots.join(name))?;
+    }
+    eprintln!("attachments: {} rows", cli.attachment_rows);
+    let started = Instant::now();
+    let rows = rows(cli.attachment_rows, cli.attachment_accounts);
+    recreate(admin, template, None).await?;
+    if !sexton(cli, template, &roots, &["migrate"])
+        .status()
+        .await?
+        .success()
+    {
+        bail!("migrating {template} failed");
+    }
+    let pool = connect(base, template, "bench").await?;
+    let mut accounts = Vec::new();
+    for n in 0..cli.attachment_accounts {
+        let id: Uuid = sqlx::query_scalar(
+            "INSERT INTO accounts (name, execution_details_retention_days)
+             VALUES ($1, NULL) RETURNING id",
+        )
+        .bind(format!("bench {n}"))
+        .fetch_one(&pool)
+        .await?;
+        accounts.push(id);
+    }
+    for chunk in rows.chunks(10_000) {
+        let ids: Vec<Uuid> = chunk.iter().map(|r| r.id).collect();
+        let owners: Vec<Uuid> = chunk.iter().map(|r| accounts[r.account]).collect();
+        let paths: Vec<&str> = chunk.iter().map(|r| r.path.as_str()).collect();
+        let sizes: Vec<i64> = chunk.iter().map(|r| r.size as i64).collect();
+        let created: Vec<DateTime<Utc>> = chunk.iter().map(|r| r.mtime).collect();
+        sqlx::query(
+            "INSERT INTO attachments (id, account_id, relative_path, bytes, created_at)
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::timestamptz[])",
+        )
+        .bind(&ids)
+        .bind(&owners)
+        .bind(&paths)
+        .bind(&sizes)
+        .bind(&created)
+        .execute(&pool)
+        .await?;
+    }
+    sqlx::query("VACUUM (FREEZE, ANALYZE)")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    let expired = rows
+        .iter()
+        .filter(|r| !r.missing && r.mtime < cutoff())
+        .count() as u64;
+    let missing = rows.iter().filter(|r| r.missing).count() as u64;
+    let with_files = rows.len() as u64 - missing;
+    let mut fill_seconds = None;
+    let mut dropped = true;
+    let mut methods = Vec::new();
+    let load_before = disk::load_average();
+    for name in ["sexton", "sexton c=1", "plain"] {
+        let db = format!("benchatt_{}", name.replace([' ', '='], "_"));
+        recreate(admin, &db, Some(template)).await?;
+        write_tree(&root, &rows)?;
+        fill_seconds.get_or_insert(started.elapsed().as_secs_f64());
+        dropped &= disk::start_alike(&root, cli.warm);
+        eprintln!("attachments: {name}");
+        let attachment_expiry = Pass {
+            job: "attachment_expiry",
+            global: false,
+        };
+        let (mut method, db_cpu_seconds) = match name {
+            "sexton" | "sexton c=1" => {
+                let concurrency = if name == "sexton" { 2 } else { 1 };
+                let run = run_sexton(cli, &db, &roots, name, concurrency, &attachment_expiry, &[]);
+                disk::with_backend_cpu(base, &db, "sexton", run).await?
+            }
+            _ => disk::with_backend_cpu(base, &db, "bench-plain", plain(base, &db, &root)).await?,
+        };
+        method.owners_per_s = rows.len() as f64 / method.seconds;
+        method.rows_per_s = method.owners_per_s;
+        let check = connect(base, &db, "bench").await?;
+        let (marked, pending): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM attachments WHERE bytes_expired_at IS NOT NULL),
+                    (SELECT count(*) FROM sexton.pending_file_deletions)",
+        )
+        .fetch_one(&check)
+        .await?;
+        check.close().await;
+        let left = files_left(&root)?;
+        if u64::try_from(marked)? != expired || left != with_files - expired || pending != 0 {
+            bail!(
+                "{name}: {marked} rows marked of {expired} expired, {left} files left of {}, {pending} deletions pending",
+                with_files - expired
+            );
+        }
+        methods.push(AttachmentMethod {
+            method,
+            marked: expired,
+            files_deleted: with_files - left,
+            db_cpu_seconds,
+        });
+        drop_db(admin, &db).await?;
+    }
+    drop_db(admin, template).await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let attachments = Attachments {
+        measured_at: Utc::now(),
+        machine: machine(),
+        separate_run: !cli.only.is_empty() && !cli.only.contains(&Part::Scales),
+        cache: disk::cache_state(dropped).to_owned(),
+        load_average: format!("{load_before} / {}", disk::load_average()),
+        rows: cli.attachment_rows,
+        accounts: cli.attachment_accounts,
+        expired,
+        missing,
+        max_age_days: MAX_AGE_DAYS,
+        fill_seconds: fill_seconds.unwrap_or_default(),
+        methods,
+    };
+    write_results(cli, Section::Attachments(&attachments))?;
+    println!("{}", markdown(&attachments));
+    Ok(())
+}
+
+/// The plain loop: the next thousand live rows in id order, a stat of each file (not following a
+/// symlink), the old ones unlinked, then their rows marked in one statement.
+async fn plain(base: &PgConnectOptions, db: &str, root: &Path) -> anyhow::Result<Method> {
+    let started = Instant::now();
+    let pool = connect(base, db, "bench-plain").await?;
+    let cutoff = cutoff().timestamp();
+    let mut after = Uuid::nil();
+    loop {
+        let batch: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT id, relative_path FROM attachments
+             WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT $2",
+        )
+        .bind(after)
+        .bind(PLAIN_BATCH)
+        .fetch_all(&pool)
+        .await?;
+        let Some((last, _)) = batch.last() else {
+            break;
+        };
+        after = *last;
+        let mut expired = Vec::new();
+        for (id, path) in &batch {
+            let path = root.join(path);
+            if let Ok(meta) = std::fs::symlink_metadata(&path)
+                && meta.is_file()
+                && meta.mtime() < cutoff
+            {
+                std::fs::remove_file(&path)?;
+                expired.push(*id);
+            }
+        }
+        sqlx::query("UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)")
+            .bind(&expired)
+            .execute(&pool)
+            .await?;
+    }
+    pool.close().await;
+    let mut m = method("plain");
+    m.seconds = started.elapsed().as_secs_f64();
+    Ok(m)
+}
+
+/// The attachment bytes' section of latest.md.
+pub fn markdown(a: &Attachments) -> String {
+    let when = if a.separate_run {
+        "in a separate run from the tables above (`bash bench/run.sh --only attachments`)"
+    } else {
+        "in the same run as the tables above"
+    };
+    let mut md = format!(
+        "{ATTACHMENTS_HEADING}\n\nMeasured {} on {}, {when}. {} attachment rows over {} accounts, each with a 1–4 KiB file under `account-N/xx/<id>.bin`; {} files were last modified before the cutoff (31–400 days before the pass, `max_age_days = {}`), the rest after it (1–29 days), and {} rows have no file. Each method runs on its own copy of the database with its own tree, written from the same seed; page cache: {}. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings: `window_size = 1000`) running `queue.concurrency` hops at a time (one account each), timed from the worker being up to its last `attachment_expiry` hop; its files go through `files::drain` within the hops. plain: `SELECT id, relative_path … WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT 1000`, `lstat` each file, unlink the old ones, `UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)`, one lane, timed from connecting to its last batch. Rows examined per second count every live row; database CPU is that of the method's backends (sampled from `/proc`). 1-minute load average before the first method and after the last: {}.\n\n| rows | expired | method | seconds | rows examined/s | vs plain | rows marked | files deleted | hop median / p99 ms | database CPU s | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        a.measured_at.format("%Y-%m-%d"),
+        a.machine,
+        a.rows,
+        a.accounts,
+        a.expired,
+        a.max_age_days,
+        a.missing,
+        a.cache,
+        a.load_average,
+    );
+    let plain = a
+        .methods
+        .iter()
+        .find(|m| m.method.name == "plain")
+        .map_or(0.0, |m| m.method.rows_per_s);
+    for AttachmentMethod {
+        method: m,
+        marked,
+        files_deleted,
+        db_cpu_seconds,
+    } in &a.methods
+    {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {:.0} | {:.2}× | {} | {} | {} | {} | {} |\n",
+            a.rows,
+            a.expired,
+            m.name,
+            m.seconds,
+            m.rows_per_s,
+            m.rows_per_s / plain,
+            marked,
+            files_deleted,
+            m.hop.map_or("—".into(), |h| format!(
+                "{:.0} / {:.0}",
+                h.p50_ms, h.p99_ms
+            )),
+            db_cpu_seconds.map_or("—".into(), |s| format!("{s:.1}")),
+            m.peak_rss_kb
+                .map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
+        ));
+    }
+    md
+}

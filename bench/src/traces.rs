@@ -1,0 +1,765 @@
+//! Run traces (SPEC §4, TR-1 … TR-4): `sexton traces clean --confirm` against
+//! `find ROOT -name '*.trace.jsonl' -mtime +N -delete` on identical trees of 10 k, 100 k and 1 M
+//! files, and sexton with a quota that sends about half of them, each with its peak RSS.
+//!
+//! A tree is written directly (no seed command): `<agent_id>/run-NNN.trace.jsonl`, a hundred per
+//! agent directory, each starting with a valid signature and a 1–4 KiB body, with mtimes spread
+//! evenly over 0–120 days, all from one seed, so that every method gets the same tree, written
+//! afresh. A few files are decoys sexton must keep and `find` deletes: one in a thousand has a
+//! bad signature, one in two thousand is a symlink (to a trace beside it, or to one outside the
+//! root), and the traces of every fiftieth agent's current and main sessions are live. A
+//! symlinked directory at the root leads to a trace outside the root, which no method may touch.
+//! Every method's end state is checked against what its rule says, file by file.
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+use std::os::unix::fs::MetadataExt as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::*;
+use crate::disk::{self, Rng, Timed};
+
+/// The heading the run traces' section starts with, in latest.md.
+pub const TRACES_HEADING: &str = "## Run traces";
+
+const SEED: u64 = 0x7ace_5eed_0001;
+const FILES_PER_AGENT: u64 = 100;
+const SESSIONS_PER_AGENT: u64 = 10;
+/// Every this many agents, the agent's current and main sessions (two of its ten) are live.
+const LIVE_AGENT_EVERY: u64 = 50;
+/// One file in this many has a bad signature …
+const BAD_EVERY: u64 = 1000;
+/// … and one in this many is a symlink.
+const LINK_EVERY: u64 = 2000;
+/// Files' ages are spread over this many days.
+const SPAN_DAYS: f64 = 120.0;
+/// No age falls this close below or above the age limit: `find -mtime +N` deletes files at least
+/// N + 1 whole days old, sexton those older than N days, and a run comes minutes after its tree
+/// was written. Outside this gap the two rules agree.
+const GAP_BELOW_DAYS: f64 = 0.25;
+const GAP_ABOVE_DAYS: f64 = 1.25;
+const DAY_NS: i128 = 86_400 * 1_000_000_000;
+/// What sexton's plan of a run is printed to (`--json`), then read back for its totals.
+const PLAN_FILE: &str = "plan.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A valid trace of a session no agent has as current or main.
+    Trace,
+    /// A valid trace of an agent's current or main session.
+    Live,
+    BadSignature,
+    Symlink,
+}
+
+struct Entry {
+    /// Relative to the traces root.
+    path: String,
+    kind: Kind,
+    /// As stored (read back after writing).
+    mtime_ns: i128,
+    /// Allocated bytes (blocks × 512), as the quota counts them.
+    allocated: u64,
+}
+
+struct Agent {
+    id: Uuid,
+    current: Option<Uuid>,
+    main: Option<Uuid>,
+}
+
+struct Tree {
+    entries: Vec<Entry>,
+    agents: Vec<Agent>,
+}
+
+impl Tree {
+    fn count(&self, kind: Kind) -> u64 {
+        self.entries.iter().filter(|e| e.kind == kind).count() as u64
+    }
+
+    /// Allocated bytes of the candidates (valid traces, live ones included).
+    fn allocated(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.kind, Kind::Trace | Kind::Live))
+            .map(|e| e.allocated)
+            .sum()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Traces {
+    measured_at: DateTime<Utc>,
+    machine: String,
+    /// Measured by `--only`, without the scales.
+    separate_run: bool,
+    /// How each method found the page cache.
+    cache: String,
+    /// The 1-minute load average before the first method and after the last: others' work on
+    /// the machine shows here.
+    load_average: String,
+    age_days: u32,
+    /// Bodies of the signature line alone (`--trace-small`).
+    small_bodies: bool,
+    /// Agents' rows: one per directory, or only those with live sessions
+    /// (`--trace-live-agents-only`).
+    agent_rows: &'static str,
+    scales: Vec<TraceScale>,
+    /// Peak RSS at the most files over that at the fewest, sexton's age and quota runs.
+    rss_ratio_age: Option<f64>,
+    rss_ratio_quota: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct TraceScale {
+    files: u64,
+    agents: u64,
+    /// Entries named `*.trace.jsonl` (files and symlinks): what every method examines.
+    examined: u64,
+    candidates: u64,
+    live: u64,
+    bad_signature: u64,
+    symlinks: u64,
+    /// The candidates' allocated bytes; the quota run allows half.
+    allocated_bytes: u64,
+    /// Writing one tree, syncing it and reading its sizes back.
+    generate_seconds: f64,
+    methods: Vec<TraceMethod>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct TraceMethod {
+    name: &'static str,
+    /// The command, as run on the tree.
+    command: String,
+    seconds: f64,
+    examined_per_s: f64,
+    deleted: u64,
+    deleted_per_s: f64,
+    /// sexton: what it kept, by reason (its totals).
+    kept: BTreeMap<String, u64>,
+    peak_rss_kb: Option<u64>,
+    /// The process's CPU time, user and system.
+    cpu_seconds: Option<f64>,
+    /// sexton: its database backend's CPU time (the live-session checks).
+    db_cpu_seconds: Option<f64>,
+}
+
+/// The run traces at every size of `--trace-files`, each written into the results as it is done.
+pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::Result<()> {
+    let mut traces = Traces {
+        measured_at: Utc::now(),
+        machine: machine(),
+        separate_run: !cli.only.is_empty() && !cli.only.contains(&Part::Scales),
+        cache: String::new(),
+        load_average: String::new(),
+        age_days: cli.trace_age_days,
+        small_bodies: cli.trace_small,
+        agent_rows: if cli.trace_live_agents_only {
+            "only the agents with live sessions"
+        } else {
+            "one per directory"
+        },
+        scales: Vec::new(),
+        rss_ratio_age: None,
+        rss_ratio_quota: None,
+    };
+    let load_before = disk::load_average();
+    for &files in &cli.trace_files {
+        let (scale, dropped) = measure_scale(cli, admin, base, files).await?;
+        traces.cache = disk::cache_state(dropped).to_owned();
+        traces.load_average = format!("{load_before} / {}", disk::load_average());
+        traces.scales.push(scale);
+        traces.rss_ratio_age = rss_ratio(&traces.scales, "sexton age");
+        traces.rss_ratio_quota = rss_ratio(&traces.scales, "sexton quota");
+        write_results(cli, Section::Traces(&traces))?;
+    }
+    println!("{}", markdown(&traces));
+    Ok(())
+}
+
+fn rss_ratio(scales: &[TraceScale], method: &str) -> Option<f64> {
+    let rss = |s: &TraceScale| {
+        s.methods
+            .iter()
+            .find(|m| m.name == method)
+            .and_then(|m| m.peak_rss_kb)
+    };
+    let fewest = scales.iter().min_by_key(|s| s.files)?;
+    let most = scales.iter().max_by_key(|s| s.files)?;
+    if fewest.files == most.files {
+        return None;
+    }
+    Some(rss(most)? as f64 / rss(fewest)? as f64)
+}
+
+/// The three methods on three identical trees of `files` files.
+async fn measure_scale(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    files: u64,
+) -> anyhow::Result<(TraceScale, bool)> {
+    let dir = cli.scratch.join(format!("traces-{files}"));
+    let roots = dir.join("roots");
+    let root = roots.join("traces");
+    let outside = dir.join("outside");
+    let _ = std::fs::remove_dir_all(&dir);
+    for (_, name) in ROOTS {
+        std::fs::create_dir_all(roots.join(name))?;
+    }
+    std::fs::create_dir_all(&outside)?;
+    // A 1–4 KiB body takes one or two 4 KiB blocks; the signature alone, one.
+    let need = files * if cli.trace_small { 4096 } else { 5000 } + (1 << 30);
+    let free = disk::free_bytes(&dir)?;
+    if free < need {
+        bail!(
+            "{files} trace files need about {} MB under {}, {} MB are free: free some, or pass \
+             --trace-small (bodies of the signature line alone)",
+            need >> 20,
+            dir.display(),
+            free >> 20
+        );
+    }
+    let db = format!("benchtr_{files}");
+    recreate(admin, &db, None).await?;
+    if !sexton(cli, &db, &roots, &["migrate"])
+        .status()
+        .await?
+        .success()
+    {
+        bail!("migrating {db} failed");
+    }
+    // Every tree is written at the same ages: from one reference, the first tree's time.
+    let now_ns = i128::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos())?;
+    let cut_ns = now_ns - i128::from(cli.trace_age_days) * DAY_NS;
+    let find_age = format!("+{}", cli.trace_age_days);
+    let mut scale = None;
+    let mut methods = Vec::new();
+    let mut dropped = true;
+    for name in ["sexton age", "find age", "sexton quota"] {
+        eprintln!("traces {files}: writing the tree for {name}");
+        let started = Instant::now();
+        let tree = generate(&root, &outside, files, now_ns, cli)?;
+        let generate_seconds = started.elapsed().as_secs_f64();
+        let scale = scale.get_or_insert_with(|| TraceScale {
+            files,
+            agents: tree.agents.len() as u64,
+            examined: tree.entries.len() as u64,
+            candidates: tree.count(Kind::Trace) + tree.count(Kind::Live),
+            live: tree.count(Kind::Live),
+            bad_signature: tree.count(Kind::BadSignature),
+            symlinks: tree.count(Kind::Symlink),
+            allocated_bytes: tree.allocated(),
+            generate_seconds,
+            methods: Vec::new(),
+        });
+        if methods.is_empty() {
+            let agents: Vec<&Agent> = tree
+                .agents
+                .iter()
+                .filter(|a| !cli.trace_live_agents_only || a.current.is_some())
+                .collect();
+            add_agents(base, &db, &agents).await?;
+        }
+        let max_bytes = scale.allocated_bytes / 2;
+        // What the method's rule removes, entry by entry.
+        let goes: Vec<bool> = match name {
+            "sexton age" => tree
+                .entries
+                .iter()
+                .map(|e| e.kind == Kind::Trace && e.mtime_ns < cut_ns)
+                .collect(),
+            "find age" => tree.entries.iter().map(|e| e.mtime_ns < cut_ns).collect(),
+            _ => quota_plan(&tree, max_bytes),
+        };
+        dropped &= disk::start_alike(&root, cli.warm);
+        eprintln!("traces {files}: {name}");
+        let plan_file = dir.join(PLAN_FILE);
+        let (command, timed, kept, db_cpu_seconds) = match name {
+            "find age" => {
+                let args = [
+                    root.to_str().context("a UTF-8 scratch path")?,
+                    "-name",
+                    "*.trace.jsonl",
+                    "-mtime",
+                    &find_age,
+                    "-delete",
+                ];
+                let timed = disk::timed(Path::new("find"), &args, |_| {}).await?;
+                let command = format!("find ROOT -name '*.trace.jsonl' -mtime {find_age} -delete");
+                (command, timed, BTreeMap::new(), None)
+            }
+            _ => {
+                let (age, bytes) = match name {
+                    "sexton age" => (cli.trace_age_days, 0),
+                    _ => (0, max_bytes),
+                };
+                let ((timed, totals), db_cpu) = disk::with_backend_cpu(
+                    base,
+                    &db,
+                    "sexton",
+                    clean(cli, &db, &roots, &plan_file, age, bytes),
+                )
+                .await?;
+                let command = format!(
+                    "SEXTON_TRACES__MAX_AGE_DAYS={age} SEXTON_TRACES__MAX_BYTES={bytes} sexton traces clean --confirm --json"
+                );
+                let deleted = totals["deleted"].as_u64().unwrap_or_default();
+                let expected = tree
+                    .entries
+                    .iter()
+                    .zip(&goes)
+                    .filter(|(_, goes)| **goes)
+                    .count() as u64;
+                if deleted != expected {
+                    bail!("{name} at {files} files reports {deleted} deleted, its rule {expected}");
+                }
+                let kept = totals["kept"]
+                    .as_object()
+                    .map(|kept| {
+                        kept.iter()
+                            .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or_default()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (command, timed, kept, db_cpu)
+            }
+        };
+        let _ = std::fs::remove_file(&plan_file);
+        let deleted = check(&root, &outside, &tree, &goes, name)?;
+        let examined = scale.examined as f64;
+        methods.push(TraceMethod {
+            name,
+            command,
+            seconds: timed.seconds,
+            examined_per_s: examined / timed.seconds,
+            deleted,
+            deleted_per_s: deleted as f64 / timed.seconds,
+            kept,
+            peak_rss_kb: timed.peak_rss_kb,
+            cpu_seconds: timed.cpu_seconds,
+            db_cpu_seconds,
+        });
+    }
+    drop_db(admin, &db).await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut scale = scale.context("no method ran")?;
+    scale.methods = methods;
+    Ok((scale, dropped))
+}
+
+/// Which entries a quota of `max_bytes` sends (max_age_days 0), as TR-2 says: the candidates
+/// go oldest first by (mtime, path) until the rest fit; a live session's trace stays and counts
+/// toward the quota, so only the others go to meet it.
+fn quota_plan(tree: &Tree, max_bytes: u64) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..tree.entries.len())
+        .filter(|&i| tree.entries[i].kind == Kind::Trace)
+        .collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&tree.entries[a], &tree.entries[b]);
+        (a.mtime_ns, &a.path).cmp(&(b.mtime_ns, &b.path))
+    });
+    let excess = tree.allocated().saturating_sub(max_bytes);
+    let mut goes = vec![false; tree.entries.len()];
+    let mut covered = 0;
+    for i in order {
+        if covered >= excess {
+            break;
+        }
+        covered += tree.entries[i].allocated;
+        goes[i] = true;
+    }
+    goes
+}
+
+/// `sexton traces clean --confirm --json` with the limits given, its plan printed to
+/// `plan_file`; returns its timing and totals.
+async fn clean(
+    cli: &Cli,
+    db: &str,
+    roots: &Path,
+    plan_file: &Path,
+    max_age_days: u32,
+    max_bytes: u64,
+) -> anyhow::Result<(Timed, serde_json::Value)> {
+    let plan = std::fs::File::create(plan_file)?;
+    let timed = disk::timed(
+        &cli.sexton,
+        &["traces", "clean", "--confirm", "--json"],
+        |cmd| {
+            cmd.env_remove("DATABASE_URL")
+                .envs(sexton_env(db, roots))
+                .env("SEXTON_TRACES__MAX_AGE_DAYS", max_age_days.to_string())
+                .env("SEXTON_TRACES__MAX_BYTES", max_bytes.to_string())
+                .stdout(plan);
+        },
+    )
+    .await?;
+    // `{"files":[…],"totals":{…}}`: the totals are at the end of what may be hundreds of MB.
+    let mut plan = std::fs::File::open(plan_file)?;
+    let len = plan.metadata()?.len();
+    plan.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
+    let mut tail = String::new();
+    plan.read_to_string(&mut tail)?;
+    let at = tail
+        .rfind("\"totals\":")
+        .context("the plan has no totals")?;
+    let totals = tail[at + "\"totals\":".len()..].trim_end();
+    let totals = totals.strip_suffix('}').context("the plan is cut short")?;
+    Ok((timed, serde_json::from_str(totals)?))
+}
+
+/// The agents, as the platform holds them: one per directory, every fiftieth with a current and
+/// a main session (whose traces are live).
+async fn add_agents(base: &PgConnectOptions, db: &str, agents: &[&Agent]) -> anyhow::Result<()> {
+    let pool = connect(base, db, "bench").await?;
+    let account: Uuid = sqlx::query_scalar(
+        "INSERT INTO accounts (name, execution_details_retention_days)
+         VALUES ('bench', NULL) RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await?;
+    for chunk in agents.chunks(10_000) {
+        let ids: Vec<Uuid> = chunk.iter().map(|a| a.id).collect();
+        let current: Vec<Option<Uuid>> = chunk.iter().map(|a| a.current).collect();
+        let main: Vec<Option<Uuid>> = chunk.iter().map(|a| a.main).collect();
+        sqlx::query(
+            "INSERT INTO agents (id, account_id, name, current_session_id, main_session_id)
+             SELECT id, $2, 'agent', c, m FROM unnest($1::uuid[], $3::uuid[], $4::uuid[]) AS u (id, c, m)",
+        )
+        .bind(&ids)
+        .bind(account)
+        .bind(&current)
+        .bind(&main)
+        .execute(&pool)
+        .await?;
+    }
+    sqlx::query("ANALYZE agents").execute(&pool).await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// An age in days over [0, SPAN_DAYS), none in the gap around `limit`.
+fn age_days(rng: &mut Rng, limit: f64) -> f64 {
+    let gap = GAP_BELOW_DAYS + GAP_ABOVE_DAYS;
+    let age = rng.unit() * (SPAN_DAYS - gap);
+    if age >= limit - GAP_BELOW_DAYS {
+        age + gap
+    } else {
+        age
+    }
+}
+
+/// A trace body: JSON lines, cut to length.
+fn filler() -> Vec<u8> {
+    let line = b"{\"type\":\"step\",\"tool\":\"search\",\"text\":\"the quick brown fox jumps over the lazy dog\"}\n";
+    line.iter().copied().cycle().take(4096).collect()
+}
+
+/// Writes the tree of `files` entries under `root` (removed first) from [`SEED`], ages relative
+/// to `now_ns`, with the agents' directories spread over the cores; then syncs it and reads each
+/// entry's mtime and allocated size back.
+fn generate(
+    root: &Path,
+    outside: &Path,
+    files: u64,
+    now_ns: i128,
+    cli: &Cli,
+) -> anyhow::Result<Tree> {
+    if root.exists() {
+        std::fs::remove_dir_all(root)?;
+    }
+    let started = Instant::now();
+    std::fs::create_dir_all(root)?;
+    let _ = std::fs::remove_dir_all(outside);
+    std::fs::create_dir_all(outside)?;
+    // Outside the root: a trace (old, validly signed) that symlinks point at.
+    let victim = outside.join("victim.trace.jsonl");
+    std::fs::write(
+        &victim,
+        format!(
+            "{{\"format\":\"run-trace/1\",\"agent_id\":\"{}\",\"session_id\":\"{}\"}}\n",
+            Uuid::nil(),
+            Uuid::nil()
+        ),
+    )?;
+    set_mtime(&victim, now_ns - 100 * DAY_NS)?;
+    std::os::unix::fs::symlink(outside, root.join("escape"))?;
+    let agents = files.div_ceil(FILES_PER_AGENT);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let body = filler();
+    let mut written: Vec<(u64, Agent, Vec<Entry>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let body = &body;
+                let victim = &victim;
+                scope.spawn(move || -> anyhow::Result<Vec<(u64, Agent, Vec<Entry>)>> {
+                    let mut out = Vec::new();
+                    for a in (t..agents).step_by(threads as usize) {
+                        let count = FILES_PER_AGENT.min(files - a * FILES_PER_AGENT);
+                        let (agent, entries) =
+                            write_agent(root, victim, a, count, now_ns, body, cli)?;
+                        out.push((a, agent, entries));
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for worker in workers {
+            all.extend(worker.join().expect("a writer thread")?);
+        }
+        anyhow::Ok(all)
+    })?;
+    written.sort_by_key(|(a, _, _)| *a);
+    let writing = started.elapsed().as_secs_f64();
+    disk::sync();
+    let syncing = started.elapsed().as_secs_f64() - writing;
+    let mut tree = Tree {
+        entries: Vec::with_capacity(files as usize),
+        agents: Vec::with_capacity(agents as usize),
+    };
+    for (_, agent, entries) in written {
+        tree.agents.push(agent);
+        tree.entries.extend(entries);
+    }
+    // As stored: the file system's mtime and blocks, after the writes have reached it.
+    for entry in &mut tree.entries {
+        let meta = std::fs::symlink_metadata(root.join(&entry.path))?;
+        entry.mtime_ns = i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec());
+        entry.allocated = meta.blocks() * 512;
+    }
+    eprintln!(
+        "traces {files}: tree written in {writing:.1} s, synced in {syncing:.1} s, read back in {:.1} s",
+        started.elapsed().as_secs_f64() - writing - syncing
+    );
+    Ok(tree)
+}
+
+/// One agent's directory: its `count` entries, in the order of their names.
+fn write_agent(
+    root: &Path,
+    victim: &Path,
+    a: u64,
+    count: u64,
+    now_ns: i128,
+    body: &[u8],
+    cli: &Cli,
+) -> anyhow::Result<(Agent, Vec<Entry>)> {
+    let mut rng = Rng::new(SEED ^ (a + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    let id = rng.uuid();
+    let sessions: Vec<Uuid> = (0..SESSIONS_PER_AGENT).map(|_| rng.uuid()).collect();
+    let live = a.is_multiple_of(LIVE_AGENT_EVERY);
+    let agent = Agent {
+        id,
+        current: live.then_some(sessions[0]),
+        main: live.then_some(sessions[1]),
+    };
+    let dir = root.join(id.to_string());
+    std::fs::create_dir(&dir)?;
+    let mut entries = Vec::with_capacity(count as usize);
+    for k in 0..count {
+        let g = a * FILES_PER_AGENT + k;
+        let age = age_days(&mut rng, f64::from(cli.trace_age_days));
+        let mtime_ns = now_ns - (age * DAY_NS as f64) as i128;
+        let length = 1024 + rng.below(3073) as usize;
+        let session = sessions[(k % SESSIONS_PER_AGENT) as usize];
+        let name = format!("run-{k:03}.trace.jsonl");
+        let path = dir.join(&name);
+        let kind = if g % LINK_EVERY == LINK_EVERY - 1 {
+            Kind::Symlink
+        } else if g % BAD_EVERY == BAD_EVERY / 2 {
+            Kind::BadSignature
+        } else if live && k % SESSIONS_PER_AGENT < 2 {
+            Kind::Live
+        } else {
+            Kind::Trace
+        };
+        if kind == Kind::Symlink {
+            // Every other one leads out of the root; the rest to the first trace beside them.
+            if (g / LINK_EVERY).is_multiple_of(2) {
+                std::os::unix::fs::symlink(victim, &path)?;
+            } else {
+                std::os::unix::fs::symlink("run-000.trace.jsonl", &path)?;
+            }
+            disk::set_symlink_mtime(&path, mtime_ns)?;
+        } else {
+            let first = match kind {
+                Kind::BadSignature if g.is_multiple_of(2) => "trace of a run\n".to_owned(),
+                Kind::BadSignature => format!(
+                    "{{\"format\":\"run-trace/0\",\"agent_id\":\"{id}\",\"session_id\":\"{session}\"}}\n"
+                ),
+                _ => format!(
+                    "{{\"format\":\"run-trace/1\",\"agent_id\":\"{id}\",\"session_id\":\"{session}\"}}\n"
+                ),
+            };
+            let mut file = std::fs::File::create(&path)?;
+            file.write_all(first.as_bytes())?;
+            if !cli.trace_small {
+                file.write_all(&body[..length])?;
+            }
+            file.set_modified(UNIX_EPOCH + Duration::from_nanos(u64::try_from(mtime_ns)?))?;
+        }
+        entries.push(Entry {
+            path: format!("{id}/{name}"),
+            kind,
+            mtime_ns,
+            allocated: 0,
+        });
+    }
+    Ok((agent, entries))
+}
+
+/// Sets a file's modification time.
+fn set_mtime(path: &Path, ns: i128) -> anyhow::Result<()> {
+    let file = std::fs::File::options().write(true).open(path)?;
+    file.set_modified(UNIX_EPOCH + Duration::from_nanos(u64::try_from(ns)?))?;
+    Ok(())
+}
+
+/// The method's end state: exactly the entries its rule keeps are left, and nothing outside the
+/// root was touched. Returns how many entries went.
+fn check(
+    root: &Path,
+    outside: &Path,
+    tree: &Tree,
+    goes: &[bool],
+    name: &str,
+) -> anyhow::Result<u64> {
+    let mut left = Vec::new();
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if entry
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".trace.jsonl")
+            {
+                let path = entry.path();
+                left.push(
+                    path.strip_prefix(root)?
+                        .to_str()
+                        .context("a UTF-8 name")?
+                        .to_owned(),
+                );
+            }
+        }
+    }
+    left.sort();
+    let mut expected: Vec<String> = tree
+        .entries
+        .iter()
+        .zip(goes)
+        .filter(|(_, goes)| !**goes)
+        .map(|(e, _)| e.path.clone())
+        .collect();
+    expected.sort();
+    if left != expected {
+        let extra: Vec<&String> = left
+            .iter()
+            .filter(|p| expected.binary_search(p).is_err())
+            .take(5)
+            .collect();
+        let missing: Vec<&String> = expected
+            .iter()
+            .filter(|p| left.binary_search(p).is_err())
+            .take(5)
+            .collect();
+        bail!(
+            "{name}: {} entries left, its rule keeps {}; left though it goes: {extra:?}; gone though it stays: {missing:?}",
+            left.len(),
+            expected.len()
+        );
+    }
+    if !outside.join("victim.trace.jsonl").exists() {
+        bail!("{name} deleted the trace outside the root");
+    }
+    Ok((tree.entries.len() - left.len()) as u64)
+}
+
+/// The run traces' section of latest.md.
+pub fn markdown(t: &Traces) -> String {
+    let when = if t.separate_run {
+        "in a separate run from the tables above (`bash bench/run.sh --only traces`)"
+    } else {
+        "in the same run as the tables above"
+    };
+    let bodies = if t.small_bodies {
+        "the signature line alone (`--trace-small`: one 4 KiB block each)"
+    } else {
+        "a signature line and a 1–4 KiB body (one or two 4 KiB blocks)"
+    };
+    let mut md = format!(
+        "{TRACES_HEADING}\n\nMeasured {} on {}, {when}. Each tree: `<agent_id>/run-NNN.trace.jsonl`, {FILES_PER_AGENT} per agent directory, each {bodies}, mtimes spread evenly over 0–{SPAN_DAYS:.0} days (none within a day of the age limit, where `find`'s whole days and sexton's cutoff would differ); one in {BAD_EVERY} has a bad signature, one in {LINK_EVERY} is a symlink (to a trace beside it or out of the root), the traces of every {LIVE_AGENT_EVERY}th agent's current and main sessions are live (the agents table holds {}: every batch sexton deletes is checked against it), and a symlinked directory leads out of the root. Each method gets its own tree, written from the same seed; page cache: {}. sexton age: `sexton traces clean --confirm --json` (plan to a file) with `max_age_days = {}`; find age: `find ROOT -name '*.trace.jsonl' -mtime +{} -delete`, which also deletes the bad signatures, symlinks and live sessions' traces past the age that sexton keeps; sexton quota: `max_age_days = 0`, `max_bytes` half the candidates' allocated bytes. Every end state is checked entry by entry against the method's rule. Seconds are the process's wall time; examined counts every `*.trace.jsonl` entry; CPU is the process's user + system time and that of its database backend (sampled from `/proc`); peak RSS is the kernel's `ru_maxrss` (GNU time `%M`). 1-minute load average before the first and after the last method: {}.\n\n| files | agents | candidates (live) | allocated MB | method | seconds | examined/s | deleted | deleted/s | vs find | kept by sexton | CPU s (process / database) | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        t.measured_at.format("%Y-%m-%d"),
+        t.machine,
+        t.agent_rows,
+        t.cache,
+        t.age_days,
+        t.age_days,
+        t.load_average,
+    );
+    for s in &t.scales {
+        let find = s
+            .methods
+            .iter()
+            .find(|m| m.name == "find age")
+            .map_or(0.0, |m| m.examined_per_s);
+        for m in &s.methods {
+            let kept: Vec<String> = m.kept.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            md.push_str(&format!(
+                "| {} | {} | {} ({}) | {:.0} | {} | {:.1} | {:.0} | {} | {:.0} | {} | {} | {} / {} | {} |\n",
+                s.files,
+                s.agents,
+                s.candidates,
+                s.live,
+                s.allocated_bytes as f64 / 1048576.0,
+                m.name,
+                m.seconds,
+                m.examined_per_s,
+                m.deleted,
+                m.deleted_per_s,
+                if m.name == "find age" {
+                    "—".to_owned()
+                } else {
+                    format!("{:.2}×", m.examined_per_s / find)
+                },
+                if kept.is_empty() {
+                    "—".to_owned()
+                } else {
+                    kept.join(", ")
+                },
+                m.cpu_seconds.map_or("—".into(), |s| format!("{s:.1}")),
+                m.db_cpu_seconds.map_or("—".into(), |s| format!("{s:.1}")),
+                m.peak_rss_kb
+                    .map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
+            ));
+        }
+    }
+    let bound = |ratio: Option<f64>| {
+        ratio.map_or("—".to_owned(), |r| {
+            format!(
+                "{r:.2}× ({})",
+                if r <= 2.0 { "within 2×" } else { "over 2×" }
+            )
+        })
+    };
+    if let (Some(fewest), Some(most)) = (
+        t.scales.iter().map(|s| s.files).min(),
+        t.scales.iter().map(|s| s.files).max(),
+    ) && fewest != most
+    {
+        md.push_str(&format!(
+            "\nsexton's peak RSS at {most} files over that at {fewest}: age {}, quota {}.\n",
+            bound(t.rss_ratio_age),
+            bound(t.rss_ratio_quota)
+        ));
+    }
+    md
+}
