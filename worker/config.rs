@@ -94,10 +94,14 @@ impl JobSettings {
     }
 }
 
-/// Connections a worker holds besides its hops: the LISTEN connection that wakes the queues,
-/// the schedule and its fan-out, the gauges, and the queue's own bookkeeping (fetch, heartbeat,
-/// acknowledgements), which hold one only for a moment.
-pub const FIXED_CONNECTIONS: u32 = 4;
+/// Connections a worker holds besides its hops and its queues: the LISTEN connection that wakes
+/// the queues, the schedule and its fan-out, and the gauges.
+pub const FIXED_CONNECTIONS: u32 = 3;
+
+/// Connections each queue consumer may hold at once for the queue's own bookkeeping (fetch,
+/// heartbeat, acknowledgements): one each, every consumer at the same moment when the database
+/// comes back after an outage and they all retry at once (ER-2).
+pub const CONNECTIONS_PER_QUEUE: u32 = 1;
 
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
@@ -523,15 +527,20 @@ fn with_jobs(
     // FL-6: no hop may fail for want of a connection. Hops of every queue together are bounded
     // by queue.concurrency, and the widest hop sets what each may hold.
     let widest = jobs.iter().map(|j| j.connections()).max().unwrap_or(1);
-    let needed =
-        settings.queue.concurrency as u64 * u64::from(widest) + u64::from(FIXED_CONNECTIONS);
+    // Every job kind's queue and the nightly one.
+    let queues = jobs.len() as u64 + 1;
+    let bookkeeping = queues * u64::from(CONNECTIONS_PER_QUEUE);
+    let needed = settings.queue.concurrency as u64 * u64::from(widest)
+        + u64::from(FIXED_CONNECTIONS)
+        + bookkeeping;
     if u64::from(settings.database.max_connections) < needed {
         check.fail(
             "database.max_connections",
             &format!(
                 "at least queue.concurrency ({}) x {widest} connections per hop + \
-                 {FIXED_CONNECTIONS} for the listener, schedule, gauges and queue = {needed}; \
-                 raise it or lower queue.concurrency",
+                 {FIXED_CONNECTIONS} for the listener, schedule and gauges + {bookkeeping} for \
+                 the {queues} queues' bookkeeping = {needed}; raise it or lower \
+                 queue.concurrency",
                 settings.queue.concurrency
             ),
             settings.database.max_connections,
