@@ -912,7 +912,7 @@ async fn ex6_no_deadlock_with_a_writer_using_the_same_lock_order(pool: PgPool) {
 async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_window(pool: PgPool) {
     let mut env = Env::new(pool).await;
     slow_pass(&mut env, 5);
-    let (account, conversations) = many_owners(&env, 4, 12).await;
+    let (account, conversations) = many_owners(&env, 4, 25).await;
     let pass = spawn_pass(&env, account);
     let mut reads = 0;
     let mut overlap = Overlap::default();
@@ -972,8 +972,8 @@ async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_windo
         overlap.record(&env.pool, account, &pass).await;
         reads += 1;
     }
-    assert_eq!(pass.await.unwrap(), 48);
-    overlap.require(10);
+    assert_eq!(pass.await.unwrap(), 100);
+    overlap.require(5);
     assert!(
         rebuilt > 0,
         "no read met a marker that moved under it ({reads} reads)"
