@@ -448,8 +448,15 @@ async fn tr4_the_background_job_runs_once_per_period_fleet_wide_only_when_enable
     a.wait_for_log("period").await;
     b.wait_for_log("period").await;
     common::process::wait_until_idle(&pool).await;
-    a.stop().await;
-    b.stop().await;
+    let mut lines = a.stop().await;
+    lines.extend(b.stop().await);
+    // Both replicas pushed the period: one enqueued it, the other found it there.
+    let periods: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("period") && l.contains("trace_cleanup"))
+        .collect();
+    let said = |outcome: &str| periods.iter().filter(|l| l.contains(outcome)).count();
+    assert_eq!((said("enqueued"), said("duplicate")), (1, 1), "{periods:?}");
     let jobs = trace_jobs(&pool).await;
     assert_eq!(
         jobs.len(),
