@@ -90,6 +90,20 @@ impl World {
         self.insert(pool, table, at, false).await
     }
 
+    /// `n` conversation events a second apart, all past 30 days.
+    async fn expired_events(&self, pool: &PgPool, n: i32) {
+        sqlx::query(
+            "INSERT INTO conversation_events (conversation_id, kind, created_at)
+             SELECT $1, 'delta', $2 - g * interval '1 second' FROM generate_series(1, $3) g",
+        )
+        .bind(self.conversation)
+        .bind(days_before_pass(31.0))
+        .bind(n)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
     async fn insert(&self, pool: &PgPool, table: &str, at: DateTime<Utc>, pinned: bool) -> String {
         let sql = match table {
             "handoffs" => {
@@ -376,15 +390,7 @@ async fn ttl5_a_pass_started_in_the_future_expires_nothing_early(pool: PgPool) {
 #[sqlx::test]
 async fn ttl5_25000_expired_events_go_in_one_pass_of_bounded_hops(pool: PgPool) {
     let world = World::new(&pool, None).await;
-    sqlx::query(
-        "INSERT INTO conversation_events (conversation_id, kind, created_at)
-         SELECT $1, 'delta', $2 - g * interval '1 second' FROM generate_series(1, 25000) g",
-    )
-    .bind(world.conversation)
-    .bind(days_before_pass(31.0))
-    .execute(&pool)
-    .await
-    .unwrap();
+    world.expired_events(&pool, 25000).await;
     let young = world
         .record(&pool, "conversation_events", days_before_pass(1.0))
         .await;
@@ -474,15 +480,7 @@ async fn ttl5_brain_memories_untouched_by_a_full_nightly_pass_of_every_job(pool:
 #[sqlx::test]
 async fn ttl5_workers_killed_with_sigkill_mid_pass_then_the_pass_completes(pool: PgPool) {
     let world = World::new(&pool, None).await;
-    sqlx::query(
-        "INSERT INTO conversation_events (conversation_id, kind, created_at)
-         SELECT $1, 'delta', $2 - g * interval '1 second' FROM generate_series(1, 60000) g",
-    )
-    .bind(world.conversation)
-    .bind(days_before_pass(31.0))
-    .execute(&pool)
-    .await
-    .unwrap();
+    world.expired_events(&pool, 60000).await;
     let young = world
         .record(&pool, "conversation_events", days_before_pass(1.0))
         .await;
@@ -609,17 +607,13 @@ async fn queue_pass(pool: &PgPool) -> Vec<Report<queue_retention::Args>> {
     let settings = QueueRetentionSettings {
         retention: chrono::Duration::days(7),
     };
-    let mut args = QueueRetention::first(None, pass_start());
-    let mut reports = Vec::new();
-    loop {
-        let report = run::hop::<QueueRetention>(pool, &paths(), &settings, &args).await;
-        let next = report.next.clone();
-        reports.push(report);
-        match next {
-            Some(next) => args = next,
-            None => return reports,
-        }
-    }
+    run::pass::<QueueRetention>(
+        pool,
+        &paths(),
+        &settings,
+        QueueRetention::first(None, pass_start()),
+    )
+    .await
 }
 
 #[sqlx::test]

@@ -241,7 +241,12 @@ pub async fn hop(
 }
 
 fn retain(report: &mut Report<Args>, reason: &'static str) {
-    if let Some((_, n)) = report.retained.iter_mut().find(|(r, _)| *r == reason) {
+    count(&mut report.retained, reason);
+}
+
+/// Adds one to `reason`'s count in a list of [`RETAIN_REASONS`] counts.
+fn count(counts: &mut [(&'static str, u64)], reason: &'static str) {
+    if let Some((_, n)) = counts.iter_mut().find(|(r, _)| *r == reason) {
         *n += 1;
     }
 }
@@ -554,13 +559,7 @@ impl Job for AttachmentExpiry {
                     match judge(&root, &path, cutoff) {
                         Verdict::Expired => preview.expired += 1,
                         Verdict::Young => {}
-                        Verdict::Kept(reason) => {
-                            if let Some((_, n)) =
-                                preview.kept.iter_mut().find(|(r, _)| *r == reason)
-                            {
-                                *n += 1;
-                            }
-                        }
+                        Verdict::Kept(reason) => count(&mut preview.kept, reason),
                     }
                 }
             }

@@ -11,16 +11,6 @@ use sqlx::PgPool;
 
 use super::fixture::pass_start;
 
-/// One hop of `J`, every health indicator off.
-pub async fn hop<J: Job>(
-    pool: &PgPool,
-    paths: &PathSettings,
-    settings: &J::Settings,
-    args: &J::Args,
-) -> Report<J::Args> {
-    hop_with::<J>(pool, paths, &Health::off(), settings, args).await
-}
-
 /// One hop of `J` under `health`.
 pub async fn hop_with<J: Job>(
     pool: &PgPool,
