@@ -95,6 +95,10 @@ pub enum Command {
         /// Seed even though the database already holds accounts.
         #[arg(long)]
         force: bool,
+        /// Check every row's foreign keys and triggers, one batch at a time (slower), even
+        /// when the role could turn them off for the seed's own transactions.
+        #[arg(long)]
+        checked: bool,
     },
     /// Migrate, seed a small dataset, run one nightly pass through the queue, report.
     Demo {
@@ -247,6 +251,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             now,
             json,
             force,
+            checked,
         } => {
             let pool = db::connect(&settings.database).await?;
             let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
@@ -265,6 +270,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 seed: random_seed,
                 now: now.unwrap_or_else(Utc::now),
                 show_progress: !json,
+                checked,
             };
             let started = std::time::Instant::now();
             let report = seed(&pool, &settings.paths, &options)

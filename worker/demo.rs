@@ -133,6 +133,7 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
             seed: 1,
             now,
             show_progress: true,
+            checked: false,
         },
     )
     .await

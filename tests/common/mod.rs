@@ -179,6 +179,7 @@ pub async fn seeded_backlog(pool: &PgPool, seed: u64) -> Backlog {
         seed,
         now: fixture::pass_start(),
         show_progress: false,
+        checked: false,
     };
     sexton::seed::seed(pool, &settings.paths, &options)
         .await

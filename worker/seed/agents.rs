@@ -200,9 +200,11 @@ impl Generator<'_> {
             } else {
                 self.rng.words(12)
             };
+            let id = self.serials.next_entry();
             self.t
                 .conversation_entries
                 .row()
+                .int(id)
                 .uuid(session.id)
                 .text(&format!("e-{seq}"))
                 .int(seq)

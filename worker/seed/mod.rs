@@ -4,7 +4,14 @@
 //! The same `--seed` and `--now` give the same rows and files. Volume grows linearly with the
 //! scale: one unit is four accounts' worth of conversations (about 2,500 runs with ~40,000
 //! execution-detail rows), agents, sessions and files. Rows go in with `COPY`, a batch of
-//! conversations per transaction.
+//! conversations per transaction; files are written by background threads meanwhile.
+//!
+//! A role that may set `session_replication_role` (a superuser, or one granted `SET` on it)
+//! writes [`LANES`] batches at once, each on its own connection, with foreign-key checks and
+//! triggers off for the batch's transaction: the rows reference each other correctly by
+//! construction (a checked seed writes the same rows: see the seed tests), and a database's
+//! work on one batch — index entries, each `COPY`'s round trips — overlaps the next. Any other
+//! role, or `--checked`, writes one batch at a time, every row checked.
 //!
 //! One module per domain, each holding the edge cases its jobs must meet:
 //! - `accounts`: retention settings (EX-1, SS-1) and per-account files;
@@ -32,6 +39,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::PgPool;
+use tokio::task::JoinSet;
 
 use self::accounts::Account;
 use self::files::Disk;
@@ -42,7 +50,9 @@ use crate::config::PathSettings;
 /// Conversations per scale unit.
 const CONVERSATIONS_PER_SCALE: u64 = 400;
 /// Conversations written per transaction.
-const BATCH: u64 = 250;
+const BATCH: u64 = 1000;
+/// Batches written at once when foreign-key checks may be skipped.
+const LANES: usize = 4;
 /// Conversations per agent (agents, sessions and their records follow the conversation volume).
 const CONVERSATIONS_PER_AGENT: u64 = 20;
 
@@ -54,6 +64,9 @@ pub struct SeedOptions {
     /// The moment the data is generated relative to: ages are measured back from it.
     pub now: DateTime<Utc>,
     pub show_progress: bool,
+    /// Every row checked by its foreign keys and triggers, one batch at a time, even when the
+    /// role could skip them.
+    pub checked: bool,
 }
 
 /// What was generated.
@@ -114,10 +127,10 @@ pub async fn seed(
         .expect("a valid progress template"),
     );
 
-    let mut tx = pool.begin().await?;
+    generator.serials = Serials::after(pool).await?;
+    let mut lanes = Lanes::open(pool, options.checked).await?;
     generator.accounts(account_count(options.scale));
-    generator.flush(&mut tx).await?;
-    tx.commit().await?;
+    lanes.write(generator.take_rows()).await?;
 
     let mut done = 0;
     while done < conversations {
@@ -128,15 +141,146 @@ pub async fn seed(
                 generator.agent(i / CONVERSATIONS_PER_AGENT)?;
             }
         }
-        let mut tx = pool.begin().await?;
-        generator.flush(&mut tx).await?;
-        tx.commit().await?;
+        lanes.write(generator.take_rows()).await?;
         done += n;
         progress.inc(n);
     }
     generator.account_files()?;
+    generator.report.rows = lanes.finish().await?;
+    Serials::catch_up(pool).await?;
+    generator.disk.finish()?;
     progress.finish_and_clear();
     Ok(generator.report())
+}
+
+/// The ids of the tables whose ids a sequence gives: the seed gives them itself, in generation
+/// order — batches written side by side would otherwise draw them in whatever order they land,
+/// and the same seed would not write the same rows.
+#[derive(Default)]
+struct Serials {
+    event: i64,
+    entry: i64,
+}
+
+impl Serials {
+    /// After the highest ids already there.
+    async fn after(pool: &PgPool) -> Result<Self, SeedError> {
+        let (event, entry) = sqlx::query_as(
+            "SELECT (SELECT coalesce(max(id), 0) FROM conversation_events),
+                    (SELECT coalesce(max(id), 0) FROM conversation_entries)",
+        )
+        .fetch_one(pool)
+        .await?;
+        Ok(Self { event, entry })
+    }
+
+    fn next_event(&mut self) -> i64 {
+        self.event += 1;
+        self.event
+    }
+
+    fn next_entry(&mut self) -> i64 {
+        self.entry += 1;
+        self.entry
+    }
+
+    /// Moves each sequence past the ids the seed gave, for the application's next rows.
+    async fn catch_up(pool: &PgPool) -> Result<(), SeedError> {
+        for table in ["conversation_events", "conversation_entries"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT setval(pg_get_serial_sequence('{table}', 'id'), max(id)) FROM {table} \
+                 HAVING max(id) IS NOT NULL"
+            )))
+            .execute(pool)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Batches of rows on their way to the database: one at a time, checked, or up to [`LANES`]
+/// at once, unchecked.
+struct Lanes {
+    pool: PgPool,
+    unchecked: bool,
+    writing: JoinSet<Result<u64, SeedError>>,
+    rows: u64,
+}
+
+impl Lanes {
+    /// Lanes on `pool`, unchecked unless `checked` or the role may not skip the checks.
+    async fn open(pool: &PgPool, checked: bool) -> Result<Self, SeedError> {
+        let unchecked = !checked && may_skip_checks(pool).await?;
+        Ok(Self {
+            pool: pool.clone(),
+            unchecked,
+            writing: JoinSet::new(),
+            rows: 0,
+        })
+    }
+
+    /// Starts writing `tables` in a transaction of their own, once a lane is free.
+    async fn write(&mut self, tables: Tables) -> Result<(), SeedError> {
+        let lanes = if self.unchecked { LANES } else { 1 };
+        while self.writing.len() >= lanes {
+            self.join_one().await?;
+        }
+        let (pool, unchecked) = (self.pool.clone(), self.unchecked);
+        self.writing
+            .spawn(async move { write_batch(&pool, tables, unchecked).await });
+        Ok(())
+    }
+
+    /// Waits for every batch; returns the rows written.
+    async fn finish(mut self) -> Result<u64, SeedError> {
+        while !self.writing.is_empty() {
+            self.join_one().await?;
+        }
+        Ok(self.rows)
+    }
+
+    async fn join_one(&mut self) -> Result<(), SeedError> {
+        if let Some(written) = self.writing.join_next().await {
+            self.rows += written.expect("a batch writer does not panic")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether this role may turn foreign-key checks and triggers off for its transactions.
+async fn may_skip_checks(pool: &PgPool) -> Result<bool, SeedError> {
+    let mut tx = pool.begin().await?;
+    match sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Copies every table of one batch, parents first, in one transaction.
+async fn write_batch(pool: &PgPool, mut tables: Tables, unchecked: bool) -> Result<u64, SeedError> {
+    let mut tx = pool.begin().await?;
+    if unchecked {
+        sqlx::query("SET LOCAL session_replication_role = replica")
+            .execute(&mut *tx)
+            .await?;
+    }
+    let mut rows = 0;
+    for table in tables.in_order() {
+        let name = table.table();
+        rows += table
+            .flush(&mut tx)
+            .await
+            .map_err(|source| SeedError::Copy {
+                table: name,
+                source,
+            })?;
+    }
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// Everything generated so far and not yet written, and what later records refer back to.
@@ -147,6 +291,7 @@ struct Generator<'a> {
     accounts: Vec<Account>,
     report: SeedReport,
     t: Tables,
+    serials: Serials,
 }
 
 impl<'a> Generator<'a> {
@@ -158,19 +303,13 @@ impl<'a> Generator<'a> {
             accounts: Vec::new(),
             report: SeedReport::default(),
             t: Tables::new(),
+            serials: Serials::default(),
         }
     }
 
-    /// Copies every buffered row, parents first, and empties the buffers.
-    async fn flush(&mut self, conn: &mut sqlx::PgConnection) -> Result<(), SeedError> {
-        for table in self.t.in_order() {
-            let name = table.table();
-            self.report.rows += table.flush(conn).await.map_err(|source| SeedError::Copy {
-                table: name,
-                source,
-            })?;
-        }
-        Ok(())
+    /// The rows generated since the last call.
+    fn take_rows(&mut self) -> Tables {
+        std::mem::replace(&mut self.t, Tables::new())
     }
 
     fn report(&self) -> SeedReport {

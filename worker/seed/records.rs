@@ -165,9 +165,11 @@ impl Generator<'_> {
         at: DateTime<Utc>,
     ) {
         let preview = self.rng.words(8);
+        let id = self.serials.next_event();
         self.t
             .conversation_events
             .row()
+            .int(id)
             .uuid(conversation_id)
             .uuid(run_id)
             .text(if finished {
