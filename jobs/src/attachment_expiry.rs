@@ -171,7 +171,7 @@ pub async fn hop(
 
     let mut last = args.after;
     let mut out_of_budget = false;
-    let mut pace = env.health.pace(conn).await?;
+    let mut pace = env.health.pace();
     for (n, chunk) in window.chunks(CHUNK).enumerate() {
         if n > 0 && (started.elapsed() >= settings.budget || env.stop.load(Ordering::Relaxed)) {
             out_of_budget = true;

@@ -75,9 +75,20 @@ pub struct Readings {
 pub struct Health {
     settings: HealthSettings,
     cached: Mutex<Option<(Instant, Readings)>>,
+    /// The WAL budget's account, one for every hop of the process.
+    meter: Mutex<Option<Meter>>,
     /// WAL counted by the hops' paces, and the time they waited, over the process's life.
     wal_bytes: AtomicU64,
     paced_nanos: AtomicU64,
+}
+
+/// The WAL position last read by any hop of the process, when, and until when the WAL counted
+/// so far is paid for at the budget's rate.
+#[derive(Debug, Clone, Copy)]
+struct Meter {
+    position: i64,
+    read_at: Instant,
+    paid_until: Instant,
 }
 
 impl Health {
@@ -85,6 +96,7 @@ impl Health {
         Self {
             settings,
             cached: Mutex::new(None),
+            meter: Mutex::new(None),
             wal_bytes: AtomicU64::new(0),
             paced_nanos: AtomicU64::new(0),
         }
@@ -160,35 +172,51 @@ impl Health {
         Ok(None)
     }
 
-    /// A WAL pace for one hop, started now; `None` without a budget.
-    ///
-    /// # Errors
-    /// A database error reading the WAL position.
-    pub async fn pace(&self, conn: &mut PgConnection) -> Result<Option<WalPace<'_>>, sqlx::Error> {
-        if self.settings.max_wal_bytes_per_second == 0 {
-            return Ok(None);
-        }
-        Ok(Some(WalPace {
+    /// A WAL pace for one hop; `None` without a budget.
+    pub fn pace(&self) -> Option<WalPace<'_>> {
+        (self.settings.max_wal_bytes_per_second > 0).then_some(WalPace {
             health: self,
             budget: self.settings.max_wal_bytes_per_second,
-            mark: wal_position(conn).await?,
-            written: 0,
-            started: Instant::now(),
-        }))
+        })
+    }
+
+    /// Counts the WAL written since any hop last read the position (each byte once, however
+    /// many hops run) and returns until when it is paid for at `budget` bytes per second. The
+    /// bytes are paid from the previous reading on — the time they took to write counts — and
+    /// never before what was counted earlier.
+    fn count(&self, position: i64, budget: u64) -> Instant {
+        let now = Instant::now();
+        let mut meter = self.meter.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(last) = *meter else {
+            *meter = Some(Meter {
+                position,
+                read_at: now,
+                paid_until: now,
+            });
+            return now;
+        };
+        let delta = u64::try_from(position - last.position).unwrap_or(0);
+        self.wal_bytes.fetch_add(delta, Ordering::Relaxed);
+        let paid_until = last.paid_until.max(last.read_at)
+            + Duration::from_secs_f64(delta as f64 / budget as f64);
+        *meter = Some(Meter {
+            position: position.max(last.position),
+            read_at: now,
+            paid_until,
+        });
+        paid_until
     }
 }
 
-/// Holds the WAL a hop writes to its budget: between owner transactions it counts the WAL
-/// written since the last count — while the hop worked, not while it waited — and waits until
-/// that total fits the budget over the hop's time so far. The position is the cluster's, so WAL
-/// others write while the hop works counts too: the pace errs on the gentle side.
+/// Holds the WAL the process writes to its budget, across all its hops: between owner
+/// transactions a hop reads the WAL position, and the bytes written since the last reading of
+/// any hop are paid for at the budget's rate, one after another — the hop waits until its
+/// share is paid. The position is the cluster's, so WAL others write meanwhile counts too: the
+/// pace errs on the gentle side.
 #[derive(Debug)]
 pub struct WalPace<'a> {
     health: &'a Health,
     budget: u64,
-    mark: i64,
-    written: u64,
-    started: Instant,
 }
 
 impl WalPace<'_> {
@@ -201,12 +229,9 @@ impl WalPace<'_> {
         conn: &mut PgConnection,
         stop: &AtomicBool,
     ) -> Result<(), sqlx::Error> {
-        let now = wal_position(conn).await?;
-        let delta = u64::try_from(now - self.mark).unwrap_or(0);
-        self.written += delta;
-        self.health.wal_bytes.fetch_add(delta, Ordering::Relaxed);
-        let due = Duration::from_secs_f64(self.written as f64 / self.budget as f64);
-        let mut wait = due.saturating_sub(self.started.elapsed());
+        let position = wal_position(conn).await?;
+        let until = self.health.count(position, self.budget);
+        let mut wait = until.saturating_duration_since(Instant::now());
         while !wait.is_zero() && !stop.load(Ordering::Relaxed) {
             let step = wait.min(Duration::from_millis(200));
             tokio::time::sleep(step).await;
@@ -215,7 +240,6 @@ impl WalPace<'_> {
                 .fetch_add(step.as_nanos() as u64, Ordering::Relaxed);
             wait = wait.saturating_sub(step);
         }
-        self.mark = wal_position(conn).await?;
         Ok(())
     }
 }

@@ -379,7 +379,7 @@ pub async fn hop(
         reference,
     };
     let mut rest = window.as_slice();
-    let mut pace = health.pace(conn).await?;
+    let mut pace = health.pace();
     while !rest.is_empty() {
         // A hop always takes its first owners, however slow what came before: a budget spent
         // before them would hand the same cursor on forever.

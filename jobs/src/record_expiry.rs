@@ -349,7 +349,7 @@ pub async fn hop<R: Record>(
     let mut after = args.after.clone();
     let mut more = true;
     let mut batches = 0u32;
-    let mut pace = health.pace(conn).await?;
+    let mut pace = health.pace();
     while more {
         // The first batch is always taken, so that every hop moves the pass forward.
         if batches > 0 && (started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed)) {

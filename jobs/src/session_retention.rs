@@ -362,7 +362,7 @@ pub async fn hop(
 
     let mut last = cursor.after;
     let mut out_of_budget = false;
-    let mut pace = health.pace(conn).await?;
+    let mut pace = health.pace();
     for (n, chunk) in window
         .chunks(settings.sessions_per_transaction.max(1) as usize)
         .enumerate()
