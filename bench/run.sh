@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The benchmark of SPEC §8 (PF-1 … PF-4), for a person to run — never part of the tests.
-# Seeds scales 1, 10 and 100 on a throw-away PostgreSQL and compares sexton with the raw floor
-# and the naive delete on identical copies, under a concurrent application writer. Prints a
-# markdown table and writes bench/results/latest.{md,json}. About 25 minutes here (and about 20
-# more for the file-side parts below).
+# Seeds scales 1, 10 and 400 (scale 400 is about a million runs) on a throw-away PostgreSQL and
+# compares sexton with the raw floor and the naive delete on identical copies, under a concurrent
+# application writer, with each method's WAL; at scale 10 sexton runs once more under a WAL
+# budget. Prints a markdown table and a summary of the PF targets and writes
+# bench/results/latest.{md,json}. Scale 400 takes most of the time (the file-side parts below
+# take about 20 minutes more).
 # Then the short-lived records (TTL-1, TTL-4): a million expired handoffs and a million expired
 # conversation events, expired by a sexton pass and by a raw batched delete, writer beside.
 # Then run traces (TR-1 … TR-4): `sexton traces clean` against `find -delete` by age, and sexton

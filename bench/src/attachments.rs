@@ -216,7 +216,16 @@ pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyh
         let (mut method, db_cpu_seconds) = match name {
             "sexton" | "sexton c=1" => {
                 let concurrency = if name == "sexton" { 2 } else { 1 };
-                let run = run_sexton(cli, &db, &roots, name, concurrency, &attachment_expiry, &[]);
+                let run = run_sexton(
+                    cli,
+                    admin,
+                    &db,
+                    &roots,
+                    name,
+                    concurrency,
+                    &attachment_expiry,
+                    &[],
+                );
                 disk::with_backend_cpu(base, &db, "sexton", run).await?
             }
             _ => disk::with_backend_cpu(base, &db, "bench-plain", plain(base, &db, &root)).await?,

@@ -1,14 +1,19 @@
 //! The benchmark of SPEC §8, run by a person with `bash bench/run.sh` (never by the tests).
 //!
 //! For each scale it seeds one template database with `sexton seed`, then on identical copies
-//! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners four ways —
-//! sexton (tick and a worker through the queue, default settings; timed from the worker being
-//! up to its last hop), the raw floor (batched
+//! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners five ways —
+//! sexton (tick and a worker through the queue, default settings but every other age-driven job
+//! kind off, so that it measures the job alone; timed from the worker being up to its last hop), the raw floor (batched
 //! `DELETE … WHERE run_id = ANY($1)`, 500 owners per transaction, no checks), the same floor
-//! setting the markers sexton's end state has, and the naive
+//! setting the markers sexton's end state has (`raw+markers`), that floor also unlinking the
+//! owners' output files after each batch commits (`raw+markers+files`: sexton's whole end
+//! state, disk included), and the naive
 //! delete (one `DELETE` per table over all owners) — while an application writer runs at a
-//! fixed rate. It prints a markdown table and writes it, with the raw figures as JSON, to
-//! `bench/results/`.
+//! fixed rate. Each method's WAL is read from the cluster's position before and after it. At
+//! one scale (the largest up to 10) sexton runs once more under a WAL budget, a quarter of the
+//! rate its unbudgeted pass wrote at. It prints a markdown table, a summary of the PF targets
+//! against the same run's figures, and writes them, with the raw figures as JSON, to
+//! `bench/results/`. The default scales are 1, 10 and 400 (about a million runs).
 //!
 //! The short-lived records (SPEC §4, TTL-1 and TTL-4) have their own part: a template with a
 //! large backlog of expired handoffs and conversation events (`INSERT … SELECT` from
@@ -44,7 +49,7 @@ use uuid::Uuid;
 #[derive(Debug, Parser)]
 struct Cli {
     /// Seed scales to measure (`sexton seed --scale`).
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    #[arg(long, value_delimiter = ',', default_value = "1,10,400")]
     scales: Vec<u64>,
     /// The sexton binary (a release build).
     #[arg(long, default_value = "target/release/sexton")]
@@ -188,6 +193,16 @@ struct Method {
     peak_rss_kb: Option<u64>,
     share_outside_owner_transactions: Option<f64>,
     share_outside_hops: Option<f64>,
+    /// The cluster's WAL over the method's timed span, in bytes: `pg_current_wal_lsn()` read on
+    /// the bench's own connection just before and right after (for sexton, at the worker being
+    /// up and at its last hop). The writer's WAL beside it is included. Measured for every
+    /// sexton pass and the scales' other methods.
+    wal_bytes: Option<i64>,
+    /// Scales only: the writer's estimated share of `wal_bytes`, its idle baseline's WAL rate ×
+    /// the method's seconds.
+    wal_bytes_writer: Option<f64>,
+    /// Scales only: `wal_bytes` less the writer's share, per owner pruned (session deleted).
+    wal_bytes_per_owner: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -198,11 +213,59 @@ struct Scale {
     detail_rows: i64,
     seed_seconds: f64,
     idle_writer: Latency,
+    /// WAL bytes per second the writer wrote alone, in its idle baseline.
+    idle_writer_wal_bytes_per_s: f64,
     methods: Vec<Method>,
+    /// The largest scale up to 10 (or the smallest): sexton under a WAL budget.
+    wal_budget: Option<WalBudget>,
+    /// `execution_details.transaction_target_ms` as the worker was given it (PF-2).
+    transaction_target_ms: f64,
     /// SessionRetention: sessions a pass deletes, their history rows, and the methods.
     sessions: i64,
     session_rows: i64,
+    /// WAL bytes per second the sessions' appending writer wrote alone, in its idle baseline.
+    idle_appender_wal_bytes_per_s: f64,
     session_methods: Vec<Method>,
+}
+
+/// sexton once more after its unbudgeted pass, on a fresh copy, with
+/// `health.max_wal_bytes_per_second` at a quarter of the rate that pass wrote at (its
+/// `wal_bytes` ÷ its seconds); the other health indicators stay off.
+#[derive(Debug, Clone, Serialize)]
+struct WalBudget {
+    budget_bytes_per_s: u64,
+    /// The WAL rate over the pass, `wal_bytes` ÷ seconds, measured as for every method: the
+    /// cluster's, whose position the pace reads too, the writer's included.
+    achieved_bytes_per_s: f64,
+    /// `achieved_bytes_per_s` ÷ `budget_bytes_per_s`.
+    ratio: f64,
+    #[serde(flatten)]
+    method: Method,
+}
+
+/// The name the budgeted pass runs under (its database's, too).
+const BUDGETED: &str = "sexton wal budget";
+
+/// The scale of the budgeted pass: the largest up to 10, or the smallest when none is.
+fn budget_scale(scales: &[u64]) -> Option<u64> {
+    let small = scales.iter().copied().filter(|&s| s <= 10).max();
+    small.or_else(|| scales.iter().copied().min())
+}
+
+/// A performance target of SPEC §8 (issue #15), held against this run's figures.
+#[derive(Debug, Clone, Serialize)]
+struct Target {
+    /// PF-1, PF-2 or PF-3.
+    id: &'static str,
+    /// The scale measured, or for growth the largest (from `from_scale`).
+    scale: u64,
+    from_scale: Option<u64>,
+    /// What is held to what, with the figures.
+    check: String,
+    value: f64,
+    /// The bound `value` is held to: at least it for PF-1, at most it otherwise.
+    bound: f64,
+    met: bool,
 }
 
 #[tokio::main]
@@ -325,21 +388,30 @@ async fn measure_scale(
     eprintln!(
         "scale {scale}: {runs} runs, {owners} owners, {detail_rows} detail rows; idle writer baseline"
     );
-    let idle_writer = Latency::of(
-        idle_baseline(
-            cli,
-            admin,
-            base,
-            &template,
-            &format!("bench_idle_{scale}"),
-            |pool, stop| write_at_rate(pool, targets.clone(), cli.writer_rate, stop),
-        )
-        .await?
-        .total_ms,
-    );
+    let (idle, idle_writer_wal_bytes_per_s) = idle_baseline(
+        cli,
+        admin,
+        base,
+        &template,
+        &format!("bench_idle_{scale}"),
+        |pool, stop| write_at_rate(pool, targets.clone(), cli.writer_rate, stop),
+    )
+    .await?;
+    let idle_writer = Latency::of(idle.total_ms);
 
-    let mut methods = Vec::new();
-    for name in ["sexton", "sexton c=1", "raw", "raw+markers", "naive"] {
+    let mut names = vec![
+        "sexton",
+        "sexton c=1",
+        "raw",
+        "raw+markers",
+        SAME_END,
+        "naive",
+    ];
+    if budget_scale(&cli.scales) == Some(scale) {
+        names.insert(1, BUDGETED);
+    }
+    let (mut methods, mut budget, mut wal_budget) = (Vec::new(), 0, None);
+    for name in names {
         eprintln!("scale {scale}: {name}");
         let db = format!("bench_{}_{scale}", name.replace(['+', ' ', '='], "_"));
         recreate(admin, &db, Some(&template)).await?;
@@ -362,11 +434,24 @@ async fn measure_scale(
         .await?;
         // Each method times itself (sexton from its worker being up, see `run_sexton`).
         let mut method = match name {
-            "sexton" => run_sexton(cli, &db, &run_files, name, 2, &PED, &[]).await?,
-            "sexton c=1" => run_sexton(cli, &db, &run_files, name, 1, &PED, &[]).await?,
-            "raw" => run_raw(base, &db, false).await?,
-            "raw+markers" => run_raw(base, &db, true).await?,
-            _ => run_naive(base, &db).await?,
+            "sexton" => run_sexton(cli, admin, &db, &run_files, name, 2, &PED, &[]).await?,
+            BUDGETED => {
+                let unbudgeted = methods.iter().find(|m: &&Method| m.name == "sexton");
+                budget = quarter_rate(unbudgeted.context("the budget follows sexton's pass")?);
+                let env = [(
+                    "SEXTON_HEALTH__MAX_WAL_BYTES_PER_SECOND".to_owned(),
+                    budget.to_string(),
+                )];
+                run_sexton(cli, admin, &db, &run_files, name, 2, &PED, &env).await?
+            }
+            "sexton c=1" => run_sexton(cli, admin, &db, &run_files, name, 1, &PED, &[]).await?,
+            "raw" => run_raw(admin, base, &db, Floor::Rows).await?,
+            "raw+markers" => run_raw(admin, base, &db, Floor::Markers).await?,
+            SAME_END => {
+                let outputs = run_files.join("outputs");
+                run_raw(admin, base, &db, Floor::Files(&outputs)).await?
+            }
+            _ => run_naive(admin, base, &db).await?,
         };
         stop.store(true, Ordering::Relaxed);
         let writer = writer.await??;
@@ -384,10 +469,24 @@ async fn measure_scale(
         check.close().await;
         writer_pool.close().await;
         score(&mut method, owners, detail_rows, writer, longest);
-        methods.push(method);
+        net_wal(&mut method, owners, idle_writer_wal_bytes_per_s);
+        if name == BUDGETED {
+            wal_budget = Some(WalBudget::of(budget, method));
+        } else {
+            methods.push(method);
+        }
         drop_db(admin, &db).await?;
         let _ = std::fs::remove_dir_all(&run_files);
     }
+    let (_, idle_appender_wal_bytes_per_s) = idle_baseline(
+        cli,
+        admin,
+        base,
+        &template,
+        &format!("bench_idle_sessions_{scale}"),
+        |pool, stop| append_at_rate(pool, session_targets.clone(), cli.writer_rate, stop),
+    )
+    .await?;
     let mut session_methods = Vec::new();
     for name in ["sessions", "sessions raw"] {
         eprintln!("scale {scale}: {name}");
@@ -426,8 +525,8 @@ async fn measure_scale(
         )
         .await?;
         let mut method = match name {
-            "sessions" => run_sexton(cli, &db, &run_files, name, 2, &SESSIONS, &[]).await?,
-            _ => run_raw_sessions(base, &db).await?,
+            "sessions" => run_sexton(cli, admin, &db, &run_files, name, 2, &SESSIONS, &[]).await?,
+            _ => run_raw_sessions(admin, base, &db).await?,
         };
         stop.store(true, Ordering::Relaxed);
         let writer = writer.await??;
@@ -448,6 +547,7 @@ async fn measure_scale(
         check.close().await;
         writer_pool.close().await;
         score(&mut method, sessions, session_rows, writer, longest);
+        net_wal(&mut method, sessions, idle_appender_wal_bytes_per_s);
         session_methods.push(method);
         drop_db(admin, &db).await?;
         let _ = std::fs::remove_dir_all(&run_files);
@@ -461,9 +561,13 @@ async fn measure_scale(
         detail_rows,
         seed_seconds,
         idle_writer,
+        idle_writer_wal_bytes_per_s,
         methods,
+        wal_budget,
+        transaction_target_ms: transaction_target_ms()?,
         sessions,
         session_rows,
+        idle_appender_wal_bytes_per_s,
         session_methods,
     })
 }
@@ -499,6 +603,24 @@ impl Id {
             Id::BigInt => "bigint",
         }
     }
+}
+
+/// Every other age-driven job kind switched off, so that a sexton method measures `job` alone
+/// and on the CPU the other methods have (the seed holds expired records of every kind): the
+/// expiry ages and the attachments' age at 0 but the measured job's (the caller's environment
+/// sets an expiry age it measures). Sessions wait for their policies; traces are off by default.
+fn alone(job: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = EXPIRY_AGES
+        .iter()
+        .map(|age| (format!("SEXTON_EXPIRY__{age}"), "0".to_owned()))
+        .collect();
+    if job != "attachment_expiry" {
+        env.push((
+            "SEXTON_ATTACHMENTS__MAX_AGE_DAYS".to_owned(),
+            "0".to_owned(),
+        ));
+    }
+    env
 }
 
 /// The ages the expiry jobs read, as `SEXTON_EXPIRY__…` names them.
@@ -665,7 +787,7 @@ async fn measure_expiry(
             "expiry: {} ({expired} expired, {young} young): idle writer",
             kind.table
         );
-        let idle = idle_baseline(cli, admin, base, template, "benchexp_idle", writes).await?;
+        let (idle, _) = idle_baseline(cli, admin, base, template, "benchexp_idle", writes).await?;
         let idle_writer_longest_lock_wait_ms = max_ms(&idle.lock_wait_ms);
         let idle_writer = Latency::of(idle.total_ms);
         let mut methods = Vec::new();
@@ -684,7 +806,7 @@ async fn measure_expiry(
                         global: true,
                     };
                     let env = kind.sexton_env(cli.expiry_batch);
-                    run_sexton(cli, &db, &files, name, 2, &pass, &env).await?
+                    run_sexton(cli, admin, &db, &files, name, 2, &pass, &env).await?
                 }
                 _ => run_raw_expiry(base, &db, kind, cli.expiry_batch).await?,
             };
@@ -900,7 +1022,7 @@ const SESSIONS: Pass = Pass {
 };
 
 /// The writer's idle baseline: `writes` alone for `baseline_seconds` on a fresh copy `db` of
-/// `template`.
+/// `template`, and the WAL bytes per second the cluster wrote meanwhile.
 async fn idle_baseline<F, Fut>(
     cli: &Cli,
     admin: &PgPool,
@@ -908,7 +1030,7 @@ async fn idle_baseline<F, Fut>(
     template: &str,
     db: &str,
     writes: F,
-) -> anyhow::Result<Writes>
+) -> anyhow::Result<(Writes, f64)>
 where
     F: FnOnce(PgPool, Arc<AtomicBool>) -> Fut,
     Fut: Future<Output = anyhow::Result<Writes>> + Send + 'static,
@@ -916,13 +1038,80 @@ where
     recreate(admin, db, Some(template)).await?;
     let pool = connect(base, db, "bench-writer").await?;
     let stop = Arc::new(AtomicBool::new(false));
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let writer = tokio::spawn(writes(pool.clone(), stop.clone()));
     tokio::time::sleep(Duration::from_secs(cli.baseline_seconds)).await;
     stop.store(true, Ordering::Relaxed);
     let idle = writer.await??;
+    let wal_per_s = (wal_position(admin).await? - wal) as f64 / started.elapsed().as_secs_f64();
     pool.close().await;
     drop_db(admin, db).await?;
-    Ok(idle)
+    Ok((idle, wal_per_s))
+}
+
+/// The cluster's WAL position in bytes (`pg_current_wal_lsn()`), read on the bench's own
+/// connection.
+async fn wal_position(admin: &PgPool) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+            .fetch_one(admin)
+            .await?,
+    )
+}
+
+/// A method's WAL net of the writer beside it: the writer's share is its idle baseline's rate
+/// `writer_bytes_per_s` × the method's seconds; the rest is spread over the `items` pruned.
+fn net_wal(method: &mut Method, items: i64, writer_bytes_per_s: f64) {
+    if let Some(bytes) = method.wal_bytes {
+        let writer = writer_bytes_per_s * method.seconds;
+        method.wal_bytes_writer = Some(writer);
+        method.wal_bytes_per_owner = Some((bytes as f64 - writer) / items as f64);
+    }
+}
+
+/// A quarter of the WAL rate `unbudgeted` wrote at, in whole bytes per second (at least 1: 0
+/// would be no budget).
+fn quarter_rate(unbudgeted: &Method) -> u64 {
+    let rate = unbudgeted.wal_bytes.unwrap_or(0) as f64 / unbudgeted.seconds;
+    (rate / 4.0).round().max(1.0) as u64
+}
+
+impl WalBudget {
+    fn of(budget_bytes_per_s: u64, method: Method) -> Self {
+        let achieved_bytes_per_s = method.wal_bytes.unwrap_or(0) as f64 / method.seconds;
+        Self {
+            budget_bytes_per_s,
+            achieved_bytes_per_s,
+            ratio: achieved_bytes_per_s / budget_bytes_per_s as f64,
+            method,
+        }
+    }
+}
+
+/// `execution_details.transaction_target_ms` as the worker is given it: the environment's
+/// override (the worker inherits the bench's), else config/default.toml, which the worker has
+/// built in.
+fn transaction_target_ms() -> anyhow::Result<f64> {
+    const SETTING: &str = "SEXTON_EXECUTION_DETAILS__TRANSACTION_TARGET_MS";
+    if let Ok(ms) = std::env::var(SETTING) {
+        return ms
+            .trim()
+            .parse()
+            .with_context(|| format!("{SETTING}: expected milliseconds, got {ms:?}"));
+    }
+    let mut section = "";
+    for line in include_str!("../../config/default.toml").lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line;
+        } else if section == "[execution_details]"
+            && let Some((key, value)) = line.split_once('=')
+            && key.trim() == "transaction_target_ms"
+        {
+            return Ok(value.trim().parse()?);
+        }
+    }
+    bail!("config/default.toml sets no execution_details.transaction_target_ms")
 }
 
 /// What runs beside a method until `stop`: the application's `writes` and the sampler of the
@@ -975,6 +1164,9 @@ fn method(name: &'static str) -> Method {
         peak_rss_kb: None,
         share_outside_owner_transactions: None,
         share_outside_hops: None,
+        wal_bytes: None,
+        wal_bytes_writer: None,
+        wal_bytes_per_owner: None,
     }
 }
 
@@ -1018,9 +1210,15 @@ fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::C
 /// `concurrency` hops at a time (the default is 2; 1 leaves the database more room), with the
 /// worker's settings overridden by `env` (`SEXTON_…` variables). The pass is timed as a running
 /// fleet sees it: from the worker being up (the slot waiting in the queue) to its last hop of
-/// `pass.job` — neither the process start nor the wait for an idle queue.
+/// `pass.job` — neither the process start nor the wait for an idle queue — and its WAL over
+/// the same span, read on `admin`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "where the worker runs, how, and what it is timed by: each set by the caller"
+)]
 async fn run_sexton(
     cli: &Cli,
+    admin: &PgPool,
     db: &str,
     files: &Path,
     name: &'static str,
@@ -1047,12 +1245,14 @@ async fn run_sexton(
         .envs(sexton_env(db, files))
         .env("SEXTON_LOG__FORMAT", "json")
         .env("SEXTON_QUEUE__CONCURRENCY", concurrency.to_string())
+        .envs(alone(pass.job))
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .context("/usr/bin/time (Debian package time) runs the worker")?;
-    let mut started = Instant::now();
+    let (mut started, mut wal_start) = (Instant::now(), wal_position(admin).await?);
+    let mut wal_end = wal_start;
     let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
     let (mut hops, mut per_candidate, mut hop_s, mut owner_s) = (Vec::new(), Vec::new(), 0.0, 0.0);
     let (mut last_hop, mut rss) = (0.0, None);
@@ -1066,6 +1266,7 @@ async fn run_sexton(
         };
         if event["message"] == "worker started" {
             started = Instant::now();
+            wal_start = wal_position(admin).await?;
         }
         if event["message"] == "hop done" && event["span"]["job"] == pass.job {
             let ms = event["elapsed_ms"].as_f64().unwrap_or(0.0);
@@ -1075,6 +1276,7 @@ async fn run_sexton(
                 per_candidate.push(ms * 1000.0 / candidates);
             }
             last_hop = started.elapsed().as_secs_f64();
+            wal_end = wal_position(admin).await?;
             hop_s += ms / 1000.0;
             owner_s += event["owner_ms"].as_f64().unwrap_or(0.0) / 1000.0;
         }
@@ -1096,29 +1298,59 @@ async fn run_sexton(
     m.peak_rss_kb = rss;
     m.share_outside_owner_transactions = Some(1.0 - owner_s / (wall * lanes));
     m.share_outside_hops = Some(1.0 - hop_s / (wall * lanes));
+    m.wal_bytes = Some(wal_end - wal_start);
     Ok(m)
 }
 
-/// The floor: batched deletes of the same owners, 500 per transaction, no checks. With
-/// `markers`, the batch also sets the runs' and variants' markers, as sexton's end state has
-/// them: the floor of the same end state, to tell the markers' cost from sexton's own.
-async fn run_raw(base: &PgConnectOptions, db: &str, markers: bool) -> anyhow::Result<Method> {
-    let started = Instant::now();
+/// The batched floor that reaches sexton's end state, disk included: `raw+markers` that also
+/// unlinks the output files of each batch's owners once the batch has committed.
+const SAME_END: &str = "raw+markers+files";
+
+/// How much of sexton's end state a floor reaches.
+#[derive(Clone, Copy)]
+enum Floor<'a> {
+    /// The detail rows gone.
+    Rows,
+    /// And the run and variant markers set.
+    Markers,
+    /// And the output files, under this root, unlinked.
+    Files(&'a Path),
+}
+
+/// The floor: batched deletes of the same owners, 500 per transaction, no checks; with the
+/// markers and the files as `floor` says — the floor of the same end state, to tell their cost
+/// from sexton's own. Its WAL is read on `admin`.
+async fn run_raw(
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    db: &str,
+    floor: Floor<'_>,
+) -> anyhow::Result<Method> {
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
     let owners: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_owners ORDER BY id")
         .fetch_all(&pool)
         .await?;
     for batch in owners.chunks(500) {
         let mut tx = pool.begin().await?;
+        let mut files: Vec<String> = Vec::new();
         for table in DETAIL_TABLES {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE run_id = ANY($1)"
-            )))
-            .bind(batch)
-            .execute(&mut *tx)
-            .await?;
+            let delete = format!("DELETE FROM {table} WHERE run_id = ANY($1)");
+            if table == "output_files" && matches!(floor, Floor::Files(_)) {
+                files = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "{delete} RETURNING relative_path"
+                )))
+                .bind(batch)
+                .fetch_all(&mut *tx)
+                .await?;
+            } else {
+                sqlx::query(sqlx::AssertSqlSafe(delete))
+                    .bind(batch)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
-        if markers {
+        if !matches!(floor, Floor::Rows) {
             sqlx::query(
                 "WITH r AS (UPDATE runs SET details_pruned_at = now(), runner_effects = $2
                             WHERE id = ANY($1) RETURNING variant_id)
@@ -1131,18 +1363,37 @@ async fn run_raw(base: &PgConnectOptions, db: &str, markers: bool) -> anyhow::Re
             .await?;
         }
         tx.commit().await?;
+        if let Floor::Files(root) = floor {
+            for file in files {
+                match std::fs::remove_file(root.join(&file)) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("unlinking {file}"));
+                    }
+                    _ => {}
+                }
+            }
+        }
     }
     pool.close().await;
-    let mut m = method(if markers { "raw+markers" } else { "raw" });
+    let mut m = method(match floor {
+        Floor::Rows => "raw",
+        Floor::Markers => "raw+markers",
+        Floor::Files(_) => SAME_END,
+    });
     m.seconds = started.elapsed().as_secs_f64();
+    m.wal_bytes = Some(wal_position(admin).await? - wal);
     Ok(m)
 }
 
 /// The floor for sessions: batched deletes of exactly the same sessions, 100 per transaction;
 /// the foreign keys cascade to their history and null the handoffs, as sexton's end state has
-/// it (frame files are left on disk: sexton also removes those).
-async fn run_raw_sessions(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
-    let started = Instant::now();
+/// it (frame files are left on disk: sexton also removes those). Its WAL is read on `admin`.
+async fn run_raw_sessions(
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    db: &str,
+) -> anyhow::Result<Method> {
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
     let sessions: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_sessions ORDER BY id")
         .fetch_all(&pool)
@@ -1156,6 +1407,7 @@ async fn run_raw_sessions(base: &PgConnectOptions, db: &str) -> anyhow::Result<M
     pool.close().await;
     let mut m = method("sessions raw");
     m.seconds = started.elapsed().as_secs_f64();
+    m.wal_bytes = Some(wal_position(admin).await? - wal);
     Ok(m)
 }
 
@@ -1193,9 +1445,9 @@ async fn append_at_rate(
     .await
 }
 
-/// The naive delete: one statement per table over every owner.
-async fn run_naive(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
-    let started = Instant::now();
+/// The naive delete: one statement per table over every owner. Its WAL is read on `admin`.
+async fn run_naive(admin: &PgPool, base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> {
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-naive").await?;
     for table in DETAIL_TABLES {
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -1207,6 +1459,7 @@ async fn run_naive(base: &PgConnectOptions, db: &str) -> anyhow::Result<Method> 
     pool.close().await;
     let mut m = method("naive");
     m.seconds = started.elapsed().as_secs_f64();
+    m.wal_bytes = Some(wal_position(admin).await? - wal);
     Ok(m)
 }
 
@@ -1440,6 +1693,7 @@ fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
             set_member(&mut json, "machine", &machine)?;
             set_member(&mut json, "measured_at", &Utc::now().to_rfc3339())?;
             set_member(&mut json, "scales", results)?;
+            set_member(&mut json, "targets", &targets(results))?;
             parts[0] = format!(
                 "Measured {} on {machine}.\n\n{}",
                 Utc::now().format("%Y-%m-%d"),
@@ -1607,7 +1861,7 @@ fn expiry_markdown(e: &Expiry) -> String {
 
 fn markdown(results: &[Scale]) -> String {
     let mut md = String::from(
-        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
         let rate = |name: &str| {
@@ -1618,9 +1872,10 @@ fn markdown(results: &[Scale]) -> String {
         };
         for m in &s.methods {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2}× | {:.2}× | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.0} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2}× | {:.2}× | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.0} | {} | {} | {} | {} | {} |\n",
                 s.scale, s.runs, s.owners, s.detail_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
                 m.owners_per_s / rate("raw"), m.owners_per_s / rate("naive"),
+                wal_mb(m), wal_per_owner(m),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 s.idle_writer.p50_ms, s.idle_writer.p99_ms, s.idle_writer.max_ms,
                 m.writer_longest_lock_wait_ms,
@@ -1633,8 +1888,47 @@ fn markdown(results: &[Scale]) -> String {
             ));
         }
     }
+    let idle_rates: Vec<String> = results
+        .iter()
+        .map(|s| format!("{:.0} at scale {}", s.idle_writer_wal_bytes_per_s, s.scale))
+        .collect();
+    md.push_str(&format!(
+        "\nWAL: the cluster's WAL position (`pg_current_wal_lsn()`, read on the bench's own connection) just before each method and right after it (for sexton, at the worker being up and at its last hop, the span its seconds time). \"WAL MB\" is that delta, the WAL of the writer beside the method included; in brackets the writer's estimated share, its rate alone in the idle baseline (bytes/s: {}; mostly whole pages it is the first to change after the copy's checkpoint, so a rough estimate) × the method's seconds. \"WAL bytes per owner\" is the delta net of that share, per owner pruned. Each copy starts right after the checkpoint of `CREATE DATABASE … STRATEGY FILE_COPY`, so every method writes whole pages (full-page writes) on its first change to each page alike; autovacuum's WAL during a method counts in its delta.\n",
+        idle_rates.join(", ")
+    ));
+    if let Some((s, b)) = results
+        .iter()
+        .find_map(|s| s.wal_budget.as_ref().map(|b| (s, b)))
+    {
+        let m = &b.method;
+        md.push_str(&format!(
+            "\nWAL budget, at scale {}: sexton as in the table (`queue.concurrency` 2) once more on a fresh copy, with `SEXTON_HEALTH__MAX_WAL_BYTES_PER_SECOND` at a quarter of the rate its unbudgeted pass wrote at (WAL delta ÷ seconds, as in the table); the other health indicators stay off. The pace (`WalPace`, jobs/src/health.rs) holds the whole process to the budget by the cluster's WAL position, each byte counted once whichever hop reads it: the writer's WAL (about {:.0} bytes/s alone) counts against the budget too. The achieved rate is measured as in the table: the WAL delta over the pass, the writer's included, ÷ its seconds.\n\n| scale | budget bytes/s | achieved bytes/s | achieved / budget | seconds | owners/s | WAL bytes per owner | writer p50 / p99 / max ms | writer longest lock wait ms | longest tx ms |\n|---|---|---|---|---|---|---|---|---|---|\n| {} | {} | {:.0} | {:.2} | {:.1} | {:.0} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} |\n",
+            s.scale, s.idle_writer_wal_bytes_per_s,
+            s.scale, b.budget_bytes_per_s, b.achieved_bytes_per_s, b.ratio, m.seconds, m.owners_per_s,
+            wal_per_owner(m),
+            m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
+            m.writer_longest_lock_wait_ms,
+            m.longest_transaction_ms,
+        ));
+    }
+    let targets = targets(results);
+    md.push_str("\nTargets (SPEC §8, issue #15), from this run's figures:\n\n");
+    for t in &targets {
+        let at = match t.from_scale {
+            Some(from) => format!("from scale {from} to {}", t.scale),
+            None => format!("at scale {}", t.scale),
+        };
+        let verdict = if t.met { "met" } else { "not met" };
+        md.push_str(&format!(
+            "- **{}** {at}: {}: **{verdict}**\n",
+            t.id, t.check
+        ));
+    }
+    if !targets.iter().any(|t| t.id == "PF-3") {
+        md.push_str("- **PF-3**: not measured (needs a scale of 10 or more and a larger one)\n");
+    }
     md.push_str(
-        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading).\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | writer p50 / p99 / max ms | writer longest lock wait ms | longest tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms | writer longest lock wait ms | longest tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
         let raw = s
@@ -1644,9 +1938,10 @@ fn markdown(results: &[Scale]) -> String {
             .map_or(0.0, |m| m.owners_per_s);
         for m in &s.session_methods {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.2}× | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {} | {} |\n",
+                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.2}× | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {} | {} |\n",
                 s.scale, s.sessions, s.session_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
                 m.owners_per_s / raw,
+                wal_mb(m), wal_per_owner(m),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 m.writer_longest_lock_wait_ms,
                 m.longest_transaction_ms,
@@ -1656,4 +1951,131 @@ fn markdown(results: &[Scale]) -> String {
         }
     }
     md
+}
+
+/// A method's WAL in MB, with the writer's estimated share in brackets.
+fn wal_mb(m: &Method) -> String {
+    const MB: f64 = 1024.0 * 1024.0;
+    match (m.wal_bytes, m.wal_bytes_writer) {
+        (Some(bytes), Some(writer)) => format!("{:.1} ({:.1})", bytes as f64 / MB, writer / MB),
+        _ => "—".into(),
+    }
+}
+
+/// A method's WAL net of the writer, per owner (session).
+fn wal_per_owner(m: &Method) -> String {
+    m.wal_bytes_per_owner
+        .map_or("—".into(), |bytes| format!("{bytes:.0}"))
+}
+
+/// The targets of SPEC §8 (issue #15) held against a run's figures, sexton's at its default
+/// concurrency: PF-1 and PF-2 at each scale, PF-3 from scale 10 (or the smallest scale above
+/// it) to the largest.
+fn targets(results: &[Scale]) -> Vec<Target> {
+    let mut targets = Vec::new();
+    for s in results {
+        let (Some(sexton), Some(floor)) = (find(s, "sexton"), find(s, "raw+markers")) else {
+            continue;
+        };
+        for same in [find(s, SAME_END), Some(floor)].into_iter().flatten() {
+            let ratio = sexton.owners_per_s / same.owners_per_s;
+            targets.push(Target {
+                id: "PF-1",
+                scale: s.scale,
+                from_scale: None,
+                check: format!(
+                    "sexton {:.0} owners/s ÷ {} {:.0} owners/s = {ratio:.2}× (target ≥ 1.00×)",
+                    sexton.owners_per_s, same.name, same.owners_per_s
+                ),
+                value: ratio,
+                bound: 1.0,
+                met: ratio >= 1.0,
+            });
+        }
+        let longest = sexton.longest_transaction_ms;
+        let bound = 2.0 * s.transaction_target_ms;
+        targets.push(Target {
+            id: "PF-2",
+            scale: s.scale,
+            from_scale: None,
+            check: format!(
+                "sexton's longest transaction {longest:.0} ms (target ≤ 2 × transaction_target_ms {:.0} = {bound:.0} ms)",
+                s.transaction_target_ms
+            ),
+            value: longest,
+            bound,
+            met: longest <= bound,
+        });
+        let (beside, floor_wait) = (
+            sexton.writer_longest_lock_wait_ms,
+            floor.writer_longest_lock_wait_ms,
+        );
+        targets.push(Target {
+            id: "PF-2",
+            scale: s.scale,
+            from_scale: None,
+            check: format!(
+                "the writer's longest lock wait {beside:.1} ms beside sexton, {floor_wait:.1} ms beside raw+markers (target: no longer)"
+            ),
+            value: beside,
+            bound: floor_wait,
+            met: beside <= floor_wait,
+        });
+    }
+    let from = results
+        .iter()
+        .filter(|s| s.scale >= 10)
+        .min_by_key(|s| s.scale);
+    let to = results.iter().max_by_key(|s| s.scale);
+    if let (Some(from), Some(to)) = (from, to)
+        && from.scale < to.scale
+    {
+        targets.extend(growth(from, to).unwrap_or_default());
+    }
+    targets
+}
+
+/// PF-3 from scale `from` to the larger `to`: sexton's cost per candidate (a median hop's)
+/// may grow 10% more than the floor's own cost per owner (`raw+markers`, seconds per owner);
+/// its peak RSS stays flat (within 10%). `None` if a figure is missing.
+fn growth(from: &Scale, to: &Scale) -> Option<Vec<Target>> {
+    let hop = |s| Some(find(s, "sexton")?.hop_us_per_candidate?.p50_ms);
+    let floor = |s| Some(find(s, "raw+markers")?.seconds / s.owners as f64);
+    let rss = |s| Some(find(s, "sexton")?.peak_rss_kb? as f64 / 1024.0);
+    let (hop_from, hop_to) = (hop(from)?, hop(to)?);
+    let sexton = hop_to / hop_from;
+    let floor = floor(to)? / floor(from)?;
+    let bound = floor * 1.1;
+    let (rss_from, rss_to) = (rss(from)?, rss(to)?);
+    let rss = rss_to / rss_from;
+    let target = |check, value, bound| Target {
+        id: "PF-3",
+        scale: to.scale,
+        from_scale: Some(from.scale),
+        check,
+        value,
+        bound,
+        met: value <= bound,
+    };
+    Some(vec![
+        target(
+            format!(
+                "sexton's µs per candidate (median hop) {hop_from:.0} → {hop_to:.0} = {sexton:.2}×, raw+markers' seconds per owner {floor:.2}× (target ≤ {floor:.2} × 1.10 = {bound:.2}×)"
+            ),
+            sexton,
+            bound,
+        ),
+        target(
+            format!(
+                "sexton's peak RSS {rss_from:.1} → {rss_to:.1} MB = {rss:.2}× (target ≤ 1.10×, flat)"
+            ),
+            rss,
+            1.1,
+        ),
+    ])
+}
+
+/// The method `name` of scale `s`.
+fn find<'a>(s: &'a Scale, name: &str) -> Option<&'a Method> {
+    s.methods.iter().find(|m| m.name == name)
 }
