@@ -2022,6 +2022,23 @@ fn targets(results: &[Scale]) -> Vec<Target> {
             met: beside <= floor_wait,
         });
     }
+    // The seed's rate at the largest scale, where the time it takes matters (a small scale's
+    // is mostly the processes' start).
+    if let Some(s) = results.iter().max_by_key(|s| s.scale) {
+        let rate = s.runs as f64 / s.seed_seconds;
+        targets.push(Target {
+            id: "seed",
+            scale: s.scale,
+            from_scale: None,
+            check: format!(
+                "`sexton seed` (with `migrate`) wrote {} runs in {:.1} s = {rate:.0} runs/s (target ≥ 5000 runs/s)",
+                s.runs, s.seed_seconds
+            ),
+            value: rate,
+            bound: 5000.0,
+            met: rate >= 5000.0,
+        });
+    }
     let from = results
         .iter()
         .filter(|s| s.scale >= 10)
