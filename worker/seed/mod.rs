@@ -147,7 +147,7 @@ pub async fn seed(
     }
     generator.account_files()?;
     generator.report.rows = lanes.finish().await?;
-    Serials::catch_up(pool).await?;
+    generator.serials.catch_up(pool).await?;
     generator.disk.finish()?;
     progress.finish_and_clear();
     Ok(generator.report())
@@ -163,12 +163,20 @@ struct Serials {
 }
 
 impl Serials {
-    /// After the highest ids already there.
+    /// After the highest id already given: the highest row's, or the sequence's if rows were
+    /// deleted since.
     async fn after(pool: &PgPool) -> Result<Self, SeedError> {
-        let (event, entry) = sqlx::query_as(
-            "SELECT (SELECT coalesce(max(id), 0) FROM conversation_events),
-                    (SELECT coalesce(max(id), 0) FROM conversation_entries)",
-        )
+        let highest = |table: &str| {
+            format!(
+                "(SELECT greatest(max(id), pg_sequence_last_value( \
+                     pg_get_serial_sequence('{table}', 'id')::regclass), 0) FROM {table})"
+            )
+        };
+        let (event, entry) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {}, {}",
+            highest("conversation_events"),
+            highest("conversation_entries")
+        )))
         .fetch_one(pool)
         .await?;
         Ok(Self { event, entry })
@@ -184,13 +192,19 @@ impl Serials {
         self.entry
     }
 
-    /// Moves each sequence past the ids the seed gave, for the application's next rows.
-    async fn catch_up(pool: &PgPool) -> Result<(), SeedError> {
-        for table in ["conversation_events", "conversation_entries"] {
+    /// Moves each sequence past the ids the seed gave (never back), for the application's
+    /// next rows.
+    async fn catch_up(&self, pool: &PgPool) -> Result<(), SeedError> {
+        for (table, given) in [
+            ("conversation_events", self.event),
+            ("conversation_entries", self.entry),
+        ] {
             sqlx::query(sqlx::AssertSqlSafe(format!(
-                "SELECT setval(pg_get_serial_sequence('{table}', 'id'), max(id)) FROM {table} \
-                 HAVING max(id) IS NOT NULL"
+                "SELECT setval(pg_get_serial_sequence('{table}', 'id'), $1) \
+                 WHERE $1 > coalesce(pg_sequence_last_value( \
+                     pg_get_serial_sequence('{table}', 'id')::regclass), 0)"
             )))
+            .bind(given)
             .execute(pool)
             .await?;
         }
