@@ -2,8 +2,8 @@
 //! can take more. Two indicators are red lights — replication lag past its limit, and a vacuum
 //! running on a table the job writes — and a hop that sees one stops taking owners and hands
 //! over to a later hop (outcome `throttled`, never a failure). The third, a WAL budget, is a
-//! pace: the hop sleeps between owner transactions to hold the rate of WAL written while it
-//! works at the budget.
+//! pace: hops sleep between owner transactions to hold the rate of WAL the process's hops
+//! write, together, at the budget.
 //!
 //! Readings are taken on the hop's own connection (no extra pool connection), cached for
 //! `[health] cache_ms` and shared by all hops of a process.
@@ -25,7 +25,7 @@ pub struct HealthSettings {
     pub max_replication_lag_bytes: u64,
     /// A hop stops while a vacuum runs on a table its job writes.
     pub pause_on_vacuum: bool,
-    /// WAL bytes per second a hop may cause; 0: no limit.
+    /// WAL bytes per second the process's hops may cause, together; 0: no limit.
     pub max_wal_bytes_per_second: u64,
     /// How long a throttled pass waits before its next hop.
     pub backoff: Duration,
@@ -81,6 +81,11 @@ pub struct Health {
     wal_bytes: AtomicU64,
     paced_nanos: AtomicU64,
 }
+
+/// How old the last reading may be and still be paid from: working hops read the position
+/// between owner transactions, which take well under a second (`owner_lock_timeout_ms`,
+/// `transaction_target_ms`).
+const STALE: Duration = Duration::from_secs(5);
 
 /// The WAL position last read by any hop of the process, when, and until when the WAL counted
 /// so far is paid for at the budget's rate.
@@ -183,11 +188,16 @@ impl Health {
     /// Counts the WAL written since any hop last read the position (each byte once, however
     /// many hops run) and returns until when it is paid for at `budget` bytes per second. The
     /// bytes are paid from the previous reading on — the time they took to write counts — and
-    /// never before what was counted earlier.
-    fn count(&self, position: i64, budget: u64) -> Instant {
-        let now = Instant::now();
+    /// never before what was counted earlier. A meter idle for over [`STALE`] — its last
+    /// reading that old and paid for — starts afresh, free: no hop was working meanwhile (a
+    /// night, a backoff), and what others wrote then is not the hops' to pay.
+    fn count(&self, position: i64, budget: u64, now: Instant) -> Instant {
         let mut meter = self.meter.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(last) = *meter else {
+        // Busy until read and paid for: a hop sleeping off a large transaction keeps it busy.
+        let last = meter.filter(|last| {
+            now.saturating_duration_since(last.read_at.max(last.paid_until)) <= STALE
+        });
+        let Some(last) = last else {
             *meter = Some(Meter {
                 position,
                 read_at: now,
@@ -230,7 +240,7 @@ impl WalPace<'_> {
         stop: &AtomicBool,
     ) -> Result<(), sqlx::Error> {
         let position = wal_position(conn).await?;
-        let until = self.health.count(position, self.budget);
+        let until = self.health.count(position, self.budget, Instant::now());
         let mut wait = until.saturating_duration_since(Instant::now());
         while !wait.is_zero() && !stop.load(Ordering::Relaxed) {
             let step = wait.min(Duration::from_millis(200));
@@ -316,4 +326,52 @@ pub fn settings(section: &serde_json::Value, c: &mut Check<'_>) -> Option<Health
         backoff: backoff?,
         cache: cache?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paced(budget: u64) -> Health {
+        Health::new(HealthSettings {
+            max_wal_bytes_per_second: budget,
+            ..HealthSettings::OFF
+        })
+    }
+
+    #[test]
+    fn wal_counted_by_any_hop_is_paid_once_from_the_previous_reading() {
+        let health = paced(1000);
+        let t0 = Instant::now();
+        assert_eq!(health.count(0, 1000, t0), t0, "the first reading is free");
+        // Two hops read 500 and then 2500 bytes more: each byte is paid once, in turn.
+        let half = t0 + Duration::from_millis(100);
+        assert_eq!(
+            health.count(500, 1000, half),
+            t0 + Duration::from_millis(500)
+        );
+        let later = t0 + Duration::from_millis(200);
+        assert_eq!(health.count(3000, 1000, later), t0 + Duration::from_secs(3));
+        assert_eq!(health.wal_accounted().0, 3000);
+    }
+
+    #[test]
+    fn an_idle_meter_starts_afresh_but_one_still_paying_does_not() {
+        let health = paced(1000);
+        let t0 = Instant::now();
+        health.count(0, 1000, t0);
+        // 10 kB in one transaction: paid 10 s later; the hop sleeps it off and reads again,
+        // 10.1 s after the last reading — the meter was busy all along, so this is charged.
+        let paid = health.count(10_000, 1000, t0 + Duration::from_millis(50));
+        assert_eq!(paid, t0 + Duration::from_secs(10));
+        let after_sleep = t0 + Duration::from_millis(10_100);
+        assert_eq!(
+            health.count(11_000, 1000, after_sleep),
+            t0 + Duration::from_secs(11)
+        );
+        // A night later, whatever the cluster wrote meanwhile is not the hops' to pay.
+        let night = t0 + Duration::from_secs(8 * 3600);
+        assert_eq!(health.count(50_000_000_000, 1000, night), night);
+        assert_eq!(health.wal_accounted().0, 11_000);
+    }
 }
