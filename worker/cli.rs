@@ -275,7 +275,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             let started = std::time::Instant::now();
             let report = seed(&pool, &settings.paths, &options)
                 .await
-                .context("seeding failed")?;
+                .context("seeding failed (what was written stays: recreate the database before seeding again)")?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {

@@ -11,7 +11,10 @@
 //! triggers off for the batch's transaction: the rows reference each other correctly by
 //! construction (a checked seed writes the same rows: see the seed tests), and a database's
 //! work on one batch — index entries, each `COPY`'s round trips — overlaps the next. Any other
-//! role, or `--checked`, writes one batch at a time, every row checked.
+//! role, or `--checked`, writes one batch at a time, every row checked. An unchecked seed that
+//! fails midway may leave a later batch without an earlier one it references: the database is
+//! then to be recreated (the seed is for throw-away databases; it refuses one holding accounts
+//! unless `--force`).
 //!
 //! One module per domain, each holding the edge cases its jobs must meet:
 //! - `accounts`: retention settings (EX-1, SS-1) and per-account files;
@@ -131,6 +134,8 @@ pub async fn seed(
     let mut lanes = Lanes::open(pool, options.checked).await?;
     generator.accounts(account_count(options.scale));
     lanes.write(generator.take_rows()).await?;
+    // Every later batch hangs off the accounts: they are in before any other batch starts.
+    lanes.wait().await?;
 
     let mut done = 0;
     while done < conversations {
@@ -141,13 +146,15 @@ pub async fn seed(
                 generator.agent(i / CONVERSATIONS_PER_AGENT)?;
             }
         }
+        // The sequences move past the ids a batch holds before it is written.
+        generator.serials.catch_up(pool).await?;
         lanes.write(generator.take_rows()).await?;
         done += n;
         progress.inc(n);
     }
     generator.account_files()?;
-    generator.report.rows = lanes.finish().await?;
-    generator.serials.catch_up(pool).await?;
+    lanes.wait().await?;
+    generator.report.rows = lanes.rows;
     generator.disk.finish()?;
     progress.finish_and_clear();
     Ok(generator.report())
@@ -192,8 +199,8 @@ impl Serials {
         self.entry
     }
 
-    /// Moves each sequence past the ids the seed gave (never back), for the application's
-    /// next rows.
+    /// Moves each sequence past the ids given so far (never back), for the application's next
+    /// rows.
     async fn catch_up(&self, pool: &PgPool) -> Result<(), SeedError> {
         for (table, given) in [
             ("conversation_events", self.event),
@@ -245,12 +252,12 @@ impl Lanes {
         Ok(())
     }
 
-    /// Waits for every batch; returns the rows written.
-    async fn finish(mut self) -> Result<u64, SeedError> {
+    /// Waits for every batch started so far.
+    async fn wait(&mut self) -> Result<(), SeedError> {
         while !self.writing.is_empty() {
             self.join_one().await?;
         }
-        Ok(self.rows)
+        Ok(())
     }
 
     async fn join_one(&mut self) -> Result<(), SeedError> {
