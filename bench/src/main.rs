@@ -1303,7 +1303,9 @@ async fn run_sexton(
 }
 
 /// The batched floor that reaches sexton's end state, disk included: `raw+markers` that also
-/// unlinks the output files of each batch's owners once the batch has committed.
+/// unlinks the output files of each batch's owners once the batch has committed — one stream,
+/// so a batch's unlinks come before the next batch's database work (sexton's hops overlap
+/// them).
 const SAME_END: &str = "raw+markers+files";
 
 /// How much of sexton's end state a floor reaches.
