@@ -254,9 +254,13 @@ impl WalPace<'_> {
     }
 }
 
-async fn wal_position(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+/// The cluster's WAL insert position, in bytes.
+///
+/// # Errors
+/// A database error.
+pub async fn wal_position<'c>(db: impl sqlx::PgExecutor<'c>) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint")
-        .fetch_one(conn)
+        .fetch_one(db)
         .await
 }
 
