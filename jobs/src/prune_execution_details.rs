@@ -97,18 +97,20 @@ pub const DETAIL_TABLES: [&str; 7] = [
 ];
 
 /// Every table a hop writes: the detail tables, the markers' tables, the file records.
-const WRITTEN: [&str; 10] = [
-    "run_task_edges",
-    "run_tasks",
-    "tool_results",
-    "sealed_requests",
-    "reasoning_traces",
-    "invocation_attempts",
-    "output_files",
-    "runs",
-    "variants",
-    "pending_file_deletions",
-];
+const WRITTEN: [&str; DETAIL_TABLES.len() + 3] = {
+    let others = ["runs", "variants", "pending_file_deletions"];
+    let mut written = [""; DETAIL_TABLES.len() + 3];
+    let mut i = 0;
+    while i < written.len() {
+        written[i] = if i < DETAIL_TABLES.len() {
+            DETAIL_TABLES[i]
+        } else {
+            others[i - DETAIL_TABLES.len()]
+        };
+        i += 1;
+    }
+    written
+};
 
 /// One hop's payload: which account, which pass, where the window starts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
