@@ -241,12 +241,13 @@ async fn hl3_a_wal_budget_holds_the_rate_of_a_pass_within_20_percent(pool: PgPoo
         accounts.push(owners(&pool, &paths, 300).await);
     }
 
-    // The same work unpaced (a budget no pass reaches) measures what two passes write per
-    // second here; the budget is a quarter of it, so that it is the budget that holds the rate.
+    // The same work with the budget off (0) is never paced, and measures what two passes
+    // write per second here; the budget is a quarter of it, so that it is the budget that
+    // holds the rate.
     let (natural, unpaced, _) = paced_passes(
         &pool,
         &paths,
-        &health(0, false, u64::MAX / 2),
+        &health(0, false, 0),
         [accounts[0], accounts[1]],
     )
     .await;
@@ -273,5 +274,55 @@ async fn hl3_a_wal_budget_holds_the_rate_of_a_pass_within_20_percent(pool: PgPoo
     assert!(
         (0.8..=1.2).contains(&ratio),
         "rate {rate:.0} B/s against a budget of {budget} B/s ({ratio:.2}x; unpaced {natural:.0})"
+    );
+}
+
+/// Every `[health]` setting is checked: invalid values exit 2, each named with what was
+/// expected; valid ones are not named (the control).
+#[tokio::test]
+async fn hl_invalid_health_settings_exit_2_naming_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |toml: &'static str| {
+        let file = dir.path().join("health.toml");
+        std::fs::write(&file, toml).unwrap();
+        async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_sexton"))
+                .arg("check-config")
+                .arg("--config")
+                .arg(&file)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let bad = check(
+        "[health]\nmax_replication_lag_bytes = -1\npause_on_vacuum = \"often\"\n\
+         max_wal_bytes_per_second = \"fast\"\nbackoff_ms = -5\ncache_ms = \"soon\"\n",
+    )
+    .await;
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    for setting in [
+        "health.max_replication_lag_bytes",
+        "health.pause_on_vacuum",
+        "health.max_wal_bytes_per_second",
+        "health.backoff_ms",
+        "health.cache_ms",
+    ] {
+        assert!(stderr.contains(setting), "{setting} not named in: {stderr}");
+    }
+    assert!(stderr.contains("true or false"), "{stderr}");
+    let good = check(
+        "[health]\nmax_replication_lag_bytes = 0\npause_on_vacuum = false\n\
+         max_wal_bytes_per_second = 1000000\nbackoff_ms = 1000\ncache_ms = 5000\n",
+    )
+    .await;
+    // This machine has no platform directories, so check-config still refuses the paths; the
+    // health settings are not among its problems.
+    let stderr = String::from_utf8_lossy(&good.stderr);
+    assert!(stderr.contains("paths."), "{stderr}");
+    assert!(
+        !stderr.contains("health."),
+        "valid health settings refused: {stderr}"
     );
 }
