@@ -13,6 +13,6 @@ cargo fmt --all -- --check
 cargo clippy --quiet --workspace --all-targets -- -D warnings
 cargo build --quiet --workspace --all-targets
 with_throwaway_postgres cargo test --workspace "$@"
-# ER-2 stops and restarts its PostgreSQL, and hl3 reads the cluster's WAL rate: each runs alone,
-# one after the other, on a cluster of their own.
-with_throwaway_postgres cargo test --test tests -- --ignored --test-threads=1 er2_ hl3_
+# ER-2 stops and restarts its PostgreSQL, hl3 reads the cluster's WAL rate and hl4's replication
+# slot lags for every test: each runs alone, one after the other, on a cluster of their own.
+with_throwaway_postgres cargo test --test tests -- --ignored --test-threads=1 er2_ hl3_ hl4_

@@ -3,18 +3,23 @@
 
 use std::time::{Duration, Instant};
 
+use sexton::tick;
 use sexton_jobs::files::PathSettings;
 use sexton_jobs::health::{Health, HealthSettings, Indicator, wal_position};
+use sexton_jobs::job::Job;
 use sexton_jobs::prune_execution_details::{Args, HopSettings, PruneExecutionDetails};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::common;
 use crate::common::fixture::{self, RunSpec, pass_start};
-use crate::common::process::poll_until;
+use crate::common::process::{
+    Proc, fleet_worker, free_port, metric, poll_until, scrape, status_json, wait_until_idle,
+};
 use crate::common::run;
 
 type Ped = PruneExecutionDetails;
+const PED: &str = PruneExecutionDetails::NAME;
 
 fn hop_settings(paths: &PathSettings) -> HopSettings {
     HopSettings {
@@ -325,4 +330,78 @@ async fn hl_invalid_health_settings_exit_2_naming_each() {
         !stderr.contains("health."),
         "valid health settings refused: {stderr}"
     );
+}
+
+/// A throttled pass run by a worker is visible: `sexton_throttled_total{job,indicator}` counts
+/// its hops, each `hop done` event names the indicator, and `status` says how often, when and by
+/// what; once the slot is dropped the pass completes (the young run stays). Its slot holds the
+/// whole cluster's WAL back, which hl1 would see: it runs alone (scripts/test.sh).
+#[sqlx::test]
+#[ignore = "its replication slot lags for every test: runs alone, after the suite (scripts/test.sh)"]
+async fn hl4_a_throttled_pass_is_counted_logged_and_shown_in_status(pool: PgPool) {
+    let (dir, _paths, account) = backlog(&pool, 6).await;
+    // Not `sexton_hl_…`: hl1 drops those it finds inactive.
+    let slot = format!("sexton_visible_{}", Uuid::new_v4().simple());
+    sqlx::query("SELECT pg_create_physical_replication_slot($1, true)")
+        .bind(&slot)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE hl_wal AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 5000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let url = common::database_url(&pool).await;
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut cmd = fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_HTTP__LISTEN", &address)
+        .env("SEXTON_LOG__FORMAT", "json")
+        .env("SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES", "1048576")
+        .env("SEXTON_HEALTH__BACKOFF_MS", "200")
+        .env("SEXTON_HEALTH__CACHE_MS", "1");
+    let worker = Proc::spawn(cmd);
+    worker.wait_for_log("worker started").await;
+    let settings = common::settings(dir.path());
+    tick::tick(&pool, &settings, pass_start()).await.unwrap();
+    let throttled =
+        format!("sexton_throttled_total{{job=\"{PED}\",indicator=\"replication_lag\"}}");
+    poll_until(Duration::from_secs(60), || async {
+        metric(&scrape(&address).await, &throttled).unwrap_or(0.0) >= 2.0
+    })
+    .await;
+    assert_eq!(
+        pruned(&pool, account).await,
+        0,
+        "nothing taken while the replica lags"
+    );
+
+    let status = status_json(&url, dir.path()).await;
+    let job = status["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == PED)
+        .expect("the job in status");
+    let pass = &job["passes"][0];
+    assert!(pass["throttles"].as_i64().unwrap() >= 2, "{pass}");
+    assert_eq!(pass["last_throttled_by"], "replication_lag", "{pass}");
+    assert!(!pass["last_throttled_at"].is_null(), "{pass}");
+
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&pool)
+        .await
+        .unwrap();
+    wait_until_idle(&pool).await;
+    let lines = worker.stop().await;
+    let named = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["message"] == "hop done" && e["throttled_by"] == "replication_lag")
+        .count();
+    assert!(named >= 2, "hop events naming the indicator: {named}");
+    assert_eq!(pruned(&pool, account).await, 6, "the pass completes");
 }

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, fleet_worker, free_port, http_get, poll_until, wait_until_idle,
+    Proc, fleet_worker, free_port, metric, poll_until, scrape, status_json, wait_until_idle,
 };
 use crate::common::{self};
 
@@ -36,17 +36,6 @@ async fn account_with_old_runs(pool: &PgPool, root: &std::path::Path, runs: usiz
 }
 
 /// A metric's value in a Prometheus text page, by its full name with labels.
-fn metric(page: &str, series: &str) -> Option<f64> {
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-}
-
-async fn scrape(address: &str) -> String {
-    let (status, body) = http_get(address, "/metrics").await.expect("metrics answer");
-    assert_eq!(status, 200);
-    body
-}
-
 fn hop_events(lines: &[String]) -> Vec<serde_json::Value> {
     lines
         .iter()
@@ -318,21 +307,6 @@ async fn op3_a_hop_whose_next_push_fails_still_counts_its_rows_and_a_failed_hop(
     );
     assert_eq!(detail_rows().await, 0);
     worker.stop().await;
-}
-
-/// `sexton status --json`, parsed.
-async fn status_json(url: &str, dir: &std::path::Path) -> serde_json::Value {
-    let output = common::sexton(url, dir)
-        .args(["status", "--json"])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 #[sqlx::test]

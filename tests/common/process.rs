@@ -139,3 +139,31 @@ pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
     Some((status, body))
 }
+
+/// The value of `series` (a metric name with its labels) on a Prometheus page.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// A worker's `/metrics` page.
+pub async fn scrape(address: &str) -> String {
+    let (status, body) = http_get(address, "/metrics").await.expect("metrics answer");
+    assert_eq!(status, 200);
+    body
+}
+
+/// `sexton status --json`, parsed.
+pub async fn status_json(url: &str, dir: &std::path::Path) -> serde_json::Value {
+    let output = super::sexton(url, dir)
+        .args(["status", "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
