@@ -247,8 +247,10 @@ async fn run_locked<J: Job>(
         args,
     )
     .await;
-    lock.release().await;
+    // Read before the release: once released, another replica may take the lock (and read its
+    // `locked_at`) before this release's round trip is back.
     let unlocked_at = Utc::now();
+    lock.release().await;
     let report = match result {
         Ok(report) => report,
         Err(err) => {
