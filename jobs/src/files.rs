@@ -189,36 +189,138 @@ pub async fn drain(
             path: root_path.to_owned(),
             source,
         })?;
-        let mut forget = Vec::with_capacity(batch.len());
-        for (id, relative, attempts) in &batch {
-            if referenced.contains(relative) {
-                forget.push(*id);
-                continue;
-            }
-            match remove_under(&dir, relative, root.holds_directories()) {
-                Ok(removed) => {
-                    counts.add(removed);
-                    forget.push(*id);
-                }
-                Err(err) => {
-                    counts.errors += 1;
-                    let refused = err.kind() == io::ErrorKind::InvalidInput;
-                    if refused || *attempts >= MAX_ATTEMPTS {
-                        forget.push(*id);
-                    }
-                    tracing::warn!(
-                        root = root.as_str(), path = %relative, error = %err, attempts,
-                        given_up = refused || *attempts >= MAX_ATTEMPTS,
-                        "file not deleted"
-                    );
-                }
-            }
-        }
+        // The unlinks block: on a thread of their own, so that the runtime's threads go on
+        // serving the hops and drains beside this one.
+        let (removed, forget) =
+            tokio::task::spawn_blocking(move || remove_batch(root, &dir, &batch, &referenced))
+                .await
+                .unwrap_or_else(|joined| std::panic::resume_unwind(joined.into_panic()));
+        counts.add(removed);
         sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
             .bind(&forget)
             .execute(&mut *conn)
             .await?;
     }
+}
+
+/// A [`drain`] beside the hop that records the paths, so that its unlinks and its synchronous
+/// commits overlap the hop's own transactions: one drain at a time, on a connection of its own
+/// from `pool` (a job using it declares a second connection, `Job::CONNECTIONS`). The hop
+/// [`poke`](Self::poke)s it after a transaction that recorded paths; it drains what is
+/// committed by then and stops when it has caught up. Whatever it has not reached, the hop's
+/// own last drain takes after [`finish`](Self::finish). Dropped before that (the hop failed),
+/// it stops the drain it is running: no drain outlives its hop's scope lock.
+pub struct Beside {
+    pool: sqlx::PgPool,
+    root: Root,
+    root_path: PathBuf,
+    scope: Option<Uuid>,
+    running: Option<tokio::task::JoinHandle<Result<FileCounts, DrainError>>>,
+    counts: FileCounts,
+}
+
+impl Beside {
+    pub fn new(pool: &sqlx::PgPool, root: Root, root_path: &Path, scope: Option<Uuid>) -> Self {
+        Self {
+            pool: pool.clone(),
+            root,
+            root_path: root_path.to_owned(),
+            scope,
+            running: None,
+            counts: FileCounts::default(),
+        }
+    }
+
+    /// Starts a drain of what is recorded by now, unless one is still running.
+    ///
+    /// # Errors
+    /// The [`DrainError`] of a drain that finished since the last poke.
+    pub async fn poke(&mut self) -> Result<(), DrainError> {
+        if self
+            .running
+            .as_ref()
+            .is_some_and(|task| !task.is_finished())
+        {
+            return Ok(());
+        }
+        self.collect().await?;
+        let (pool, root, root_path, scope) = (
+            self.pool.clone(),
+            self.root,
+            self.root_path.clone(),
+            self.scope,
+        );
+        self.running = Some(tokio::spawn(async move {
+            let mut conn = pool.acquire().await?;
+            drain(&mut conn, root, &root_path, scope).await
+        }));
+        Ok(())
+    }
+
+    /// Waits for the running drain; what every drain of this hop removed.
+    ///
+    /// # Errors
+    /// The first [`DrainError`] of a drain not yet collected.
+    pub async fn finish(mut self) -> Result<FileCounts, DrainError> {
+        self.collect().await?;
+        Ok(self.counts)
+    }
+
+    async fn collect(&mut self) -> Result<(), DrainError> {
+        if let Some(task) = self.running.take() {
+            let counts = task
+                .await
+                .unwrap_or_else(|joined| std::panic::resume_unwind(joined.into_panic()))?;
+            self.counts.add(counts);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Beside {
+    fn drop(&mut self) {
+        if let Some(task) = &self.running {
+            task.abort();
+        }
+    }
+}
+
+/// Removes the paths of one claimed `batch` (id, path, attempts) below the open root `dir`,
+/// except those `referenced`; returns what went and the ids of the records to forget (see
+/// [`drain`]).
+fn remove_batch(
+    root: Root,
+    dir: &OwnedFd,
+    batch: &[(i64, String, i32)],
+    referenced: &[String],
+) -> (FileCounts, Vec<i64>) {
+    let mut counts = FileCounts::default();
+    let mut forget = Vec::with_capacity(batch.len());
+    for (id, relative, attempts) in batch {
+        if referenced.contains(relative) {
+            forget.push(*id);
+            continue;
+        }
+        match remove_under(dir, relative, root.holds_directories()) {
+            Ok(removed) => {
+                counts.add(removed);
+                forget.push(*id);
+            }
+            Err(err) => {
+                counts.errors += 1;
+                let refused = err.kind() == io::ErrorKind::InvalidInput;
+                if refused || *attempts >= MAX_ATTEMPTS {
+                    forget.push(*id);
+                }
+                tracing::warn!(
+                    root = root.as_str(), path = %relative, error = %err, attempts,
+                    given_up = refused || *attempts >= MAX_ATTEMPTS,
+                    "file not deleted"
+                );
+            }
+        }
+    }
+    (counts, forget)
 }
 
 /// Opens a root directory (the root itself may be a symlink: the operator configured it).

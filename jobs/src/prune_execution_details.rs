@@ -291,16 +291,18 @@ pub async fn run(
     stop: &AtomicBool,
 ) -> Result<HopReport, Error> {
     let mut conn = pool.acquire().await?;
-    hop(&mut conn, clock, &Health::off(), settings, args, stop).await
+    hop(&mut conn, pool, clock, &Health::off(), settings, args, stop).await
 }
 
-/// [`run`] on a connection of the caller's: one connection for the whole hop, no pool round
-/// trip per owner transaction.
+/// [`run`] on a connection of the caller's: one connection for the owner transactions, no
+/// pool round trip per owner transaction, and one from `pool` for unlinking the files of the
+/// owners pruned meanwhile ([`files::Beside`]).
 ///
 /// # Errors
 /// As [`run`].
 pub async fn hop(
     conn: &mut PgConnection,
+    pool: &PgPool,
     clock: &dyn Clock,
     health: &Health,
     settings: &HopSettings,
@@ -382,6 +384,12 @@ pub async fn hop(
     };
     let mut rest = window.as_slice();
     let mut pace = health.pace();
+    let mut beside = files::Beside::new(
+        pool,
+        Root::Outputs,
+        &settings.output_root,
+        Some(args.account_id),
+    );
     while !rest.is_empty() {
         // A hop always takes its first owners, however slow what came before: a budget spent
         // before them would hand the same cursor on forever.
@@ -409,6 +417,7 @@ pub async fn hop(
             })
             .collect();
         let chunk_started = Instant::now();
+        let files_before = report.rows["output_files"];
         // Together first; whoever could not be locked at once goes alone, with a bounded wait.
         let alone = prune_together(conn, &pass, &owners, &mut report).await?;
         together = next_together(
@@ -421,6 +430,9 @@ pub async fn hop(
             prune_owner(conn, &pass, &owner, &mut report).await?;
         }
         report.owner_seconds += chunk_started.elapsed().as_secs_f64();
+        if report.rows["output_files"] > files_before {
+            beside.poke().await?;
+        }
         report.candidates += chunk.len() as u32;
         if let Some((run_id, _, age)) = chunk.last() {
             cursor = Some(Cursor {
@@ -433,6 +445,7 @@ pub async fn hop(
     if let Some(pace) = pace.as_mut() {
         pace.wait(conn, stop).await?;
     }
+    report.add_files(beside.finish().await?);
     report.add_files(drain_files(conn, settings, args.account_id).await?);
 
     let full = window.len() as u64 == u64::from(settings.window_size);
@@ -1132,6 +1145,8 @@ impl Job for PruneExecutionDetails {
     const QUEUE: &'static str = "sexton.prune_execution_details";
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "execution_details";
+    /// The owner transactions' and the files' drain beside them ([`files::Beside`]).
+    const CONNECTIONS: u32 = 2;
     const TABLES: &'static [&'static str] = &WRITTEN;
     const RETAIN_REASONS: &'static [&'static str] = &RetainReason::NAMES;
     const SUBJECTS: &'static [&'static str] = &["run"];
@@ -1196,7 +1211,10 @@ impl Job for PruneExecutionDetails {
             output_root: env.paths.output_root.clone(),
             ..settings.clone()
         };
-        let report = hop(env.conn, env.clock, env.health, settings, args, env.stop).await?;
+        let report = hop(
+            env.conn, env.pool, env.clock, env.health, settings, args, env.stop,
+        )
+        .await?;
         Ok(Report {
             outcome: report.outcome.as_str(),
             window: settings.window_size,
