@@ -430,9 +430,9 @@ pub async fn hop(
             prune_owner(conn, &pass, &owner, &mut report).await?;
         }
         report.owner_seconds += chunk_started.elapsed().as_secs_f64();
-        if report.rows["output_files"] > files_before {
-            beside.poke().await?;
-        }
+        beside
+            .recorded(report.rows["output_files"] - files_before)
+            .await?;
         report.candidates += chunk.len() as u32;
         if let Some((run_id, _, age)) = chunk.last() {
             cursor = Some(Cursor {
