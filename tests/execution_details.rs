@@ -737,6 +737,49 @@ async fn ex3_a_file_recorded_before_a_crash_is_deleted_by_the_next_hop(pool: PgP
     assert_eq!(report.files_deleted, 1);
 }
 
+/// Enough owners that their files are unlinked beside the hop (`files::Beside` starts once 100
+/// paths wait) as well as by its last drain: every file goes, each counted once, and a young
+/// run's file stays.
+#[sqlx::test]
+async fn ex3_files_of_many_owners_go_beside_the_hop_each_counted_once(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.owners_per_transaction = 20;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let mut old = Vec::new();
+    for i in 0..260 {
+        let run = env
+            .run(RunSpec::conversation(
+                account,
+                conversation,
+                40.0 + i as f64 / 10.0,
+            ))
+            .await;
+        old.push(run.id);
+    }
+    let young = env
+        .run(RunSpec::conversation(account, conversation, 10.0))
+        .await;
+
+    let report = env.hop(&Args::first(account, pass_start())).await;
+
+    assert_eq!((report.pruned, report.files_deleted), (260, 260));
+    assert_eq!(report.bytes_reclaimed, 260 * 5);
+    for run in &old {
+        assert!(!env.root().join(format!("{account}/{run}/out.bin")).exists());
+    }
+    assert!(
+        env.root()
+            .join(format!("{account}/{}/out.bin", young.id))
+            .exists()
+    );
+    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM sexton.pending_file_deletions")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 0);
+}
+
 /// Many old owners over a few conversations, for the concurrency cases.
 async fn many_owners(
     env: &Env,
