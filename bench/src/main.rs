@@ -6,8 +6,9 @@
 //! kind off, so that it measures the job alone; timed from the worker being up to its last hop), the raw floor (batched
 //! `DELETE … WHERE run_id = ANY($1)`, 500 owners per transaction, no checks), the same floor
 //! setting the markers sexton's end state has (`raw+markers`), that floor also unlinking the
-//! owners' output files after each batch commits (`raw+markers+files`: sexton's whole end
-//! state, disk included), and the naive
+//! owners' output files after each batch commits, beside the next batch (`raw+markers+files`:
+//! sexton's whole end state, disk included; both are checked to leave none of the owners'
+//! unreferenced files on disk), and the naive
 //! delete (one `DELETE` per table over all owners) — while an application writer runs at a
 //! fixed rate. Each method's WAL is read from the cluster's position before and after it. At
 //! one scale (the largest up to 10) sexton runs once more under a WAL budget, a quarter of the
@@ -376,6 +377,15 @@ async fn measure_scale(
     .fetch_one(&pool)
     .await?;
     let targets = writer_targets(&pool).await?;
+    // The owners' output files no surviving run references: sexton's end state has none of
+    // them on disk, and neither has the floor that unlinks.
+    let owner_files: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT o.relative_path FROM output_files o JOIN bench_owners b ON b.id = o.run_id
+         WHERE NOT EXISTS (SELECT 1 FROM output_files s WHERE s.relative_path = o.relative_path
+                           AND s.run_id NOT IN (SELECT id FROM bench_owners))",
+    )
+    .fetch_all(&pool)
+    .await?;
     let session_targets: Vec<Uuid> = sqlx::query_scalar(
         "(SELECT id FROM bench_sessions ORDER BY id LIMIT 100)
          UNION ALL
@@ -468,6 +478,16 @@ async fn measure_scale(
         }
         check.close().await;
         writer_pool.close().await;
+        if name.starts_with("sexton") || name == SAME_END {
+            let outputs = run_files.join("outputs");
+            let left = owner_files
+                .iter()
+                .filter(|f| outputs.join(f).exists())
+                .count();
+            if left > 0 {
+                bail!("{name} left {left} of the owners' output files at scale {scale}");
+            }
+        }
         score(&mut method, owners, detail_rows, writer, longest);
         net_wal(&mut method, owners, idle_writer_wal_bytes_per_s);
         if name == BUDGETED {
@@ -1303,9 +1323,8 @@ async fn run_sexton(
 }
 
 /// The batched floor that reaches sexton's end state, disk included: `raw+markers` that also
-/// unlinks the output files of each batch's owners once the batch has committed — one stream,
-/// so a batch's unlinks come before the next batch's database work (sexton's hops overlap
-/// them).
+/// unlinks the output files of each batch's owners once the batch has committed, on a thread
+/// beside the next batch's statements (one batch's unlinks at a time), as sexton's hops do.
 const SAME_END: &str = "raw+markers+files";
 
 /// How much of sexton's end state a floor reaches.
@@ -1333,6 +1352,7 @@ async fn run_raw(
     let owners: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_owners ORDER BY id")
         .fetch_all(&pool)
         .await?;
+    let mut unlinking: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
     for batch in owners.chunks(500) {
         let mut tx = pool.begin().await?;
         let mut files: Vec<String> = Vec::new();
@@ -1366,15 +1386,18 @@ async fn run_raw(
         }
         tx.commit().await?;
         if let Floor::Files(root) = floor {
-            for file in files {
-                match std::fs::remove_file(root.join(&file)) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(e).with_context(|| format!("unlinking {file}"));
-                    }
-                    _ => {}
-                }
+            // One batch's unlinks at a time, beside the next batch's statements.
+            if let Some(previous) = unlinking.take() {
+                previous.await??;
             }
+            unlinking = Some(tokio::task::spawn_blocking({
+                let root = root.to_owned();
+                move || unlink_all(&root, &files)
+            }));
         }
+    }
+    if let Some(last) = unlinking {
+        last.await??;
     }
     pool.close().await;
     let mut m = method(match floor {
@@ -1385,6 +1408,19 @@ async fn run_raw(
     m.seconds = started.elapsed().as_secs_f64();
     m.wal_bytes = Some(wal_position(admin).await? - wal);
     Ok(m)
+}
+
+/// Unlinks `files` under `root`; one already gone is no error.
+fn unlink_all(root: &Path, files: &[String]) -> anyhow::Result<()> {
+    for file in files {
+        match std::fs::remove_file(root.join(file)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("unlinking {file}"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The floor for sessions: batched deletes of exactly the same sessions, 100 per transaction;
