@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
+use sexton_jobs::files::{self, Root};
 use sexton_jobs::prune_execution_details::{
     self as job, Args, HopOutcome, HopReport, RetainReason,
 };
@@ -1087,4 +1088,66 @@ async fn op1_the_preview_counts_what_the_next_pass_then_does(pool: PgPool) {
         (15, 15),
         "five bytes per output file"
     );
+}
+
+/// Records committed for an account, with their files on disk.
+async fn recorded_files(env: &Env, account: Uuid, n: usize) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for i in 0..n {
+        let relative = format!("{account}/beside/{i}-{}.bin", Uuid::new_v4());
+        let path = env.root().join(&relative);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"bytes").unwrap();
+        sqlx::query(
+            "INSERT INTO sexton.pending_file_deletions (account_id, relative_path) VALUES ($1, $2)",
+        )
+        .bind(account)
+        .bind(&relative)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+        files.push(path);
+    }
+    files
+}
+
+/// EX-3 through `files::Beside` alone: told of 100 or more recorded paths, it drains them on a
+/// connection of its own before the hop's own last drain; told of fewer, it leaves them to that
+/// drain; another account's records and files stay either way.
+#[sqlx::test]
+async fn ex3_a_drain_beside_the_hop_removes_what_is_recorded_once_enough_waits(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let (account, other) = (
+        fixture::account(&env.pool, Some(30)).await,
+        fixture::account(&env.pool, Some(30)).await,
+    );
+    let others = recorded_files(&env, other, 3).await;
+
+    let few = recorded_files(&env, account, 99).await;
+    let mut beside = files::Beside::new(&env.pool, Root::Outputs, env.root(), Some(account), 0);
+    beside.recorded(99).await.unwrap();
+    let (counts, after) = beside.finish().await.unwrap();
+    assert_eq!((counts.deleted, after), (0, 0));
+    assert!(few.iter().all(|f| f.exists()));
+
+    let many = recorded_files(&env, account, 60).await;
+    let last: i64 = sqlx::query_scalar(
+        "SELECT max(id) FROM sexton.pending_file_deletions WHERE account_id = $1",
+    )
+    .bind(account)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    let mut beside = files::Beside::new(&env.pool, Root::Outputs, env.root(), Some(account), 0);
+    beside.recorded(159).await.unwrap();
+    let (counts, after) = beside.finish().await.unwrap();
+    assert_eq!((counts.deleted, counts.bytes, after), (159, 159 * 5, last));
+    assert!(few.iter().chain(&many).all(|f| !f.exists()));
+    let left: Vec<Uuid> =
+        sqlx::query_scalar("SELECT DISTINCT account_id FROM sexton.pending_file_deletions")
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(left, vec![other]);
+    assert!(others.iter().all(|f| f.exists()));
 }

@@ -381,8 +381,9 @@ async fn measure_scale(
     // them on disk, and neither has the floor that unlinks.
     let owner_files: Vec<String> = sqlx::query_scalar(
         "SELECT DISTINCT o.relative_path FROM output_files o JOIN bench_owners b ON b.id = o.run_id
-         WHERE NOT EXISTS (SELECT 1 FROM output_files s WHERE s.relative_path = o.relative_path
-                           AND s.run_id NOT IN (SELECT id FROM bench_owners))",
+         WHERE NOT EXISTS (SELECT 1 FROM output_files s
+                           WHERE s.relative_path = o.relative_path
+                             AND NOT EXISTS (SELECT 1 FROM bench_owners c WHERE c.id = s.run_id))",
     )
     .fetch_all(&pool)
     .await?;

@@ -16,10 +16,13 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use serde::Serialize;
 use sqlx::{Connection as _, PgConnection};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 /// The platform's file roots (SPEC §1.2); relative paths in the database resolve under them.
@@ -96,6 +99,9 @@ pub enum DrainError {
         #[source]
         source: io::Error,
     },
+    /// The runtime shut down under the drain's unlinks.
+    #[error("the drain was cancelled")]
+    Cancelled,
 }
 
 /// Records a drain claims at once: one synchronous commit, one reference check and one
@@ -156,7 +162,8 @@ impl Root {
 /// (outside the root, not canonical, not of the root's kind) or still referenced; a removal
 /// that failed otherwise is tried again by later drains, [`MAX_ATTEMPTS`] times in all. The
 /// caller guarantees that no other drain of the same root and scope runs at the same time
-/// (the scope lock).
+/// (the scope lock). Dropped midway (its hop failed or was cancelled), a drain also stops its
+/// unlinks, which run on a thread of their own, after the one in progress.
 ///
 /// # Errors
 /// [`DrainError`] when the database fails or the root cannot be opened; what was not yet
@@ -167,8 +174,37 @@ pub async fn drain(
     root_path: &Path,
     scope: Option<Uuid>,
 ) -> Result<FileCounts, DrainError> {
+    Ok(drain_from(conn, root, root_path, scope, 0).await?.0)
+}
+
+/// [`drain`] of the records after id `after` only, for a hop that drains more than once: with
+/// it, each of its drains takes up where the last left off, and a removal that keeps failing is
+/// tried once per hop, not once per drain. Returns the last id claimed (`after` if none).
+///
+/// # Errors
+/// As [`drain`].
+pub async fn drain_from(
+    conn: &mut PgConnection,
+    root: Root,
+    root_path: &Path,
+    scope: Option<Uuid>,
+    after: i64,
+) -> Result<(FileCounts, i64), DrainError> {
+    drain_until(conn, root, root_path, scope, after, &Arc::default()).await
+}
+
+/// [`drain_from`] that also ends, after the unlink in progress, once `stop` is raised; it
+/// raises `stop` itself when dropped or done.
+async fn drain_until(
+    conn: &mut PgConnection,
+    root: Root,
+    root_path: &Path,
+    scope: Option<Uuid>,
+    mut after: i64,
+    stop: &Arc<AtomicBool>,
+) -> Result<(FileCounts, i64), DrainError> {
+    let _stop = RaiseOnDrop(stop.clone());
     let mut counts = FileCounts::default();
-    let mut after = 0_i64;
     loop {
         let batch: Vec<(i64, String, i32)> = {
             let mut tx = conn
@@ -191,7 +227,7 @@ pub async fn drain(
             batch
         };
         let Some(last) = batch.iter().map(|(id, _, _)| *id).max() else {
-            return Ok(counts);
+            return Ok((counts, after));
         };
         after = last;
         let paths: Vec<String> = batch.iter().map(|(_, p, _)| p.clone()).collect();
@@ -202,52 +238,92 @@ pub async fn drain(
         })?;
         // The unlinks block: on a thread of their own, so that the runtime's threads go on
         // serving the hops and drains beside this one.
-        let (removed, forget) =
-            tokio::task::spawn_blocking(move || remove_batch(root, &dir, &batch, &referenced))
-                .await
-                .unwrap_or_else(|joined| std::panic::resume_unwind(joined.into_panic()));
+        let unlinks = tokio::task::spawn_blocking({
+            let (stop, span) = (stop.clone(), tracing::Span::current());
+            move || span.in_scope(|| remove_batch(root, &dir, &batch, &referenced, &stop))
+        });
+        let (removed, forget) = joined(unlinks.await)?;
         counts.add(removed);
         sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
             .bind(&forget)
             .execute(&mut *conn)
             .await?;
+        if stop.load(Ordering::Relaxed) {
+            return Ok((counts, after));
+        }
+    }
+}
+
+/// Raises its flag when dropped.
+struct RaiseOnDrop(Arc<AtomicBool>);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A task's result; its panic goes on in the caller.
+fn joined<T>(result: Result<T, tokio::task::JoinError>) -> Result<T, DrainError> {
+    match result {
+        Ok(value) => Ok(value),
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(_) => Err(DrainError::Cancelled),
     }
 }
 
 /// A [`drain`] beside the hop that records the paths, so that its unlinks and its synchronous
 /// commits overlap the hop's own transactions: one drain at a time, on a connection of its own
 /// from `pool` (a job using it declares a second connection, `Job::CONNECTIONS`). The hop
-/// tells it how many paths each of its transactions recorded ([`recorded`](Self::recorded));
-/// once [`BESIDE_AFTER`] are waiting and no drain is running, it starts one, which drains what
-/// is committed by then and stops when it has caught up. Whatever it has not reached, the hop's
-/// own last drain takes after [`finish`](Self::finish). Dropped before that (the hop failed),
-/// it stops the drain it is running: no drain outlives its hop's scope lock.
+/// tells it how many paths each of its transactions may have recorded
+/// ([`recorded`](Self::recorded)); once [`BESIDE_AFTER`] may be waiting and no drain is running,
+/// it starts one, which drains what is committed by then and stops when it has caught up. Each
+/// drain takes up after the last record the one before claimed. Whatever they have not reached,
+/// the hop's own last drain takes, from where [`finish`](Self::finish) says they stopped.
+/// Dropped before that (the hop failed or was cancelled), it stops the running drain's unlinks
+/// after the one in progress and aborts the drain.
 pub struct Beside {
     pool: sqlx::PgPool,
     root: Root,
     root_path: PathBuf,
     scope: Option<Uuid>,
-    running: Option<tokio::task::JoinHandle<Result<FileCounts, DrainError>>>,
-    /// Paths recorded since the running drain started.
+    running: Option<Running>,
+    /// The last record id a drain of this hop claimed.
+    after: i64,
+    /// Paths recorded since the running drain started, at most.
     waiting: u64,
     counts: FileCounts,
 }
 
+struct Running {
+    task: tokio::task::JoinHandle<Result<(FileCounts, i64), DrainError>>,
+    stop: Arc<AtomicBool>,
+}
+
 impl Beside {
-    pub fn new(pool: &sqlx::PgPool, root: Root, root_path: &Path, scope: Option<Uuid>) -> Self {
+    /// For the hop's drains after the one that claimed up to id `after`.
+    pub fn new(
+        pool: &sqlx::PgPool,
+        root: Root,
+        root_path: &Path,
+        scope: Option<Uuid>,
+        after: i64,
+    ) -> Self {
         Self {
             pool: pool.clone(),
             root,
             root_path: root_path.to_owned(),
             scope,
             running: None,
+            after,
             waiting: 0,
             counts: FileCounts::default(),
         }
     }
 
-    /// Counts `paths` more recorded by a committed transaction; starts a drain when a batch's
-    /// worth waits and none is running.
+    /// Counts up to `paths` more recorded by a committed transaction (each output row it
+    /// deleted records at most its path); starts a drain when [`BESIDE_AFTER`] may be waiting
+    /// and none is running.
     ///
     /// # Errors
     /// The [`DrainError`] of a drain that finished since.
@@ -256,40 +332,52 @@ impl Beside {
         let busy = self
             .running
             .as_ref()
-            .is_some_and(|task| !task.is_finished());
+            .is_some_and(|running| !running.task.is_finished());
         if self.waiting < BESIDE_AFTER || busy {
             return Ok(());
         }
         self.collect().await?;
         self.waiting = 0;
-        let (pool, root, root_path, scope) = (
+        let (pool, root, root_path, scope, after) = (
             self.pool.clone(),
             self.root,
             self.root_path.clone(),
             self.scope,
+            self.after,
         );
-        self.running = Some(tokio::spawn(async move {
-            let mut conn = pool.acquire().await?;
-            drain(&mut conn, root, &root_path, scope).await
-        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let drain = {
+            let stop = stop.clone();
+            async move {
+                let mut conn = pool.acquire().await?;
+                drain_until(&mut conn, root, &root_path, scope, after, &stop).await
+            }
+        };
+        self.running = Some(Running {
+            task: tokio::spawn(drain.in_current_span()),
+            stop,
+        });
         Ok(())
     }
 
-    /// Waits for the running drain; what every drain of this hop removed.
+    /// Waits for the running drain; what every drain of this hop removed, and the last record
+    /// id they claimed, after which the hop's last drain goes on.
     ///
     /// # Errors
     /// The first [`DrainError`] of a drain not yet collected.
-    pub async fn finish(mut self) -> Result<FileCounts, DrainError> {
+    pub async fn finish(mut self) -> Result<(FileCounts, i64), DrainError> {
         self.collect().await?;
-        Ok(self.counts)
+        Ok((self.counts, self.after))
     }
 
     async fn collect(&mut self) -> Result<(), DrainError> {
-        if let Some(task) = self.running.take() {
-            let counts = task
-                .await
-                .unwrap_or_else(|joined| std::panic::resume_unwind(joined.into_panic()))?;
+        if let Some(running) = self.running.as_mut() {
+            // Awaited in place: cancelled meanwhile, the drain is still there for `drop`.
+            let result = (&mut running.task).await;
+            self.running = None;
+            let (counts, after) = joined(result)??;
             self.counts.add(counts);
+            self.after = self.after.max(after);
         }
         Ok(())
     }
@@ -297,24 +385,29 @@ impl Beside {
 
 impl Drop for Beside {
     fn drop(&mut self) {
-        if let Some(task) = &self.running {
-            task.abort();
+        if let Some(running) = &self.running {
+            running.stop.store(true, Ordering::Relaxed);
+            running.task.abort();
         }
     }
 }
 
 /// Removes the paths of one claimed `batch` (id, path, attempts) below the open root `dir`,
-/// except those `referenced`; returns what went and the ids of the records to forget (see
-/// [`drain`]).
+/// except those `referenced`, until `stop` is raised; returns what went and the ids of the
+/// records to forget (see [`drain`]).
 fn remove_batch(
     root: Root,
     dir: &OwnedFd,
     batch: &[(i64, String, i32)],
     referenced: &[String],
+    stop: &AtomicBool,
 ) -> (FileCounts, Vec<i64>) {
     let mut counts = FileCounts::default();
     let mut forget = Vec::with_capacity(batch.len());
     for (id, relative, attempts) in batch {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         if referenced.contains(relative) {
             forget.push(*id);
             continue;

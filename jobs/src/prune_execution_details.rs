@@ -277,8 +277,9 @@ pub enum Error {
     Files(#[from] DrainError),
 }
 
-/// Runs one hop. When `stop` is raised (shutdown, FL-5) the hop finishes the owner in hand,
-/// takes no more, and hands the rest of its window to the next hop.
+/// Runs one hop, with two connections of `pool` (see [`hop`]). When `stop` is raised
+/// (shutdown, FL-5) the hop finishes the owner in hand, takes no more, and hands the rest of
+/// its window to the next hop.
 ///
 /// # Errors
 /// [`Error::Database`] when the database fails; nothing is half-done, and the hop can be run
@@ -295,8 +296,9 @@ pub async fn run(
 }
 
 /// [`run`] on a connection of the caller's: one connection for the owner transactions, no
-/// pool round trip per owner transaction, and one from `pool` for unlinking the files of the
-/// owners pruned meanwhile ([`files::Beside`]).
+/// pool round trip per owner transaction, and one more from `pool`, while the hop runs, for
+/// unlinking the files of the owners pruned meanwhile ([`files::Beside`]): a hop needs two
+/// connections, as [`Job::CONNECTIONS`] declares.
 ///
 /// # Errors
 /// As [`run`].
@@ -324,7 +326,8 @@ pub async fn hop(
         throttled: None,
     };
     // Files of owners pruned by an earlier hop that died between commit and unlink.
-    report.add_files(drain_files(conn, settings, args.account_id).await?);
+    let (earlier, drained) = drain_files(conn, settings, args.account_id, 0).await?;
+    report.add_files(earlier);
 
     let account: Option<(Option<i32>, DateTime<Utc>)> = sqlx::query_as(
         "SELECT execution_details_retention_days, now() FROM accounts WHERE id = $1",
@@ -389,6 +392,7 @@ pub async fn hop(
         Root::Outputs,
         &settings.output_root,
         Some(args.account_id),
+        drained,
     );
     while !rest.is_empty() {
         // A hop always takes its first owners, however slow what came before: a budget spent
@@ -445,8 +449,13 @@ pub async fn hop(
     if let Some(pace) = pace.as_mut() {
         pace.wait(conn, stop).await?;
     }
-    report.add_files(beside.finish().await?);
-    report.add_files(drain_files(conn, settings, args.account_id).await?);
+    let (beside, drained) = beside.finish().await?;
+    report.add_files(beside);
+    report.add_files(
+        drain_files(conn, settings, args.account_id, drained)
+            .await?
+            .0,
+    );
 
     let full = window.len() as u64 == u64::from(settings.window_size);
     if full || out_of_budget {
@@ -791,14 +800,23 @@ fn busy_or<T>(result: Result<T, sqlx::Error>) -> Result<Option<T>, Error> {
     }
 }
 
-/// Unlinks the output files recorded for an account (EX-3). No transaction is held meanwhile:
-/// one hop per account runs at a time (FL-3), and a file unlinked twice is simply already gone.
+/// Unlinks the output files recorded for an account after record id `after` (EX-3); returns
+/// the last id it claimed. No transaction is held meanwhile: one hop per account runs at a time
+/// (FL-3), and a file unlinked twice is simply already gone.
 async fn drain_files(
     conn: &mut PgConnection,
     settings: &HopSettings,
     account_id: Uuid,
-) -> Result<files::FileCounts, DrainError> {
-    files::drain(conn, Root::Outputs, &settings.output_root, Some(account_id)).await
+    after: i64,
+) -> Result<(files::FileCounts, i64), DrainError> {
+    files::drain_from(
+        conn,
+        Root::Outputs,
+        &settings.output_root,
+        Some(account_id),
+        after,
+    )
+    .await
 }
 
 /// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
