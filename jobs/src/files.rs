@@ -109,9 +109,9 @@ pub enum DrainError {
 const BATCH: u64 = 500;
 
 /// Paths recorded before a drain starts beside the hop that records them: enough that it is
-/// not a synchronous commit per owner transaction, few enough that the hop's own last drain
-/// has little left (a scale-100 copy: 10.4–10.9 s at 100, against 12.1–13.1 s when the hop
-/// drained everything itself).
+/// not a synchronous commit per owner transaction (which cost about 10% at seed scale 10), few
+/// enough that the hop's own last drain has little left (a scale-100 copy: 10.4 and 10.9 s
+/// with 100, 11.4 and 12.1 s with 500, 10.7–14.1 s when the hop drained everything itself).
 const BESIDE_AFTER: u64 = BATCH / 5;
 
 /// How often a removal that failed for a reason that may pass (permissions, a busy file
