@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::common;
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, fleet_worker, free_port, metric, poll_until, scrape, status_json, wait_until_idle,
+    Proc, metric, poll_until, scrape, serving_fleet_worker, status_json, wait_until_idle,
 };
 use crate::common::run;
 
@@ -77,6 +77,24 @@ async fn pruned(pool: &PgPool, account: Uuid) -> i64 {
     .unwrap()
 }
 
+/// A physical slot named `<prefix>_<uuid>` that reserves WAL, and WAL for it to hold back: a
+/// few megabytes, past the 1 MiB the tests allow.
+async fn lagging_slot(pool: &PgPool, prefix: &str) -> String {
+    let slot = format!("{prefix}_{}", Uuid::new_v4().simple());
+    sqlx::query("SELECT pg_create_physical_replication_slot($1, true)")
+        .bind(&slot)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE hl_wal AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 5000) g",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    slot
+}
+
 #[sqlx::test]
 async fn hl1_a_lagging_replication_slot_throttles_hops_until_it_is_dropped(pool: PgPool) {
     let (_dir, paths, account) = backlog(&pool, 20).await;
@@ -89,19 +107,7 @@ async fn hl1_a_lagging_replication_slot_throttles_hops_until_it_is_dropped(pool:
     .execute(&pool)
     .await
     .unwrap();
-    let slot = format!("sexton_hl_{}", Uuid::new_v4().simple());
-    sqlx::query("SELECT pg_create_physical_replication_slot($1, true)")
-        .bind(&slot)
-        .execute(&pool)
-        .await
-        .unwrap();
-    // WAL the slot holds back: a few megabytes, past the 1 MiB the test allows.
-    sqlx::query(
-        "CREATE TABLE hl_wal AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 5000) g",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    let slot = lagging_slot(&pool, "sexton_hl").await;
     let lagging = health(1 << 20, false, 0);
 
     let mut args = Args::first(account, pass_start());
@@ -341,24 +347,11 @@ async fn hl_invalid_health_settings_exit_2_naming_each() {
 async fn hl4_a_throttled_pass_is_counted_logged_and_shown_in_status(pool: PgPool) {
     let (dir, _paths, account) = backlog(&pool, 6).await;
     // Not `sexton_hl_…`: hl1 drops those it finds inactive.
-    let slot = format!("sexton_visible_{}", Uuid::new_v4().simple());
-    sqlx::query("SELECT pg_create_physical_replication_slot($1, true)")
-        .bind(&slot)
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query(
-        "CREATE TABLE hl_wal AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 5000) g",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    let slot = lagging_slot(&pool, "sexton_visible").await;
 
     let url = common::database_url(&pool).await;
-    let address = format!("127.0.0.1:{}", free_port());
-    let mut cmd = fleet_worker(&url, dir.path());
-    cmd.env("SEXTON_HTTP__LISTEN", &address)
-        .env("SEXTON_LOG__FORMAT", "json")
+    let (mut cmd, address) = serving_fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_LOG__FORMAT", "json")
         .env("SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES", "1048576")
         .env("SEXTON_HEALTH__BACKOFF_MS", "200")
         .env("SEXTON_HEALTH__CACHE_MS", "1");

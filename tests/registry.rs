@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, fleet_worker, free_port, metric, poll_until, scrape, status_json, wait_until_idle,
+    Proc, metric, poll_until, scrape, serving_fleet_worker, status_json, wait_until_idle,
 };
 use crate::common::{self};
 
@@ -145,10 +145,8 @@ async fn op3_last_success_advances_only_when_every_accounts_pass_finished(pool: 
     account_with_old_runs(&pool, outputs, 1).await;
     let (stuck, _) = account_with_old_runs(&pool, outputs, 1).await;
     let url = common::database_url(&pool).await;
-    let address = format!("127.0.0.1:{}", free_port());
-    let mut cmd = fleet_worker(&url, dir.path());
-    cmd.env("SEXTON_HTTP__LISTEN", &address)
-        .env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "100")
+    let (mut cmd, address) = serving_fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "100")
         .env("SEXTON_QUEUE__MAX_ATTEMPTS", "2");
     let worker = Proc::spawn(cmd);
     worker.wait_for_log("worker started").await;
@@ -250,10 +248,8 @@ async fn op3_a_hop_whose_next_push_fails_still_counts_its_rows_and_a_failed_hop(
         .unwrap();
 
     let url = common::database_url(&pool).await;
-    let address = format!("127.0.0.1:{}", free_port());
-    let mut cmd = fleet_worker(&url, dir.path());
-    cmd.env("SEXTON_HTTP__LISTEN", &address)
-        .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "2")
+    let (mut cmd, address) = serving_fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "2")
         .env("SEXTON_QUEUE__MAX_ATTEMPTS", "100")
         // No retry while the figures are compared: a retried hop prunes two more owners (and
         // fails again) — with the default 5 s, on a loaded machine, between the scrape and the

@@ -111,6 +111,14 @@ pub fn fleet_worker(url: &str, dir: &std::path::Path) -> Command {
     cmd
 }
 
+/// A [`fleet_worker`] serving its HTTP endpoints on a free local port, and that address.
+pub fn serving_fleet_worker(url: &str, dir: &std::path::Path) -> (Command, String) {
+    let address = format!("127.0.0.1:{}", free_port());
+    let mut cmd = fleet_worker(url, dir);
+    cmd.env("SEXTON_HTTP__LISTEN", &address);
+    (cmd, address)
+}
+
 pub async fn wait_until_idle(pool: &PgPool) {
     poll_until(Duration::from_secs(180), || async {
         queue::counts(pool).await.unwrap().idle()
