@@ -31,6 +31,8 @@ mod attachments;
 mod disk;
 mod traces;
 
+use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -102,6 +104,10 @@ struct Cli {
     /// dropping the page cache (what the file system costs, told from what the method does).
     #[arg(long)]
     warm: bool,
+    /// Keep each sexton worker's log (JSON lines) in this directory, one file per method's
+    /// database, to read its timeline afterwards.
+    #[arg(long)]
+    logs: Option<PathBuf>,
 }
 
 /// The parts of the benchmark.
@@ -187,6 +193,9 @@ struct Method {
     longest_transaction_ms: f64,
     /// What the longest transaction was running when last sampled.
     longest_transaction_query: String,
+    /// What its backend waited on in the samples of it, most seen first (see
+    /// [`longest_transaction`]).
+    longest_transaction_waits: String,
     /// sexton only: hop durations, each hop's time per candidate, peak RSS, and where the
     /// time went.
     hop: Option<Latency>,
@@ -1144,7 +1153,7 @@ async fn beside(
     stop: &Arc<AtomicBool>,
 ) -> anyhow::Result<(
     tokio::task::JoinHandle<anyhow::Result<Writes>>,
-    tokio::task::JoinHandle<anyhow::Result<(f64, String)>>,
+    tokio::task::JoinHandle<anyhow::Result<Longest>>,
 )> {
     let writer = tokio::spawn(writes);
     let sampler = tokio::spawn(longest_transaction(
@@ -1155,15 +1164,14 @@ async fn beside(
 }
 
 /// A method's rates over `items` and `rows`, and what the writer and the sampler saw.
-fn score(method: &mut Method, items: i64, rows: i64, writer: Writes, longest: (f64, String)) {
+fn score(method: &mut Method, items: i64, rows: i64, writer: Writes, longest: Longest) {
     method.owners_per_s = items as f64 / method.seconds;
     method.rows_per_s = rows as f64 / method.seconds;
     method.writer = Latency::of(writer.total_ms);
     method.writer_longest_lock_wait_ms = max_ms(&writer.lock_wait_ms);
-    (
-        method.longest_transaction_ms,
-        method.longest_transaction_query,
-    ) = longest;
+    method.longest_transaction_ms = longest.ms;
+    method.longest_transaction_query = longest.query;
+    method.longest_transaction_waits = longest.waits;
 }
 
 fn max_ms(ms: &[f64]) -> f64 {
@@ -1180,6 +1188,7 @@ fn method(name: &'static str) -> Method {
         writer_longest_lock_wait_ms: 0.0,
         longest_transaction_ms: 0.0,
         longest_transaction_query: String::new(),
+        longest_transaction_waits: String::new(),
         hop: None,
         hop_us_per_candidate: None,
         peak_rss_kb: None,
@@ -1275,9 +1284,20 @@ async fn run_sexton(
     let (mut started, mut wal_start) = (Instant::now(), wal_position(admin).await?);
     let mut wal_end = wal_start;
     let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let mut log = match &cli.logs {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            let file = dir.join(format!("{db}.log"));
+            Some(std::io::BufWriter::new(std::fs::File::create(file)?))
+        }
+        None => None,
+    };
     let (mut hops, mut per_candidate, mut hop_s, mut owner_s) = (Vec::new(), Vec::new(), 0.0, 0.0);
     let (mut last_hop, mut rss) = (0.0, None);
     while let Some(line) = lines.next_line().await? {
+        if let Some(log) = log.as_mut() {
+            writeln!(log, "{line}")?;
+        }
         if let Some(kb) = line.strip_prefix("max_rss_kb=") {
             rss = kb.trim().parse().ok();
             continue;
@@ -1597,14 +1617,20 @@ async fn write_at_rate(
     .await
 }
 
-/// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity.
-/// Returns its length in ms and the statement it was running when last seen.
-async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Result<(f64, String)> {
-    let mut longest = (0.0, String::new());
+/// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity:
+/// its length, the statement it was running when last seen, and what its backend was waiting
+/// on in each sample of it (`type:event`, or `cpu` when it waited on nothing), most seen first
+/// — a stall of the whole cluster (WAL writes, data file reads) told from a long batch.
+async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Result<Longest> {
+    let mut longest = Longest::default();
+    // The transaction being sampled (backend, start), and its samples' waits.
+    let mut current: Option<(Sampled, BTreeMap<String, u32>)> = None;
     while !stop.load(Ordering::Relaxed) {
-        let oldest: Option<(f64, String)> = sqlx::query_as(
-            "SELECT (EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1000)::float8,
-                    left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
+        let oldest: Option<(i32, DateTime<Utc>, f64, String, String)> = sqlx::query_as(
+            "SELECT pid, xact_start,
+                    (EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1000)::float8,
+                    left(regexp_replace(query, '\\s+', ' ', 'g'), 160),
+                    COALESCE(wait_event_type || ':' || wait_event, 'cpu')
              FROM pg_stat_activity
              WHERE datname = current_database() AND xact_start IS NOT NULL
                AND application_name IN ('sexton', 'bench-raw', 'bench-naive')
@@ -1615,13 +1641,41 @@ async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Res
         )
         .fetch_optional(&pool)
         .await?;
-        if let Some(oldest) = oldest.filter(|(ms, _)| *ms > longest.0) {
-            longest = oldest;
+        if let Some((pid, started, ms, query, wait)) = oldest {
+            let waits = match &mut current {
+                Some((id, waits)) if *id == (pid, started) => waits,
+                _ => &mut current.insert(((pid, started), BTreeMap::new())).1,
+            };
+            *waits.entry(wait).or_default() += 1;
+            if ms > longest.ms {
+                let mut seen: Vec<(&String, &u32)> = waits.iter().collect();
+                seen.sort_by(|a, b| b.1.cmp(a.1));
+                longest = Longest {
+                    ms,
+                    query,
+                    waits: seen
+                        .iter()
+                        .map(|(wait, n)| format!("{wait} ×{n}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                };
+            }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     pool.close().await;
     Ok(longest)
+}
+
+/// A transaction the sampler of [`longest_transaction`] sees: its backend and its start.
+type Sampled = (i32, DateTime<Utc>);
+
+/// What the sampler of [`longest_transaction`] saw.
+#[derive(Debug, Default)]
+struct Longest {
+    ms: f64,
+    query: String,
+    waits: String,
 }
 
 async fn detail_rows(pool: &PgPool) -> anyhow::Result<i64> {
@@ -2038,8 +2092,9 @@ fn targets(results: &[Scale]) -> Vec<Target> {
             scale: s.scale,
             from_scale: None,
             check: format!(
-                "sexton's longest transaction {longest:.0} ms (target ≤ 2 × transaction_target_ms {:.0} = {bound:.0} ms)",
-                s.transaction_target_ms
+                "sexton's longest transaction {longest:.0} ms (target ≤ 2 × transaction_target_ms {:.0} = {bound:.0} ms; its backend in the samples of it: {})",
+                s.transaction_target_ms,
+                sexton.longest_transaction_waits
             ),
             value: longest,
             bound,
