@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, fleet_worker, free_port, http_get, poll_until, wait_until_idle,
+    Proc, fleet_worker, free_port, http_get, poll_until, serving_fleet_worker, wait_until_idle,
 };
 use crate::common::{self, audit};
 
@@ -398,12 +398,9 @@ async fn op3_a_real_prometheus_scrapes_the_contract_series(pool: PgPool) {
         .await;
     }
     let url = common::database_url(&pool).await;
-    let port = free_port();
-    let address = format!("127.0.0.1:{port}");
-    let mut cmd = fleet_worker(&url, dir.path());
+    let (mut cmd, address) = serving_fleet_worker(&url, dir.path());
     // The worker's own schedule catches up on the last hourly slot and runs the pass.
-    cmd.env("SEXTON_HTTP__LISTEN", &address)
-        .env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "200")
+    cmd.env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "200")
         .env("SEXTON_SCHEDULE__CRON", "0 * * * *")
         .env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "2");
     let worker = Proc::spawn(cmd);
