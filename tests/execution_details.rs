@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use sexton_jobs::files::{self, Root};
+use sexton_jobs::job::Job;
 use sexton_jobs::prune_execution_details::{
     self as job, Args, HopOutcome, HopReport, RetainReason,
 };
@@ -800,6 +801,86 @@ async fn ex3_files_of_many_owners_go_beside_the_hop_each_counted_once(pool: PgPo
         .await
         .unwrap();
     assert_eq!(waiting, 0);
+}
+
+/// FL-6: an execution-details hop holds no more connections than it declares
+/// (`Job::CONNECTIONS`): on a pool of exactly that many it prunes its owners while their files
+/// are unlinked beside it (a hop that took one more would wait for it until the pool timed
+/// out). On a pool of one fewer, the drain beside the hop cannot get its connection: the hop
+/// fails for it, and nothing is lost — the owners it pruned keep their files recorded, and the
+/// next hop unlinks them.
+#[sqlx::test]
+async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
+    const OWNERS: usize = 150;
+    let mut env = Env::new(pool).await;
+    env.settings.owners_per_transaction = 10;
+    let declared = <job::PruneExecutionDetails as Job>::CONNECTIONS;
+    assert_eq!(
+        declared, 2,
+        "a hop's owner transactions and the drain beside it"
+    );
+    let sized = |connections: u32| {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_millis(500))
+            .connect_with((*env.pool.connect_options()).clone())
+    };
+    let mut accounts = Vec::new();
+    for _ in 0..2 {
+        let account = fixture::account(&env.pool, Some(30)).await;
+        let conversation = fixture::conversation(&env.pool, account).await;
+        for i in 0..OWNERS {
+            env.run(RunSpec::conversation(
+                account,
+                conversation,
+                40.0 + i as f64 / 10.0,
+            ))
+            .await;
+        }
+        accounts.push(account);
+    }
+    let files_left = |account: Uuid| {
+        std::fs::read_dir(env.root().join(account.to_string()))
+            .unwrap()
+            .filter(|run| run.as_ref().unwrap().path().join("out.bin").exists())
+            .count()
+    };
+    let stop = AtomicBool::new(false);
+    let args = |account| Args::first(account, pass_start());
+
+    let exact = sized(declared).await.unwrap();
+    let report = job::run(&exact, &env.clock, &env.settings, &args(accounts[0]), &stop)
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.pruned, report.files_deleted),
+        (OWNERS as u32, OWNERS as u64)
+    );
+    assert_eq!(files_left(accounts[0]), 0);
+
+    let short = sized(declared - 1).await.unwrap();
+    let failed = job::run(&short, &env.clock, &env.settings, &args(accounts[1]), &stop).await;
+    let err = failed.expect_err("the drain beside the hop had no connection to take");
+    assert!(err.to_string().contains("pool timed out"), "{err}");
+    let (pruned, recorded): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM runs WHERE account_id = $1 AND details_pruned_at IS NOT NULL),
+                (SELECT count(*) FROM sexton.pending_file_deletions WHERE account_id = $1)",
+    )
+    .bind(accounts[1])
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(pruned, OWNERS as i64, "the owner transactions went on");
+    assert_eq!(
+        files_left(accounts[1]) as i64,
+        recorded,
+        "every file still there is still recorded"
+    );
+    assert!(recorded > 0);
+
+    let report = env.hop(&args(accounts[1])).await;
+    assert_eq!(report.files_deleted, recorded as u64);
+    assert_eq!(files_left(accounts[1]), 0);
 }
 
 /// Many old owners over a few conversations, for the concurrency cases.
