@@ -1267,6 +1267,14 @@ async fn run_sexton(
     if !tick.success() {
         bail!("sexton tick failed");
     }
+    let mut log = match &cli.logs {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            let file = dir.join(format!("{db}.log"));
+            Some(std::io::BufWriter::new(std::fs::File::create(file)?))
+        }
+        None => None,
+    };
     let mut child = tokio::process::Command::new("/usr/bin/time")
         .args(["-f", "max_rss_kb=%M"])
         .arg(&cli.sexton)
@@ -1284,14 +1292,6 @@ async fn run_sexton(
     let (mut started, mut wal_start) = (Instant::now(), wal_position(admin).await?);
     let mut wal_end = wal_start;
     let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-    let mut log = match &cli.logs {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            let file = dir.join(format!("{db}.log"));
-            Some(std::io::BufWriter::new(std::fs::File::create(file)?))
-        }
-        None => None,
-    };
     let (mut hops, mut per_candidate, mut hop_s, mut owner_s) = (Vec::new(), Vec::new(), 0.0, 0.0);
     let (mut last_hop, mut rss) = (0.0, None);
     while let Some(line) = lines.next_line().await? {
@@ -1617,10 +1617,11 @@ async fn write_at_rate(
     .await
 }
 
-/// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity:
-/// its length, the statement it was running when last seen, and what its backend was waiting
-/// on in each sample of it (`type:event`, or `cpu` when it waited on nothing), most seen first
-/// — a stall of the whole cluster (WAL writes, data file reads) told from a long batch.
+/// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity (the
+/// oldest open one at each sample): its length, the statement it was running when last seen,
+/// and what its backend was waiting on in the samples where it was the oldest (`type:event`,
+/// or `cpu` when it waited on nothing), most seen first — a stall on data files or WAL told
+/// from a long batch. Samples taken while an older transaction was open are not among them.
 async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Result<Longest> {
     let mut longest = Longest::default();
     // The transaction being sampled (backend, start), and its samples' waits.
