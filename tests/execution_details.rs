@@ -811,6 +811,9 @@ async fn ex3_files_of_many_owners_go_beside_the_hop_each_counted_once(pool: PgPo
 /// next hop unlinks them.
 #[sqlx::test]
 async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
+    // One drain beside the hop starts once 100 paths wait (`files::BESIDE_AFTER`), and the 50
+    // after it never make another: on the short pool the timeout surfaces when the hop ends,
+    // after every owner transaction.
     const OWNERS: usize = 150;
     let mut env = Env::new(pool).await;
     env.settings.owners_per_transaction = 10;
@@ -819,11 +822,21 @@ async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
         declared, 2,
         "a hop's owner transactions and the drain beside it"
     );
-    let sized = |connections: u32| {
-        sqlx::postgres::PgPoolOptions::new()
+    // Every connection is opened before the hop, so that only a connection the pool lacks can
+    // time out, never a slow connect.
+    let sized = async |connections: u32| {
+        let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(connections)
-            .acquire_timeout(Duration::from_millis(500))
+            .acquire_timeout(Duration::from_secs(2))
             .connect_with((*env.pool.connect_options()).clone())
+            .await
+            .unwrap();
+        let mut open = Vec::new();
+        for _ in 0..connections {
+            open.push(pool.acquire().await.unwrap());
+        }
+        drop(open);
+        pool
     };
     let mut accounts = Vec::new();
     for _ in 0..2 {
@@ -848,7 +861,7 @@ async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
     let stop = AtomicBool::new(false);
     let args = |account| Args::first(account, pass_start());
 
-    let exact = sized(declared).await.unwrap();
+    let exact = sized(declared).await;
     let report = job::run(&exact, &env.clock, &env.settings, &args(accounts[0]), &stop)
         .await
         .unwrap();
@@ -858,10 +871,13 @@ async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
     );
     assert_eq!(files_left(accounts[0]), 0);
 
-    let short = sized(declared - 1).await.unwrap();
+    exact.close().await;
+
+    let short = sized(declared - 1).await;
     let failed = job::run(&short, &env.clock, &env.settings, &args(accounts[1]), &stop).await;
     let err = failed.expect_err("the drain beside the hop had no connection to take");
     assert!(err.to_string().contains("pool timed out"), "{err}");
+    short.close().await;
     let (pruned, recorded): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM runs WHERE account_id = $1 AND details_pruned_at IS NOT NULL),
                 (SELECT count(*) FROM sexton.pending_file_deletions WHERE account_id = $1)",
