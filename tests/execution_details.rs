@@ -838,7 +838,8 @@ async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
         drop(open);
         pool
     };
-    let mut accounts = Vec::new();
+    // Each account: old owners that go, and a young run whose file must stay.
+    let (mut accounts, mut young) = (Vec::new(), Vec::new());
     for _ in 0..2 {
         let account = fixture::account(&env.pool, Some(30)).await;
         let conversation = fixture::conversation(&env.pool, account).await;
@@ -850,12 +851,18 @@ async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
             ))
             .await;
         }
+        let kept = env
+            .run(RunSpec::conversation(account, conversation, 10.0))
+            .await;
         accounts.push(account);
+        young.push(env.root().join(format!("{account}/{}/out.bin", kept.id)));
     }
+    // The old owners' files still on disk.
     let files_left = |account: Uuid| {
         std::fs::read_dir(env.root().join(account.to_string()))
             .unwrap()
-            .filter(|run| run.as_ref().unwrap().path().join("out.bin").exists())
+            .map(|run| run.unwrap().path().join("out.bin"))
+            .filter(|file| file.exists() && !young.contains(file))
             .count()
     };
     let stop = AtomicBool::new(false);
@@ -897,6 +904,10 @@ async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
     let report = env.hop(&args(accounts[1])).await;
     assert_eq!(report.files_deleted, recorded as u64);
     assert_eq!(files_left(accounts[1]), 0);
+    assert!(
+        young.iter().all(|file| file.exists()),
+        "young runs' files stay"
+    );
 }
 
 /// Many old owners over a few conversations, for the concurrency cases.
