@@ -1626,6 +1626,8 @@ async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Res
     let mut longest = Longest::default();
     // The transaction being sampled (backend, start), and its samples' waits.
     let mut current: Option<(Sampled, BTreeMap<String, u32>)> = None;
+    // The longest one's, as of its last sample; written out once at the end.
+    let mut longest_waits = BTreeMap::new();
     while !stop.load(Ordering::Relaxed) {
         let oldest: Option<(i32, DateTime<Utc>, f64, String, String)> = sqlx::query_as(
             "SELECT pid, xact_start,
@@ -1649,22 +1651,20 @@ async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Res
             };
             *waits.entry(wait).or_default() += 1;
             if ms > longest.ms {
-                let mut seen: Vec<(&String, &u32)> = waits.iter().collect();
-                seen.sort_by(|a, b| b.1.cmp(a.1));
-                longest = Longest {
-                    ms,
-                    query,
-                    waits: seen
-                        .iter()
-                        .map(|(wait, n)| format!("{wait} ×{n}"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                };
+                (longest.ms, longest.query) = (ms, query);
+                longest_waits.clone_from(waits);
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     pool.close().await;
+    let mut seen: Vec<(String, u32)> = longest_waits.into_iter().collect();
+    seen.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    longest.waits = seen
+        .iter()
+        .map(|(wait, n)| format!("{wait} ×{n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     Ok(longest)
 }
 
