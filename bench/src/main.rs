@@ -3,7 +3,7 @@
 //! For each scale it seeds one template database with `sexton seed`, then on identical copies
 //! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners five ways —
 //! sexton (tick and a worker through the queue, default settings but every other age-driven job
-//! kind off, so that it measures the job alone; timed from the worker being up to its last hop), the raw floor (batched
+//! kind off, so that it measures the job alone; timed from the worker taking the nightly slot to its last hop), the raw floor (batched
 //! `DELETE … WHERE run_id = ANY($1)`, 500 owners per transaction, no checks), the same floor
 //! setting the markers sexton's end state has (`raw+markers`), that floor also unlinking the
 //! owners' output files after each batch commits, beside the next batch (`raw+markers+files`:
@@ -31,7 +31,7 @@ mod attachments;
 mod disk;
 mod traces;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -199,6 +199,10 @@ struct Method {
     /// sexton only: hop durations, each hop's time per candidate, peak RSS, and where the
     /// time went.
     hop: Option<Latency>,
+    /// sexton only: the worker's start, from its "worker started" line to its taking the
+    /// nightly slot (its queue consumers registering, its first connections): not part of the
+    /// timed pass, which a running fleet's idle workers take at once.
+    start_seconds: Option<f64>,
     hop_us_per_candidate: Option<Latency>,
     peak_rss_kb: Option<u64>,
     share_outside_owner_transactions: Option<f64>,
@@ -452,7 +456,7 @@ async fn measure_scale(
             &stop,
         )
         .await?;
-        // Each method times itself (sexton from its worker being up, see `run_sexton`).
+        // Each method times itself (sexton from its worker taking the nightly slot, see `run_sexton`).
         let mut method = match name {
             "sexton" => run_sexton(cli, admin, &db, &run_files, name, 2, &PED, &[]).await?,
             BUDGETED => {
@@ -1145,7 +1149,7 @@ fn transaction_target_ms() -> anyhow::Result<f64> {
 }
 
 /// What runs beside a method until `stop`: the application's `writes` and the sampler of the
-/// deleter's longest transaction.
+/// deleter's longest write transaction.
 async fn beside(
     base: &PgConnectOptions,
     db: &str,
@@ -1190,6 +1194,7 @@ fn method(name: &'static str) -> Method {
         longest_transaction_query: String::new(),
         longest_transaction_waits: String::new(),
         hop: None,
+        start_seconds: None,
         hop_us_per_candidate: None,
         peak_rss_kb: None,
         share_outside_owner_transactions: None,
@@ -1239,9 +1244,10 @@ fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::C
 /// sexton as an operator runs it: a tick, then one worker through the queue until idle, running
 /// `concurrency` hops at a time (the default is 2; 1 leaves the database more room), with the
 /// worker's settings overridden by `env` (`SEXTON_…` variables). The pass is timed as a running
-/// fleet sees it: from the worker being up (the slot waiting in the queue) to its last hop of
-/// `pass.job` — neither the process start nor the wait for an idle queue — and its WAL over
-/// the same span, read on `admin`.
+/// fleet sees it: from the worker taking the nightly slot (its fan-out line) to its last hop
+/// of `pass.job` — neither the process start, nor its queue consumers registering and opening
+/// their connections (reported apart, as `start_seconds`), nor the wait for an idle queue —
+/// and its WAL over the same span, read on `admin`.
 #[expect(
     clippy::too_many_arguments,
     reason = "where the worker runs, how, and what it is timed by: each set by the caller"
@@ -1293,7 +1299,7 @@ async fn run_sexton(
     let mut wal_end = wal_start;
     let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
     let (mut hops, mut per_candidate, mut hop_s, mut owner_s) = (Vec::new(), Vec::new(), 0.0, 0.0);
-    let (mut last_hop, mut rss) = (0.0, None);
+    let (mut last_hop, mut rss, mut start_seconds) = (0.0, None, None);
     while let Some(line) = lines.next_line().await? {
         if let Some(log) = log.as_mut() {
             writeln!(log, "{line}")?;
@@ -1306,6 +1312,10 @@ async fn run_sexton(
             continue;
         };
         if event["message"] == "worker started" {
+            started = Instant::now();
+        }
+        if event["message"] == "fanning out nightly slot" {
+            start_seconds = Some(started.elapsed().as_secs_f64());
             started = Instant::now();
             wal_start = wal_position(admin).await?;
         }
@@ -1334,6 +1344,7 @@ async fn run_sexton(
     };
     let mut m = method(name);
     m.seconds = last_hop;
+    m.start_seconds = start_seconds;
     m.hop = Some(Latency::of(hops));
     m.hop_us_per_candidate = Some(Latency::of(per_candidate));
     m.peak_rss_kb = rss;
@@ -1617,44 +1628,43 @@ async fn write_at_rate(
     .await
 }
 
-/// The longest open transaction of the deleter, sampled every 10 ms from pg_stat_activity (the
-/// oldest open one at each sample): its length, the statement it was running when last seen,
-/// and what its backend was waiting on in the samples where it was the oldest (`type:event`,
-/// or `cpu` when it waited on nothing), most seen first — a stall on data files or WAL told
-/// from a long batch. Samples taken while an older transaction was open are not among them.
+/// The longest write transaction of the deleter, sampled every 10 ms from pg_stat_activity:
+/// every open transaction of its backends that holds a transaction id (one that has written or
+/// locked a row: sexton's owner transactions, the floors' batches — not a plain read such as a
+/// hop's window, which blocks no writer) is followed at each sample. The longest one's length,
+/// the statement it was running when last seen, and what its backend was waiting on in each
+/// sample of it (`type:event`, or `cpu` when it waited on nothing), most seen first: a stall
+/// on data files or WAL told from a long batch.
 async fn longest_transaction(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Result<Longest> {
     let mut longest = Longest::default();
-    // The transaction being sampled (backend, start), and its samples' waits.
-    let mut current: Option<(Sampled, BTreeMap<String, u32>)> = None;
+    // The transactions open at the last sample, by (backend, start), and their waits so far.
+    let mut open: HashMap<Sampled, BTreeMap<String, u32>> = HashMap::new();
     // The longest one's, as of its last sample; written out once at the end.
     let mut longest_waits = BTreeMap::new();
     while !stop.load(Ordering::Relaxed) {
-        let oldest: Option<(i32, DateTime<Utc>, f64, String, String)> = sqlx::query_as(
+        let sampled: Vec<(i32, DateTime<Utc>, f64, String, String)> = sqlx::query_as(
             "SELECT pid, xact_start,
                     (EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1000)::float8,
                     left(regexp_replace(query, '\\s+', ' ', 'g'), 160),
                     COALESCE(wait_event_type || ':' || wait_event, 'cpu')
              FROM pg_stat_activity
              WHERE datname = current_database() AND xact_start IS NOT NULL
-               AND application_name IN ('sexton', 'bench-raw', 'bench-naive')
-               -- The worker's LISTEN connection holds no data locks; it was once seen
-               -- running LISTEN for 10 s, which is not a deleter's transaction.
-               AND query NOT LIKE 'LISTEN %'
-             ORDER BY xact_start LIMIT 1",
+               AND backend_xid IS NOT NULL
+               AND application_name IN ('sexton', 'bench-raw', 'bench-naive')",
         )
-        .fetch_optional(&pool)
+        .fetch_all(&pool)
         .await?;
-        if let Some((pid, started, ms, query, wait)) = oldest {
-            let waits = match &mut current {
-                Some((id, waits)) if *id == (pid, started) => waits,
-                _ => &mut current.insert(((pid, started), BTreeMap::new())).1,
-            };
+        let mut still = HashMap::with_capacity(sampled.len());
+        for (pid, started, ms, query, wait) in sampled {
+            let mut waits = open.remove(&(pid, started)).unwrap_or_default();
             *waits.entry(wait).or_default() += 1;
             if ms > longest.ms {
                 (longest.ms, longest.query) = (ms, query);
-                longest_waits.clone_from(waits);
+                longest_waits.clone_from(&waits);
             }
+            still.insert((pid, started), waits);
         }
+        open = still;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     pool.close().await;
@@ -1914,7 +1924,7 @@ fn expiry_markdown(e: &Expiry) -> String {
         "in the same run as the tables above"
     };
     let mut md = format!(
-        "{EXPIRY_HEADING}\n\nMeasured {} on {}, {when}. Each table holds {} expired rows (created evenly from {OLDEST_DAYS:.0} days to a day past its age before the pass, oldest first) and {} young ones that must stay, built in {:.0} s; each method runs on its own copy. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings but `expiry.batch_size = {}` and every other kind at 0 days), timed from the worker being up to its last hop. raw: `SELECT id … WHERE created_at < cutoff ORDER BY created_at, id LIMIT {}`, then `DELETE … WHERE id = ANY($1)`, each batch its own transaction, with no lock and no re-check. Beside each, an application writer ({} per second) locks one record (old or young, by turns), updates it if it is still there, inserts a new one and commits. \"left\" counts expired rows sexton skipped because the writer held them (`busy`, for the next pass).\n\n| table | expired rows | method | seconds | rows deleted | left | rows/s | vs raw | writer p50 / p99 / max ms (idle) | writer longest lock wait ms (idle) | longest tx ms | hop median / p99 ms | µs per row read (median hop) | peak RSS MB | outside batch statements |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "{EXPIRY_HEADING}\n\nMeasured {} on {}, {when}. Each table holds {} expired rows (created evenly from {OLDEST_DAYS:.0} days to a day past its age before the pass, oldest first) and {} young ones that must stay, built in {:.0} s; each method runs on its own copy. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings but `expiry.batch_size = {}` and every other kind at 0 days), timed from the worker taking the nightly slot to its last hop. raw: `SELECT id … WHERE created_at < cutoff ORDER BY created_at, id LIMIT {}`, then `DELETE … WHERE id = ANY($1)`, each batch its own transaction, with no lock and no re-check. Beside each, an application writer ({} per second) locks one record (old or young, by turns), updates it if it is still there, inserts a new one and commits. \"left\" counts expired rows sexton skipped because the writer held them (`busy`, for the next pass).\n\n| table | expired rows | method | seconds | rows deleted | left | rows/s | vs raw | writer p50 / p99 / max ms (idle) | writer longest lock wait ms (idle) | longest write tx ms | hop median / p99 ms | µs per row read (median hop) | peak RSS MB | outside batch statements |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         e.measured_at.format("%Y-%m-%d"),
         e.machine,
         e.rows,
@@ -1955,7 +1965,7 @@ fn expiry_markdown(e: &Expiry) -> String {
 
 fn markdown(results: &[Scale]) -> String {
     let mut md = String::from(
-        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
         let rate = |name: &str| {
@@ -1987,7 +1997,7 @@ fn markdown(results: &[Scale]) -> String {
         .map(|s| format!("{:.0} at scale {}", s.idle_writer_wal_bytes_per_s, s.scale))
         .collect();
     md.push_str(&format!(
-        "\nWAL: the cluster's WAL position (`pg_current_wal_lsn()`, read on the bench's own connection) just before each method and right after it (for sexton, at the worker being up and at its last hop, the span its seconds time). \"WAL MB\" is that delta, the WAL of the writer beside the method included; in brackets the writer's estimated share, its rate alone in the idle baseline (bytes/s: {}; mostly whole pages it is the first to change after the copy's checkpoint, so a rough estimate) × the method's seconds. \"WAL bytes per owner\" is the delta net of that share, per owner pruned. Each copy starts right after the checkpoint of `CREATE DATABASE … STRATEGY FILE_COPY`, so every method writes whole pages (full-page writes) on its first change to each page alike; autovacuum's WAL during a method counts in its delta.\n",
+        "\nWAL: the cluster's WAL position (`pg_current_wal_lsn()`, read on the bench's own connection) just before each method and right after it (for sexton, at the worker taking the nightly slot and at its last hop, the span its seconds time). \"WAL MB\" is that delta, the WAL of the writer beside the method included; in brackets the writer's estimated share, its rate alone in the idle baseline (bytes/s: {}; mostly whole pages it is the first to change after the copy's checkpoint, so a rough estimate) × the method's seconds. \"WAL bytes per owner\" is the delta net of that share, per owner pruned. Each copy starts right after the checkpoint of `CREATE DATABASE … STRATEGY FILE_COPY`, so every method writes whole pages (full-page writes) on its first change to each page alike; autovacuum's WAL during a method counts in its delta.\n",
         idle_rates.join(", ")
     ));
     if let Some((s, b)) = results
@@ -1996,7 +2006,7 @@ fn markdown(results: &[Scale]) -> String {
     {
         let m = &b.method;
         md.push_str(&format!(
-            "\nWAL budget, at scale {}: sexton as in the table (`queue.concurrency` 2) once more on a fresh copy, with `SEXTON_HEALTH__MAX_WAL_BYTES_PER_SECOND` at a quarter of the rate its unbudgeted pass wrote at (WAL delta ÷ seconds, as in the table); the other health indicators stay off. The pace (`WalPace`, jobs/src/health.rs) holds the whole process to the budget by the cluster's WAL position, each byte counted once whichever hop reads it: the writer's WAL (about {:.0} bytes/s alone) counts against the budget too. The achieved rate is measured as in the table: the WAL delta over the pass, the writer's included, ÷ its seconds.\n\n| scale | budget bytes/s | achieved bytes/s | achieved / budget | seconds | owners/s | WAL bytes per owner | writer p50 / p99 / max ms | writer longest lock wait ms | longest tx ms |\n|---|---|---|---|---|---|---|---|---|---|\n| {} | {} | {:.0} | {:.2} | {:.1} | {:.0} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} |\n",
+            "\nWAL budget, at scale {}: sexton as in the table (`queue.concurrency` 2) once more on a fresh copy, with `SEXTON_HEALTH__MAX_WAL_BYTES_PER_SECOND` at a quarter of the rate its unbudgeted pass wrote at (WAL delta ÷ seconds, as in the table); the other health indicators stay off. The pace (`WalPace`, jobs/src/health.rs) holds the whole process to the budget by the cluster's WAL position, each byte counted once whichever hop reads it: the writer's WAL (about {:.0} bytes/s alone) counts against the budget too. The achieved rate is measured as in the table: the WAL delta over the pass, the writer's included, ÷ its seconds.\n\n| scale | budget bytes/s | achieved bytes/s | achieved / budget | seconds | owners/s | WAL bytes per owner | writer p50 / p99 / max ms | writer longest lock wait ms | longest write tx ms |\n|---|---|---|---|---|---|---|---|---|---|\n| {} | {} | {:.0} | {:.2} | {:.1} | {:.0} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} |\n",
             s.scale, s.idle_writer_wal_bytes_per_s,
             s.scale, b.budget_bytes_per_s, b.achieved_bytes_per_s, b.ratio, m.seconds, m.owners_per_s,
             wal_per_owner(m),
@@ -2022,7 +2032,7 @@ fn markdown(results: &[Scale]) -> String {
         md.push_str("- **PF-3**: not measured (needs a scale of 10 or more and a larger one)\n");
     }
     md.push_str(
-        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms | writer longest lock wait ms | longest tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
         let raw = s
@@ -2093,7 +2103,7 @@ fn targets(results: &[Scale]) -> Vec<Target> {
             scale: s.scale,
             from_scale: None,
             check: format!(
-                "sexton's longest transaction {longest:.0} ms (target ≤ 2 × transaction_target_ms {:.0} = {bound:.0} ms; its backend in the samples of it: {})",
+                "sexton's longest write transaction {longest:.0} ms (target ≤ 2 × transaction_target_ms {:.0} = {bound:.0} ms; its backend in the samples of it: {})",
                 s.transaction_target_ms,
                 sexton.longest_transaction_waits
             ),
