@@ -692,34 +692,6 @@ mod tests {
     }
 
     #[test]
-    fn op2_io_concurrency_outside_what_postgresql_accepts_is_refused_naming_the_setting() {
-        use sexton_jobs::prune_execution_details::HopSettings;
-        let read_ahead = |toml: &str| {
-            Settings::from_figment(
-                &Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(toml)),
-                &crate::registry::sections(),
-            )
-            .map(|s| {
-                s.jobs
-                    .get::<HopSettings>("prune_execution_details")
-                    .io_concurrency
-            })
-        };
-        assert_eq!(read_ahead("").unwrap(), 64);
-        assert_eq!(
-            read_ahead("[execution_details]\nio_concurrency = 0\n").unwrap(),
-            0
-        );
-        for bad in ["1001", "-1", "\"many\""] {
-            let err = read_ahead(&format!("[execution_details]\nio_concurrency = {bad}\n"))
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("execution_details.io_concurrency"), "{err}");
-            assert!(err.contains("from 0 to 1000"), "{err}");
-        }
-    }
-
-    #[test]
     fn at1_overlapping_attachments_and_artifacts_are_refused() {
         let err = load("[paths]\nattachments_root = \"/srv/a\"\nartifacts_root = \"/srv/a/gen\"\n")
             .unwrap_err();

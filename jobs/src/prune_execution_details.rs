@@ -164,10 +164,6 @@ pub struct HopSettings {
     pub budget: Duration,
     /// Longest wait for an owner's conversation or run lock before it is skipped as busy.
     pub owner_lock_timeout: Duration,
-    /// PostgreSQL's `effective_io_concurrency` in an owner transaction: how many heap pages its
-    /// deletes ask the kernel for ahead of reading them, so that a batch meeting uncached
-    /// pages waits on them together rather than one at a time (0: no read-ahead).
-    pub io_concurrency: u32,
     /// Root that `output_files.relative_path` is resolved under.
     pub output_root: PathBuf,
 }
@@ -670,21 +666,18 @@ fn recheck_columns(conversation: &str) -> String {
     )
 }
 
-/// Starts an owner transaction, in one round trip: bounded lock waits, read-ahead of the heap
-/// pages its deletes visit (`io_concurrency`), and a commit that need not wait for its WAL
-/// flush — no file is unlinked before a synchronous commit made it durable (see
-/// `drain_file_deletions`), so a database crash may undo the last few prunes, rows and file
-/// records together, never half of one.
+/// Starts an owner transaction, in one round trip: bounded lock waits, and a commit that need
+/// not wait for its WAL flush — no file is unlinked before a synchronous commit made it durable
+/// (see `drain_file_deletions`), so a database crash may undo the last few prunes, rows and
+/// file records together, never half of one.
 async fn begin<'c>(
     conn: &'c mut PgConnection,
     pass: &Pass<'_>,
 ) -> Result<Transaction<'c, Postgres>, Error> {
     Ok(conn
         .begin_with(sqlx::AssertSqlSafe(format!(
-            "BEGIN; SET LOCAL lock_timeout = {}; SET LOCAL synchronous_commit = off; \
-             SET LOCAL effective_io_concurrency = {}",
-            pass.settings.owner_lock_timeout.as_millis().max(1),
-            pass.settings.io_concurrency
+            "BEGIN; SET LOCAL lock_timeout = {}; SET LOCAL synchronous_commit = off",
+            pass.settings.owner_lock_timeout.as_millis().max(1)
         )))
         .await?)
 }
@@ -1160,7 +1153,6 @@ struct RawSettings {
     transaction_target_ms: Raw<i64>,
     hop_budget_ms: Raw<i64>,
     owner_lock_timeout_ms: Raw<i64>,
-    io_concurrency: Raw<i64>,
 }
 
 /// The job kind, as the worker registers it.
@@ -1209,19 +1201,12 @@ impl Job for PruneExecutionDetails {
             "execution_details.owner_lock_timeout_ms",
             &e.owner_lock_timeout_ms,
         );
-        let io_concurrency = c.int(
-            "execution_details.io_concurrency",
-            &e.io_concurrency,
-            0..=1000,
-            "an integer from 0 to 1000 (PostgreSQL's effective_io_concurrency)",
-        );
         Some(HopSettings {
             window_size: window_size?,
             owners_per_transaction: owners_per_transaction?,
             transaction_target: transaction_target?,
             budget: budget?,
             owner_lock_timeout: owner_lock_timeout?,
-            io_concurrency: io_concurrency?,
             output_root: paths.output_root.clone(),
         })
     }

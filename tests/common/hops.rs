@@ -30,7 +30,6 @@ impl Env {
             transaction_target: Duration::from_millis(50),
             budget: Duration::from_secs(600),
             owner_lock_timeout: Duration::from_millis(200),
-            io_concurrency: 64,
             output_root: dir.path().join("outputs"),
         };
         std::fs::create_dir_all(&settings.output_root).unwrap();
