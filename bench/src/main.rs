@@ -3,8 +3,9 @@
 //! For each scale it seeds one template database with `sexton seed`, then on identical copies
 //! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners five ways —
 //! sexton (tick and a worker through the queue, default settings but every other age-driven job
-//! kind off, so that it measures the job alone; timed from the worker taking the nightly slot to its last hop), the raw floor (batched
-//! `DELETE … WHERE run_id = ANY($1)`, 500 owners per transaction, no checks), the same floor
+//! kind off, so that it measures the job alone; timed from the worker taking the nightly slot
+//! to its last hop), the raw floor (batched `DELETE … WHERE run_id = ANY($1)`, 500 owners per
+//! transaction, no checks), the same floor
 //! setting the markers sexton's end state has (`raw+markers`), that floor also unlinking the
 //! owners' output files after each batch commits, beside the next batch (`raw+markers+files`:
 //! sexton's whole end state, disk included; both are checked to leave none of the owners'
@@ -456,7 +457,8 @@ async fn measure_scale(
             &stop,
         )
         .await?;
-        // Each method times itself (sexton from its worker taking the nightly slot, see `run_sexton`).
+        // Each method times itself (sexton from its worker taking the nightly slot, see
+        // `run_sexton`).
         let mut method = match name {
             "sexton" => run_sexton(cli, admin, &db, &run_files, name, 2, &PED, &[]).await?,
             BUDGETED => {
