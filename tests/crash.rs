@@ -11,7 +11,7 @@ use crate::common::{self, audit};
 pub fn worker(url: &str, dir: &std::path::Path, exit_when_idle: bool) -> tokio::process::Command {
     let mut cmd = common::sexton(url, dir);
     cmd.arg("worker")
-        .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "300")
+        .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "500")
         .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "2")
         .env("SEXTON_QUEUE__MAX_ATTEMPTS", "100")
         .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "10")

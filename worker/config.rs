@@ -408,6 +408,29 @@ impl RawSettings {
             1..=1000,
             "an integer from 1 to 1000",
         );
+        if let (Some(interval), Some(missed)) = (heartbeat_interval, missed_heartbeats) {
+            // apalis-postgres counts a worker's silence in whole seconds, rounded down. A bound
+            // under two heartbeats takes running jobs from live workers: under one second it is
+            // zero, and every heartbeat puts every running job of its queue back, its own too.
+            let bound = interval * missed;
+            let counted = Duration::from_secs(bound.as_secs());
+            if counted < interval * 2 {
+                c.fail(
+                    "queue.missed_heartbeats",
+                    &format!(
+                        "a rescue bound (queue.heartbeat_interval_ms x this, counted in whole \
+                         seconds, rounded down) of at least two heartbeats, {} ms",
+                        (interval * 2).as_millis()
+                    ),
+                    format!(
+                        "{missed} x {} ms = {} ms, counted as {} s",
+                        interval.as_millis(),
+                        bound.as_millis(),
+                        counted.as_secs()
+                    ),
+                );
+            }
+        }
         let max_attempts = c.int(
             "queue.max_attempts",
             &q.max_attempts,
@@ -689,6 +712,26 @@ mod tests {
         settings.paths.output_root = dir.path().join("outputs");
         settings.paths.sessions_root = dir.path().join("sessions");
         assert!(settings.check_roots().is_ok());
+    }
+
+    #[test]
+    fn fl4_a_rescue_bound_under_two_heartbeats_in_whole_seconds_is_refused() {
+        let queue = |interval: u32, missed: u32| {
+            load(&format!(
+                "[queue]\nheartbeat_interval_ms = {interval}\nmissed_heartbeats = {missed}\n"
+            ))
+        };
+        let text = queue(300, 2).unwrap_err().to_string();
+        assert!(text.contains("queue.missed_heartbeats"), "{text}");
+        assert!(
+            text.contains("2 x 300 ms = 600 ms, counted as 0 s"),
+            "{text}"
+        );
+        // 1.5 s counts as 1 s, less than two heartbeats of 750 ms.
+        assert!(queue(750, 2).is_err());
+        assert!(queue(5000, 1).is_err());
+        assert!(queue(500, 2).is_ok());
+        assert!(queue(5000, 6).is_ok());
     }
 
     #[test]
