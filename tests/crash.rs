@@ -12,7 +12,7 @@ pub fn worker(url: &str, dir: &std::path::Path, exit_when_idle: bool) -> tokio::
     let mut cmd = common::sexton(url, dir);
     cmd.arg("worker")
         .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "500")
-        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "2")
+        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "6")
         .env("SEXTON_QUEUE__MAX_ATTEMPTS", "100")
         .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "10")
         .env("SEXTON_LOG__LEVEL", "warn")

@@ -324,7 +324,7 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
     a.child.wait().await.unwrap();
     writer.rollback().await.unwrap();
 
-    // B rescues it within heartbeat_interval x missed_heartbeats (1 s) plus a poll.
+    // B rescues it within heartbeat_interval x missed_heartbeats (3 s) plus a poll.
     let b = Proc::spawn(fleet_worker(&url, dir.path()));
     let done = "SELECT lock_by FROM apalis.jobs
                 WHERE job_type = 'sexton.prune_execution_details' AND status = 'Done'";
@@ -343,6 +343,80 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
         "rescued by B, got {lock_by}"
     );
     b.stop().await;
+}
+
+#[sqlx::test]
+async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let run = fixture::run(
+        &pool,
+        &settings.paths.output_root,
+        RunSpec::conversation(account, conversation, 50.0),
+    )
+    .await;
+    let url = common::database_url(&pool).await;
+    let queue = "sexton.prune_execution_details";
+
+    // The hop waits on a conversation the platform holds, while two live replicas heartbeat.
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(conversation)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let worker = || {
+        let mut cmd = fleet_worker(&url, dir.path());
+        cmd.env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
+        Proc::spawn(cmd)
+    };
+    let (a, b) = (worker(), worker());
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    common::wait_for_lock_waiter(&pool, "conversations").await;
+    // Held until both replicas' consumers of the queue have beaten a rescue bound (500 ms x 6)
+    // after the hop began to wait: a bound that took live workers' jobs would have put this
+    // one back meanwhile.
+    let waiting_since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    poll_until(Duration::from_secs(60), || async {
+        let beaten: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM apalis.workers
+             WHERE worker_type = $1 AND last_seen >= $2 + interval '3 seconds'",
+        )
+        .bind(queue)
+        .bind(waiting_since)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        beaten >= 2
+    })
+    .await;
+    writer.rollback().await.unwrap();
+    wait_until_idle(&pool).await;
+
+    assert!(fixture::is_pruned(&pool, run.id).await);
+    let jobs: Vec<(String, i32, Option<String>)> = sqlx::query_as(
+        "SELECT status, attempts, idempotency_key FROM apalis.jobs WHERE job_type = $1",
+    )
+    .bind(queue)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(jobs.len(), 1, "one hop, never a deferred copy: {jobs:?}");
+    assert_eq!((jobs[0].0.as_str(), jobs[0].1), ("Done", 1), "{jobs:?}");
+    for lines in [a.stop().await, b.stop().await] {
+        assert!(
+            !lines.iter().any(|l| l.contains("Re-enqueued")),
+            "a live worker's job was put back"
+        );
+    }
 }
 
 #[sqlx::test]

@@ -409,18 +409,21 @@ impl RawSettings {
             "an integer from 1 to 1000",
         );
         if let (Some(interval), Some(missed)) = (heartbeat_interval, missed_heartbeats) {
-            // apalis-postgres counts a worker's silence in whole seconds, rounded down. A bound
-            // under two heartbeats takes running jobs from live workers: under one second it is
-            // zero, and every heartbeat puts every running job of its queue back, its own too.
+            // apalis-postgres counts a worker's silence in whole seconds, rounded down, and
+            // stamps a new worker's registration in whole seconds too, so up to a second old
+            // before its first heartbeat, one interval later. A shorter bound takes running jobs
+            // from live workers: under one second it is zero, and every heartbeat puts every
+            // running job of its queue back, its own too.
             let bound = interval * missed;
             let counted = Duration::from_secs(bound.as_secs());
-            if counted < interval * 2 {
+            let least = interval * 2 + Duration::from_secs(1);
+            if counted < least {
                 c.fail(
                     "queue.missed_heartbeats",
                     &format!(
                         "a rescue bound (queue.heartbeat_interval_ms x this, counted in whole \
-                         seconds, rounded down) of at least two heartbeats, {} ms",
-                        (interval * 2).as_millis()
+                         seconds, rounded down) of at least two heartbeats and a second, {} ms",
+                        least.as_millis()
                     ),
                     format!(
                         "{missed} x {} ms = {} ms, counted as {} s",
@@ -715,7 +718,7 @@ mod tests {
     }
 
     #[test]
-    fn fl4_a_rescue_bound_under_two_heartbeats_in_whole_seconds_is_refused() {
+    fn fl4_a_rescue_bound_under_two_heartbeats_and_a_second_in_whole_seconds_is_refused() {
         let queue = |interval: u32, missed: u32| {
             load(&format!(
                 "[queue]\nheartbeat_interval_ms = {interval}\nmissed_heartbeats = {missed}\n"
@@ -727,10 +730,13 @@ mod tests {
             text.contains("2 x 300 ms = 600 ms, counted as 0 s"),
             "{text}"
         );
-        // 1.5 s counts as 1 s, less than two heartbeats of 750 ms.
-        assert!(queue(750, 2).is_err());
-        assert!(queue(5000, 1).is_err());
-        assert!(queue(500, 2).is_ok());
+        // 1 s: a worker registered in the second's last moment is stale at once.
+        assert!(queue(500, 2).is_err());
+        // 2.75 s counts as 2 s, less than two heartbeats of 550 ms and a second.
+        assert!(queue(550, 5).is_err());
+        assert!(queue(5000, 2).is_err());
+        assert!(queue(500, 4).is_ok());
+        assert!(queue(5000, 3).is_ok());
         assert!(queue(5000, 6).is_ok());
     }
 

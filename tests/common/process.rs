@@ -106,7 +106,7 @@ pub fn fleet_worker(url: &str, dir: &std::path::Path) -> Command {
     let mut cmd = super::sexton(url, dir);
     cmd.arg("worker")
         .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "500")
-        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "2")
+        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "6")
         .env("SEXTON_QUEUE__SHUTDOWN_GRACE_MS", "5000");
     cmd
 }
