@@ -346,6 +346,56 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn fl4_a_replica_restarted_under_its_name_has_its_dead_predecessors_hop_rescued(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let run = fixture::run(
+        &pool,
+        &settings.paths.output_root,
+        RunSpec::conversation(account, conversation, 50.0),
+    )
+    .await;
+    let url = common::database_url(&pool).await;
+    // A Kubernetes container restarted in its pod keeps the pod's name.
+    let pod = || {
+        let mut cmd = fleet_worker(&url, dir.path());
+        cmd.env("SEXTON_QUEUE__WORKER_NAME", "sexton-0")
+            .env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
+        Proc::spawn(cmd)
+    };
+
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(conversation)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let mut first = pod();
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    common::wait_for_lock_waiter(&pool, "conversations").await;
+    first.child.start_kill().unwrap();
+    first.child.wait().await.unwrap();
+    writer.rollback().await.unwrap();
+
+    // The restarted process must not take over the dead one's registration, and with it the
+    // hop the dead one held: the hop is rescued and the pass completes.
+    let second = pod();
+    poll_until(Duration::from_secs(60), || async {
+        queue::counts(&pool).await.unwrap().idle()
+    })
+    .await;
+    assert!(fixture::is_pruned(&pool, run.id).await);
+    second.stop().await;
+}
+
+#[sqlx::test]
 async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it(pool: PgPool) {
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();

@@ -140,15 +140,22 @@ async fn handle(
     settle(ctx, *consumer, &attempt, outcome).await
 }
 
-/// This process's name in the fleet: configured, or host name and process id.
+/// This process's name in the fleet: the configured name (the pod's, in Kubernetes) or host
+/// name and process id, then a suffix drawn at start. A process restarted under the same name —
+/// a container restarted in its pod, where the process id is the same too — must not take over
+/// its dead predecessor's registration: the jobs that one held would never look orphaned, and
+/// never be rescued (FL-4).
 pub fn worker_name(settings: &Settings) -> String {
-    if !settings.queue.worker_name.is_empty() {
-        return settings.queue.worker_name.clone();
-    }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".to_owned());
-    format!("sexton-{host}-{}", std::process::id())
+    let base = if settings.queue.worker_name.is_empty() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".to_owned());
+        format!("sexton-{host}-{}", std::process::id())
+    } else {
+        settings.queue.worker_name.clone()
+    };
+    let start = uuid::Uuid::new_v4().simple().to_string();
+    format!("{base}.{}", &start[..8])
 }
 
 /// How a worker runs.
