@@ -6,13 +6,20 @@ use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
 
 use crate::common::fixture::pass_start;
+use crate::common::process::{HEARTBEAT_MS, MISSED_HEARTBEATS};
 use crate::common::{self, audit};
 
 pub fn worker(url: &str, dir: &std::path::Path, exit_when_idle: bool) -> tokio::process::Command {
     let mut cmd = common::sexton(url, dir);
     cmd.arg("worker")
-        .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "500")
-        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "6")
+        .env(
+            "SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS",
+            HEARTBEAT_MS.to_string(),
+        )
+        .env(
+            "SEXTON_QUEUE__MISSED_HEARTBEATS",
+            MISSED_HEARTBEATS.to_string(),
+        )
         .env("SEXTON_QUEUE__MAX_ATTEMPTS", "100")
         .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "10")
         .env("SEXTON_LOG__LEVEL", "warn")

@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, fleet_worker, free_port, http_get, poll_until, serving_fleet_worker, wait_until_idle,
+    HEARTBEAT_MS, MISSED_HEARTBEATS, Proc, fleet_worker, free_port, http_get, poll_until,
+    serving_fleet_worker, wait_until_idle,
 };
 use crate::common::{self, audit};
 
@@ -324,7 +325,7 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
     a.child.wait().await.unwrap();
     writer.rollback().await.unwrap();
 
-    // B rescues it within heartbeat_interval x missed_heartbeats (3 s) plus a poll.
+    // B rescues it within heartbeat_interval x missed_heartbeats plus a poll.
     let b = Proc::spawn(fleet_worker(&url, dir.path()));
     let done = "SELECT lock_by FROM apalis.jobs
                 WHERE job_type = 'sexton.prune_execution_details' AND status = 'Done'";
@@ -409,7 +410,7 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
     )
     .await;
     let url = common::database_url(&pool).await;
-    let queue = "sexton.prune_execution_details";
+    let job_type = "sexton.prune_execution_details";
 
     // The hop waits on a conversation the platform holds, while two live replicas heartbeat.
     let mut writer = pool.begin().await.unwrap();
@@ -428,9 +429,8 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
         .await
         .unwrap();
     common::wait_for_lock_waiter(&pool, "conversations").await;
-    // Held until both replicas' consumers of the queue have beaten a rescue bound (500 ms x 6)
-    // after the hop began to wait: a bound that took live workers' jobs would have put this
-    // one back meanwhile.
+    // Held until both replicas' consumers of the queue have beaten a rescue bound after the hop
+    // began to wait: a bound that took live workers' jobs would have put this one back meanwhile.
     let waiting_since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&pool)
         .await
@@ -438,10 +438,11 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
     poll_until(Duration::from_secs(60), || async {
         let beaten: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM apalis.workers
-             WHERE worker_type = $1 AND last_seen >= $2 + interval '3 seconds'",
+             WHERE worker_type = $1 AND last_seen >= $2 + make_interval(secs => $3)",
         )
-        .bind(queue)
+        .bind(job_type)
         .bind(waiting_since)
+        .bind((HEARTBEAT_MS * MISSED_HEARTBEATS) as f64 / 1000.0)
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -455,7 +456,7 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
     let jobs: Vec<(String, i32, Option<String>)> = sqlx::query_as(
         "SELECT status, attempts, idempotency_key FROM apalis.jobs WHERE job_type = $1",
     )
-    .bind(queue)
+    .bind(job_type)
     .fetch_all(&pool)
     .await
     .unwrap();

@@ -418,12 +418,15 @@ impl RawSettings {
             let counted = Duration::from_secs(bound.as_secs());
             let least = interval * 2 + Duration::from_secs(1);
             if counted < least {
+                let seconds = least.as_millis().div_ceil(1000);
                 c.fail(
                     "queue.missed_heartbeats",
                     &format!(
                         "a rescue bound (queue.heartbeat_interval_ms x this, counted in whole \
-                         seconds, rounded down) of at least two heartbeats and a second, {} ms",
-                        least.as_millis()
+                         seconds, rounded down) of at least two heartbeats and a second, so \
+                         {seconds} s: {} or more at {} ms",
+                        (seconds * 1000).div_ceil(interval.as_millis()),
+                        interval.as_millis()
                     ),
                     format!(
                         "{missed} x {} ms = {} ms, counted as {} s",
@@ -726,10 +729,13 @@ mod tests {
         };
         let text = queue(300, 2).unwrap_err().to_string();
         assert!(text.contains("queue.missed_heartbeats"), "{text}");
+        assert!(text.contains("so 2 s: 7 or more at 300 ms"), "{text}");
         assert!(
             text.contains("2 x 300 ms = 600 ms, counted as 0 s"),
             "{text}"
         );
+        assert!(queue(300, 7).is_ok());
+        assert!(queue(300, 6).is_err());
         // 1 s: a worker registered in the second's last moment is stale at once.
         assert!(queue(500, 2).is_err());
         // 2.75 s counts as 2 s, less than two heartbeats of 550 ms and a second.

@@ -102,11 +102,22 @@ where
     }
 }
 
+/// A test fleet's heartbeat. Its rescue bound, 3 s, is a second more than the least the
+/// configuration accepts at this interval: a second for a loaded machine.
+pub const HEARTBEAT_MS: u64 = 500;
+pub const MISSED_HEARTBEATS: u64 = 6;
+
 pub fn fleet_worker(url: &str, dir: &std::path::Path) -> Command {
     let mut cmd = super::sexton(url, dir);
     cmd.arg("worker")
-        .env("SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS", "500")
-        .env("SEXTON_QUEUE__MISSED_HEARTBEATS", "6")
+        .env(
+            "SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS",
+            HEARTBEAT_MS.to_string(),
+        )
+        .env(
+            "SEXTON_QUEUE__MISSED_HEARTBEATS",
+            MISSED_HEARTBEATS.to_string(),
+        )
         .env("SEXTON_QUEUE__SHUTDOWN_GRACE_MS", "5000");
     cmd
 }
