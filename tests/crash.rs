@@ -1,12 +1,15 @@
 //! EX-8 for real: worker processes killed with SIGKILL at random points of a pass.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sexton::queue;
 use sqlx::PgPool;
 
 use crate::common::fixture::pass_start;
-use crate::common::process::{HEARTBEAT_MS, MISSED_HEARTBEATS};
+use crate::common::process::{HEARTBEAT_MS, MISSED_HEARTBEATS, poll_until};
 use crate::common::{self, audit};
 
 pub fn worker(url: &str, dir: &std::path::Path, exit_when_idle: bool) -> tokio::process::Command {
@@ -30,6 +33,47 @@ pub fn worker(url: &str, dir: &std::path::Path, exit_when_idle: bool) -> tokio::
     cmd
 }
 
+/// Starts `cmd` and, once it holds a job of `job_type` — a rescued one, or one nobody held —
+/// kills it with SIGKILL at a random instant of `within` milliseconds later. Returns whether the
+/// kill caught it holding such a job, which it then leaves running for a replica to rescue;
+/// `None` when the queue had nothing left to run.
+pub async fn kill_while_working(
+    pool: &PgPool,
+    mut cmd: tokio::process::Command,
+    job_type: &str,
+    rng: &mut ChaCha8Rng,
+    within: Range<u64>,
+) -> Option<bool> {
+    let mut child = cmd.spawn().unwrap();
+    let held = format!("%-{}.%", child.id().unwrap());
+    let holds = || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM apalis.jobs
+                            WHERE job_type = $1 AND status = 'Running' AND lock_by LIKE $2)",
+        )
+        .bind(job_type)
+        .bind(&held)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    poll_until(Duration::from_secs(60), || async {
+        holds().await || queue::counts(pool).await.unwrap().idle()
+    })
+    .await;
+    let working = holds().await;
+    if working {
+        let delay = Duration::from_millis(rng.random_range(within));
+        tokio::time::sleep(delay).await; // fault injection at a random instant, not synchronisation
+    }
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    if !working {
+        return None;
+    }
+    Some(holds().await)
+}
+
 #[sqlx::test]
 async fn ex8_workers_killed_with_sigkill_mid_pass_lose_nothing_and_the_pass_completes(
     pool: PgPool,
@@ -48,23 +92,25 @@ async fn ex8_workers_killed_with_sigkill_mid_pass_lose_nothing_and_the_pass_comp
         .await
         .unwrap();
 
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
-    let mut kills_mid_pass = 0;
-    for _ in 0..20 {
-        let mut child = worker(&url, dir.path(), false).spawn().unwrap();
-        let delay = Duration::from_millis(rng.random_range(100..700));
-        tokio::time::sleep(delay).await; // fault injection at a random instant, not synchronisation
-        child.start_kill().unwrap();
-        child.wait().await.unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let mut kills_mid_hop = 0;
+    for _ in 0..12 {
+        let cmd = worker(&url, dir.path(), false);
+        let job_type = "sexton.prune_execution_details";
+        let Some(caught) = kill_while_working(&pool, cmd, job_type, &mut rng, 0..300).await else {
+            break;
+        };
+        kills_mid_hop += usize::from(caught);
         // Between kills the state must already be sound: nothing half-pruned, files agree.
         audit::verify(&pool, &settings.paths.output_root, &before, false).await;
-        if (audit::pruned_count(&pool).await as usize) < before.eligible.len() {
-            kills_mid_pass += 1;
-        }
     }
     assert!(
-        kills_mid_pass >= 5,
-        "only {kills_mid_pass} kills landed mid-pass"
+        kills_mid_hop >= 6,
+        "only {kills_mid_hop} kills caught a worker in a hop"
+    );
+    assert!(
+        (audit::pruned_count(&pool).await as usize) < before.eligible.len(),
+        "the pass ended before the kills did"
     );
 
     let mut child = worker(&url, dir.path(), true).spawn().unwrap();

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use serde_json::{Value, json};
 use sexton_jobs::session_retention::{self as job, Args, HopReport, HopSettings, Policy};
 use sqlx::PgPool;
@@ -967,25 +967,23 @@ async fn ss6_workers_killed_with_sigkill_mid_pass_leave_no_session_half_deleted(
             .unwrap()
     };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
-    let mut kills_mid_pass = 0;
-    for _ in 0..16 {
-        let before = remaining().await;
-        let mut child = worker(false).spawn().unwrap();
-        let delay = Duration::from_millis(rng.random_range(300..1200));
-        tokio::time::sleep(delay).await; // fault injection at a random instant, not synchronisation
-        child.start_kill().unwrap();
-        child.wait().await.unwrap();
+    let mut kills_mid_hop = 0;
+    for _ in 0..12 {
+        let job_type = "sexton.session_retention";
+        let Some(caught) =
+            crate::crash::kill_while_working(&pool, worker(false), job_type, &mut rng, 0..300)
+                .await
+        else {
+            break;
+        };
+        kills_mid_hop += usize::from(caught);
         audit(&pool, &root, &sessions, false).await;
-        let after = remaining().await;
-        // The pass was under way before and not complete after: the kill landed mid-pass.
-        if before > 0 && after > 0 {
-            kills_mid_pass += 1;
-        }
     }
     assert!(
-        kills_mid_pass >= 10,
-        "only {kills_mid_pass} kills landed mid-pass"
+        kills_mid_hop >= 6,
+        "only {kills_mid_hop} kills caught a worker in a hop"
     );
+    assert!(remaining().await > 0, "the pass ended before the kills did");
     let mut child = worker(true).spawn().unwrap();
     let status = common::wait(&mut child, Duration::from_secs(180)).await;
     assert!(status.success(), "the last worker exited with {status}");
