@@ -470,6 +470,118 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
     }
 }
 
+/// Waits until `n` statements of the test's database wait for a lock.
+async fn lock_waiters(pool: &PgPool, n: i64) {
+    poll_until(Duration::from_secs(60), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+            >= n
+    })
+    .await;
+}
+
+#[sqlx::test]
+async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let kind = sexton::registry::by_queue("sexton.prune_execution_details").unwrap();
+    let mut writer = pool.begin().await.unwrap();
+    let mut hops = Vec::new();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let account = fixture::account(&pool, Some(30)).await;
+        let conversation = fixture::conversation(&pool, account).await;
+        let spec = RunSpec::conversation(account, conversation, 50.0);
+        runs.push(
+            fixture::run(&pool, &settings.paths.output_root, spec)
+                .await
+                .id,
+        );
+        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+            .bind(conversation)
+            .execute(&mut *writer)
+            .await
+            .unwrap();
+        hops.push(kind.first_payload(Some(account), pass_start()));
+    }
+    let url = common::database_url(&pool).await;
+    let replica = || {
+        let mut cmd = fleet_worker(&url, dir.path());
+        cmd.env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
+        Proc::spawn(cmd)
+    };
+    let worker = replica();
+    let push = |payload: serde_json::Value, run_after: Option<Duration>| {
+        let options = queue::PushOptions {
+            run_after,
+            ..Default::default()
+        };
+        let (pool, settings) = (&pool, &settings.queue);
+        async move { queue::push(pool, kind.queue(), settings, &payload, options).await }
+    };
+    // One hop waits; two more fall due at one instant, when one of its two slots is free: the
+    // worker takes one, which waits too, and must not hold the other back unseen meanwhile.
+    push(hops[0].clone(), None).await.unwrap();
+    lock_waiters(&pool, 1).await;
+    for hop in &hops[1..] {
+        push(hop.clone(), Some(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+    }
+    sqlx::query("UPDATE apalis.jobs SET run_at = now() WHERE status = 'Pending' AND job_type = $1")
+        .bind(kind.queue())
+        .execute(&pool)
+        .await
+        .unwrap();
+    lock_waiters(&pool, 2).await;
+    let waiting_since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // Another replica's consumer beats a rescue bound and more meanwhile: it would take the
+    // hops of a consumer silent that long.
+    let other = replica();
+    poll_until(Duration::from_secs(60), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM apalis.workers
+                            WHERE worker_type = $1 AND id LIKE $2
+                              AND last_seen >= $3 + make_interval(secs => $4))",
+        )
+        .bind(kind.queue())
+        .bind(format!("%-{}.%", other.pid()))
+        .bind(waiting_since)
+        .bind((2 * HEARTBEAT_MS * MISSED_HEARTBEATS) as f64 / 1000.0)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    writer.rollback().await.unwrap();
+    wait_until_idle(&pool).await;
+    for run in runs {
+        assert!(fixture::is_pruned(&pool, run).await);
+    }
+    let attempts: Vec<i32> =
+        sqlx::query_scalar("SELECT attempts FROM apalis.jobs WHERE job_type = $1")
+            .bind(kind.queue())
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        attempts,
+        [1, 1, 1],
+        "each hop ran once, none was taken from its worker"
+    );
+    worker.stop().await;
+    other.stop().await;
+}
+
 #[sqlx::test]
 async fn fl5_sigterm_mid_pass_exits_within_the_grace_and_the_pass_resumes(pool: PgPool) {
     let common::Backlog {

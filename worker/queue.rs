@@ -26,7 +26,10 @@ pub fn storage(
             .queue(queue)
             .heartbeat_interval(settings.heartbeat_interval)
             .missed_heartbeats(settings.missed_heartbeats as usize)
-            .batch_size(settings.concurrency),
+            // One job per fetch: apalis does not heartbeat while a fetched job waits for a
+            // free slot, so a second job fetched beside a running one would silence the
+            // consumer until a running job ends, and other replicas would take its jobs.
+            .batch_size(1),
     )
 }
 
