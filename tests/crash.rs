@@ -9,21 +9,13 @@ use sexton::queue;
 use sqlx::PgPool;
 
 use crate::common::fixture::pass_start;
-use crate::common::process::{HEARTBEAT_MS, MISSED_HEARTBEATS, poll_until};
+use crate::common::process::{fleet_worker, poll_until};
 use crate::common::{self, audit};
 
+/// A fleet worker of the kill tests: quiet, small windows, attempts enough for every kill.
 pub fn worker(url: &str, dir: &std::path::Path, exit_when_idle: bool) -> tokio::process::Command {
-    let mut cmd = common::sexton(url, dir);
-    cmd.arg("worker")
-        .env(
-            "SEXTON_QUEUE__HEARTBEAT_INTERVAL_MS",
-            HEARTBEAT_MS.to_string(),
-        )
-        .env(
-            "SEXTON_QUEUE__MISSED_HEARTBEATS",
-            MISSED_HEARTBEATS.to_string(),
-        )
-        .env("SEXTON_QUEUE__MAX_ATTEMPTS", "100")
+    let mut cmd = fleet_worker(url, dir);
+    cmd.env("SEXTON_QUEUE__MAX_ATTEMPTS", "100")
         .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "10")
         .env("SEXTON_LOG__LEVEL", "warn")
         .stderr(std::process::Stdio::null());

@@ -292,31 +292,43 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
     audit::verify(&pool, &settings.paths.output_root, &before, true).await;
 }
 
+/// An account with a run due for pruning whose conversation `writer` holds, as the platform
+/// would: a hop on that account waits. Returns the account and the run.
+async fn held_run(
+    pool: &PgPool,
+    settings: &sexton::config::Settings,
+    writer: &mut sqlx::PgConnection,
+) -> (Uuid, Uuid) {
+    let account = fixture::account(pool, Some(30)).await;
+    let conversation = fixture::conversation(pool, account).await;
+    let spec = RunSpec::conversation(account, conversation, 50.0);
+    let run = fixture::run(pool, &settings.paths.output_root, spec).await;
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(conversation)
+        .execute(writer)
+        .await
+        .unwrap();
+    (account, run.id)
+}
+
+/// A [`fleet_worker`] whose hops wait a minute for an owner's locks.
+fn patient_worker(url: &str, dir: &std::path::Path) -> Command {
+    let mut cmd = fleet_worker(url, dir);
+    cmd.env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
+    cmd
+}
+
 #[sqlx::test]
 async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
-    let account = fixture::account(&pool, Some(30)).await;
-    let conversation = fixture::conversation(&pool, account).await;
-    let run = fixture::run(
-        &pool,
-        &settings.paths.output_root,
-        RunSpec::conversation(account, conversation, 50.0),
-    )
-    .await;
     let url = common::database_url(&pool).await;
 
     // The hop of worker A waits on a conversation the platform holds; A dies meanwhile.
     let mut writer = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-        .bind(conversation)
-        .execute(&mut *writer)
-        .await
-        .unwrap();
-    let mut a = fleet_worker(&url, dir.path());
-    a.env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
-    let mut a = Proc::spawn(a);
+    let (_, run) = held_run(&pool, &settings, &mut writer).await;
+    let mut a = Proc::spawn(patient_worker(&url, dir.path()));
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
         .unwrap();
@@ -337,7 +349,7 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
             .is_some()
     })
     .await;
-    assert!(fixture::is_pruned(&pool, run.id).await);
+    assert!(fixture::is_pruned(&pool, run).await);
     let lock_by: String = sqlx::query_scalar(done).fetch_one(&pool).await.unwrap();
     assert!(
         lock_by.contains(&format!("-{}.", b.pid())),
@@ -353,29 +365,16 @@ async fn fl4_a_replica_restarted_under_its_name_has_its_dead_predecessors_hop_re
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
-    let account = fixture::account(&pool, Some(30)).await;
-    let conversation = fixture::conversation(&pool, account).await;
-    let run = fixture::run(
-        &pool,
-        &settings.paths.output_root,
-        RunSpec::conversation(account, conversation, 50.0),
-    )
-    .await;
     let url = common::database_url(&pool).await;
     // A Kubernetes container restarted in its pod keeps the pod's name.
     let pod = || {
-        let mut cmd = fleet_worker(&url, dir.path());
-        cmd.env("SEXTON_QUEUE__WORKER_NAME", "sexton-0")
-            .env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
+        let mut cmd = patient_worker(&url, dir.path());
+        cmd.env("SEXTON_QUEUE__WORKER_NAME", "sexton-0");
         Proc::spawn(cmd)
     };
 
     let mut writer = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-        .bind(conversation)
-        .execute(&mut *writer)
-        .await
-        .unwrap();
+    let (_, run) = held_run(&pool, &settings, &mut writer).await;
     let mut first = pod();
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
@@ -392,7 +391,7 @@ async fn fl4_a_replica_restarted_under_its_name_has_its_dead_predecessors_hop_re
         queue::counts(&pool).await.unwrap().idle()
     })
     .await;
-    assert!(fixture::is_pruned(&pool, run.id).await);
+    assert!(fixture::is_pruned(&pool, run).await);
     second.stop().await;
 }
 
@@ -401,29 +400,13 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
-    let account = fixture::account(&pool, Some(30)).await;
-    let conversation = fixture::conversation(&pool, account).await;
-    let run = fixture::run(
-        &pool,
-        &settings.paths.output_root,
-        RunSpec::conversation(account, conversation, 50.0),
-    )
-    .await;
     let url = common::database_url(&pool).await;
     let job_type = "sexton.prune_execution_details";
 
     // The hop waits on a conversation the platform holds, while two live replicas heartbeat.
     let mut writer = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-        .bind(conversation)
-        .execute(&mut *writer)
-        .await
-        .unwrap();
-    let worker = || {
-        let mut cmd = fleet_worker(&url, dir.path());
-        cmd.env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
-        Proc::spawn(cmd)
-    };
+    let (_, run) = held_run(&pool, &settings, &mut writer).await;
+    let worker = || Proc::spawn(patient_worker(&url, dir.path()));
     let (a, b) = (worker(), worker());
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
@@ -452,7 +435,7 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
     writer.rollback().await.unwrap();
     wait_until_idle(&pool).await;
 
-    assert!(fixture::is_pruned(&pool, run.id).await);
+    assert!(fixture::is_pruned(&pool, run).await);
     let jobs: Vec<(String, i32, Option<String>)> = sqlx::query_as(
         "SELECT status, attempts, idempotency_key FROM apalis.jobs WHERE job_type = $1",
     )
@@ -495,27 +478,12 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
     let mut hops = Vec::new();
     let mut runs = Vec::new();
     for _ in 0..3 {
-        let account = fixture::account(&pool, Some(30)).await;
-        let conversation = fixture::conversation(&pool, account).await;
-        let spec = RunSpec::conversation(account, conversation, 50.0);
-        runs.push(
-            fixture::run(&pool, &settings.paths.output_root, spec)
-                .await
-                .id,
-        );
-        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-            .bind(conversation)
-            .execute(&mut *writer)
-            .await
-            .unwrap();
+        let (account, run) = held_run(&pool, &settings, &mut writer).await;
+        runs.push(run);
         hops.push(kind.first_payload(Some(account), pass_start()));
     }
     let url = common::database_url(&pool).await;
-    let replica = || {
-        let mut cmd = fleet_worker(&url, dir.path());
-        cmd.env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
-        Proc::spawn(cmd)
-    };
+    let replica = || Proc::spawn(patient_worker(&url, dir.path()));
     let worker = replica();
     let push = |payload: serde_json::Value, run_after: Option<Duration>| {
         let options = queue::PushOptions {
