@@ -994,6 +994,53 @@ impl Overlap {
     }
 }
 
+/// Another platform writer holding back a pass, so that accesses overlap it whatever the
+/// machine's pace: it holds the conversation of the last, in the pass's order, of each
+/// conversation's oldest run. The pass prunes the others' oldest runs, then waits there (its
+/// owner lock timeout must outlast the wait) until [`HoldBack::release_after`] lets it go on.
+struct HoldBack {
+    conversation: Uuid,
+    holder: Option<sqlx::Transaction<'static, sqlx::Postgres>>,
+}
+
+impl HoldBack {
+    async fn new(env: &Env, account: Uuid, conversations: usize) -> Self {
+        let conversation = sqlx::query_scalar(
+            "SELECT conversation_id FROM runs WHERE account_id = $1
+             ORDER BY completed_at, id LIMIT 1 OFFSET $2",
+        )
+        .bind(account)
+        .bind(conversations as i64 - 1)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+        let mut holder = env.pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+            .bind(conversation)
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        Self {
+            conversation,
+            holder: Some(holder),
+        }
+    }
+
+    /// Whether `conversation` is held: an access that locks it would wait for the release.
+    fn holds(&self, conversation: Uuid) -> bool {
+        self.holder.is_some() && conversation == self.conversation
+    }
+
+    /// Lets the pass go on once `enough` accesses overlapped it.
+    async fn release_after(&mut self, overlap: &Overlap, enough: usize) {
+        if overlap.mid_pass >= enough
+            && let Some(holder) = self.holder.take()
+        {
+            holder.rollback().await.unwrap();
+        }
+    }
+}
+
 /// Settings that make a pass long: one owner per transaction, small windows.
 fn slow_pass(env: &mut Env, window: u32) {
     env.settings.window_size = window;
@@ -1005,12 +1052,18 @@ fn slow_pass(env: &mut Env, window: u32) {
 async fn ex6_a_reader_that_locks_the_conversation_sees_owners_whole_or_pruned(pool: PgPool) {
     let mut env = Env::new(pool).await;
     slow_pass(&mut env, 10);
+    env.settings.owner_lock_timeout = Duration::from_secs(60);
     let (account, conversations) = many_owners(&env, 8, 15).await;
+    let mut hold_back = HoldBack::new(&env, account, conversations.len()).await;
     let pass = spawn_pass(&env, account);
     let mut reads = 0;
     let mut overlap = Overlap::default();
     while !pass.is_finished() {
         let conversation = conversations[reads % conversations.len()];
+        reads += 1;
+        if hold_back.holds(conversation) {
+            continue;
+        }
         let mut tx = env.pool.begin().await.unwrap();
         sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR SHARE")
             .bind(conversation)
@@ -1037,7 +1090,7 @@ async fn ex6_a_reader_that_locks_the_conversation_sees_owners_whole_or_pruned(po
         }
         overlap.record(&mut *tx, account, &pass).await;
         tx.commit().await.unwrap();
-        reads += 1;
+        hold_back.release_after(&overlap, 10).await;
     }
     assert_eq!(pass.await.unwrap(), 120);
     overlap.require(10);
@@ -1049,32 +1102,14 @@ async fn ex6_no_deadlock_with_a_writer_using_the_same_lock_order(pool: PgPool) {
     slow_pass(&mut env, 10);
     env.settings.owner_lock_timeout = Duration::from_secs(60);
     let (account, conversations) = many_owners(&env, 6, 10).await;
-    // Another platform writer holds the conversation whose oldest run the pass meets last of
-    // all the oldest runs: the pass, having pruned the others, waits there until this writer
-    // has written beside it, so the writes overlap the pass whatever the machine's pace.
-    let held: Uuid = sqlx::query_scalar(
-        "SELECT conversation_id FROM runs WHERE account_id = $1
-         ORDER BY completed_at, id LIMIT 1 OFFSET $2",
-    )
-    .bind(account)
-    .bind(conversations.len() as i64 - 1)
-    .fetch_one(&env.pool)
-    .await
-    .unwrap();
-    let mut holder = env.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-        .bind(held)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let mut holder = Some(holder);
+    let mut hold_back = HoldBack::new(&env, account, conversations.len()).await;
     let pass = spawn_pass(&env, account);
     let mut writes = 0;
     let mut overlap = Overlap::default();
     while !pass.is_finished() {
         let conversation = conversations[writes % conversations.len()];
         writes += 1;
-        if holder.is_some() && conversation == held {
+        if hold_back.holds(conversation) {
             continue;
         }
         let mut tx = env.pool.begin().await.unwrap();
@@ -1098,11 +1133,7 @@ async fn ex6_no_deadlock_with_a_writer_using_the_same_lock_order(pool: PgPool) {
             .expect("writer: insert");
         overlap.record(&mut *tx, account, &pass).await;
         tx.commit().await.expect("writer: commit");
-        if overlap.mid_pass >= 10
-            && let Some(holder) = holder.take()
-        {
-            holder.rollback().await.unwrap();
-        }
+        hold_back.release_after(&overlap, 10).await;
     }
     assert_eq!(pass.await.unwrap(), 60, "every owner pruned, no hop failed");
     overlap.require(10);
@@ -1112,7 +1143,10 @@ async fn ex6_no_deadlock_with_a_writer_using_the_same_lock_order(pool: PgPool) {
 async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_window(pool: PgPool) {
     let mut env = Env::new(pool).await;
     slow_pass(&mut env, 5);
+    env.settings.owner_lock_timeout = Duration::from_secs(60);
     let (account, conversations) = many_owners(&env, 4, 25).await;
+    // Reads take no lock: they go on meanwhile, the held conversation's too.
+    let mut hold_back = HoldBack::new(&env, account, conversations.len()).await;
     let pass = spawn_pass(&env, account);
     let mut reads = 0;
     let mut overlap = Overlap::default();
@@ -1170,6 +1204,7 @@ async fn ex9_a_fork_reader_following_the_protocol_always_gets_a_consistent_windo
             }
         }
         overlap.record(&env.pool, account, &pass).await;
+        hold_back.release_after(&overlap, 5).await;
         reads += 1;
     }
     assert_eq!(pass.await.unwrap(), 100);
