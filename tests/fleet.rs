@@ -292,23 +292,61 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
     audit::verify(&pool, &settings.paths.output_root, &before, true).await;
 }
 
-/// An account with a run due for pruning whose conversation `writer` holds, as the platform
-/// would: a hop on that account waits. Returns the account and the run.
-async fn held_run(
-    pool: &PgPool,
-    settings: &sexton::config::Settings,
-    writer: &mut sqlx::PgConnection,
-) -> (Uuid, Uuid) {
-    let account = fixture::account(pool, Some(30)).await;
-    let conversation = fixture::conversation(pool, account).await;
-    let spec = RunSpec::conversation(account, conversation, 50.0);
-    let run = fixture::run(pool, &settings.paths.output_root, spec).await;
-    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-        .bind(conversation)
-        .execute(writer)
-        .await
-        .unwrap();
-    (account, run.id)
+/// An account with a run due for pruning, and a young one beside it that must keep its detail,
+/// in a conversation `writer` holds, as the platform would: a hop on that account waits.
+struct Held {
+    account: Uuid,
+    /// Due: the pass must prune it.
+    run: Uuid,
+    /// Within the retention: the pass must leave it whole.
+    young: Uuid,
+}
+
+impl Held {
+    async fn new(
+        pool: &PgPool,
+        settings: &sexton::config::Settings,
+        writer: &mut sqlx::PgConnection,
+    ) -> Self {
+        let account = fixture::account(pool, Some(30)).await;
+        let conversation = fixture::conversation(pool, account).await;
+        let root = &settings.paths.output_root;
+        let run = fixture::run(
+            pool,
+            root,
+            RunSpec::conversation(account, conversation, 50.0),
+        )
+        .await;
+        let young = fixture::run(
+            pool,
+            root,
+            RunSpec::conversation(account, conversation, 5.0),
+        )
+        .await;
+        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+            .bind(conversation)
+            .execute(writer)
+            .await
+            .unwrap();
+        Self {
+            account,
+            run: run.id,
+            young: young.id,
+        }
+    }
+
+    /// The due run went, the young one stayed.
+    async fn assert_pruned_exactly(&self, pool: &PgPool) {
+        assert!(
+            fixture::is_pruned(pool, self.run).await,
+            "the due run was pruned"
+        );
+        assert!(
+            fixture::has_detail(pool, self.young).await,
+            "the young run kept its detail"
+        );
+        assert!(!fixture::is_pruned(pool, self.young).await);
+    }
 }
 
 /// A [`fleet_worker`] whose hops wait a minute for an owner's locks.
@@ -327,7 +365,7 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
 
     // The hop of worker A waits on a conversation the platform holds; A dies meanwhile.
     let mut writer = pool.begin().await.unwrap();
-    let (_, run) = held_run(&pool, &settings, &mut writer).await;
+    let held = Held::new(&pool, &settings, &mut writer).await;
     let mut a = Proc::spawn(patient_worker(&url, dir.path()));
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
@@ -349,7 +387,7 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
             .is_some()
     })
     .await;
-    assert!(fixture::is_pruned(&pool, run).await);
+    held.assert_pruned_exactly(&pool).await;
     let lock_by: String = sqlx::query_scalar(done).fetch_one(&pool).await.unwrap();
     assert!(
         lock_by.contains(&format!("-{}.", b.pid())),
@@ -374,7 +412,7 @@ async fn fl4_a_replica_restarted_under_its_name_has_its_dead_predecessors_hop_re
     };
 
     let mut writer = pool.begin().await.unwrap();
-    let (_, run) = held_run(&pool, &settings, &mut writer).await;
+    let held = Held::new(&pool, &settings, &mut writer).await;
     let mut first = pod();
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
@@ -391,7 +429,7 @@ async fn fl4_a_replica_restarted_under_its_name_has_its_dead_predecessors_hop_re
         queue::counts(&pool).await.unwrap().idle()
     })
     .await;
-    assert!(fixture::is_pruned(&pool, run).await);
+    held.assert_pruned_exactly(&pool).await;
     second.stop().await;
 }
 
@@ -405,7 +443,7 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
 
     // The hop waits on a conversation the platform holds, while two live replicas heartbeat.
     let mut writer = pool.begin().await.unwrap();
-    let (_, run) = held_run(&pool, &settings, &mut writer).await;
+    let held = Held::new(&pool, &settings, &mut writer).await;
     let worker = || Proc::spawn(patient_worker(&url, dir.path()));
     let (a, b) = (worker(), worker());
     sexton::tick::tick(&pool, &settings, pass_start())
@@ -435,7 +473,7 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
     writer.rollback().await.unwrap();
     wait_until_idle(&pool).await;
 
-    assert!(fixture::is_pruned(&pool, run).await);
+    held.assert_pruned_exactly(&pool).await;
     let jobs: Vec<(String, i32, Option<String>)> = sqlx::query_as(
         "SELECT status, attempts, idempotency_key FROM apalis.jobs WHERE job_type = $1",
     )
@@ -476,11 +514,11 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
     let kind = sexton::registry::by_queue("sexton.prune_execution_details").unwrap();
     let mut writer = pool.begin().await.unwrap();
     let mut hops = Vec::new();
-    let mut runs = Vec::new();
+    let mut held = Vec::new();
     for _ in 0..3 {
-        let (account, run) = held_run(&pool, &settings, &mut writer).await;
-        runs.push(run);
-        hops.push(kind.first_payload(Some(account), pass_start()));
+        let account = Held::new(&pool, &settings, &mut writer).await;
+        hops.push(kind.first_payload(Some(account.account), pass_start()));
+        held.push(account);
     }
     let url = common::database_url(&pool).await;
     let replica = || Proc::spawn(patient_worker(&url, dir.path()));
@@ -508,6 +546,18 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
         .await
         .unwrap();
     lock_waiters(&pool, 2).await;
+    // The case at hand, counted: both of the worker's slots hold a waiting hop, a third is due.
+    let (held_by_worker, due): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'Running' AND lock_by LIKE $2),
+                count(*) FILTER (WHERE status IN ('Pending', 'Queued') AND run_at <= now())
+         FROM apalis.jobs WHERE job_type = $1",
+    )
+    .bind(kind.queue())
+    .bind(format!("%-{}.%", worker.pid()))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((held_by_worker, due), (2, 1));
     let waiting_since: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&pool)
         .await
@@ -532,8 +582,8 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
     .await;
     writer.rollback().await.unwrap();
     wait_until_idle(&pool).await;
-    for run in runs {
-        assert!(fixture::is_pruned(&pool, run).await);
+    for account in &held {
+        account.assert_pruned_exactly(&pool).await;
     }
     let attempts: Vec<i32> =
         sqlx::query_scalar("SELECT attempts FROM apalis.jobs WHERE job_type = $1")
