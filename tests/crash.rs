@@ -9,7 +9,7 @@ use sexton::queue;
 use sqlx::PgPool;
 
 use crate::common::fixture::pass_start;
-use crate::common::process::{fleet_worker, poll_until};
+use crate::common::process::{fleet_worker, poll_until, worker_like};
 use crate::common::{self, audit};
 
 /// A fleet worker of the kill tests: quiet, small windows, attempts enough for every kill.
@@ -37,7 +37,7 @@ pub async fn kill_while_working(
     within: Range<u64>,
 ) -> Option<bool> {
     let mut child = cmd.spawn().unwrap();
-    let held = format!("%-{}.%", child.id().unwrap());
+    let held = worker_like(child.id().unwrap());
     let holds = || async {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT 1 FROM apalis.jobs

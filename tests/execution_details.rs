@@ -544,11 +544,7 @@ async fn ex6_a_conversation_held_busy_is_skipped_not_waited_on(pool: PgPool) {
         .run(RunSpec::conversation(account, free_conversation, 40.0))
         .await;
     let mut writer = env.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-        .bind(busy_conversation)
-        .execute(&mut *writer)
-        .await
-        .unwrap();
+    fixture::lock_conversation(&mut writer, busy_conversation).await;
     let reports = env.pass(account).await;
     assert_eq!(retained(&reports, RetainReason::Busy), 1);
     assert!(fixture::has_detail(&env.pool, busy.id).await);
@@ -576,11 +572,7 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
     // The writer takes the conversation lock (platform order), then the hop reads its window
     // and queues behind the lock; the writer adds pending work and commits.
     let mut writer = env.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-        .bind(conversation)
-        .execute(&mut *writer)
-        .await
-        .unwrap();
+    fixture::lock_conversation(&mut writer, conversation).await;
     let hop = env.spawn_hop(Args::first(account, pass_start()));
     common::wait_for_lock_waiter(&env.pool, "conversations").await;
     sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
@@ -1015,11 +1007,7 @@ impl HoldBack {
         .await
         .unwrap();
         let mut holder = env.pool.begin().await.unwrap();
-        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-            .bind(conversation)
-            .execute(&mut *holder)
-            .await
-            .unwrap();
+        fixture::lock_conversation(&mut holder, conversation).await;
         Self {
             conversation,
             holder: Some(holder),

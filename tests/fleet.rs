@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    HEARTBEAT_MS, MISSED_HEARTBEATS, Proc, fleet_worker, free_port, http_get, poll_until,
-    serving_fleet_worker, wait_until_idle,
+    Proc, RESCUE_BOUND_SECS, fleet_worker, free_port, http_get, poll_until, serving_fleet_worker,
+    wait_until_idle, worker_like,
 };
 use crate::common::{self, audit};
 
@@ -292,6 +292,45 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
     audit::verify(&pool, &settings.paths.output_root, &before, true).await;
 }
 
+/// How many consumers of `queue` whose names are `LIKE` `like` have heartbeaten `seconds` or
+/// more after `since`.
+async fn beaten_since(
+    pool: &PgPool,
+    queue: &str,
+    like: &str,
+    since: DateTime<Utc>,
+    seconds: f64,
+) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM apalis.workers
+         WHERE worker_type = $1 AND id LIKE $2 AND last_seen >= $3 + make_interval(secs => $4)",
+    )
+    .bind(queue)
+    .bind(like)
+    .bind(since)
+    .bind(seconds)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Starts the nightly pass, lets `worker`'s hop wait on the conversation `writer` holds, kills
+/// the worker with SIGKILL there, then lets the platform's writer go.
+async fn die_waiting(
+    pool: &PgPool,
+    settings: &sexton::config::Settings,
+    mut worker: Proc,
+    writer: sqlx::Transaction<'_, sqlx::Postgres>,
+) {
+    sexton::tick::tick(pool, settings, pass_start())
+        .await
+        .unwrap();
+    common::wait_for_lock_waiter(pool, "conversations").await;
+    worker.child.start_kill().unwrap();
+    worker.child.wait().await.unwrap();
+    writer.rollback().await.unwrap();
+}
+
 /// An account with a run due for pruning, and a young one beside it that must keep its detail,
 /// in a conversation `writer` holds, as the platform would: a hop on that account waits.
 struct Held {
@@ -323,11 +362,7 @@ impl Held {
             RunSpec::conversation(account, conversation, 5.0),
         )
         .await;
-        sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-            .bind(conversation)
-            .execute(writer)
-            .await
-            .unwrap();
+        fixture::lock_conversation(writer, conversation).await;
         Self {
             account,
             run: run.id,
@@ -366,14 +401,13 @@ async fn fl4_a_dead_workers_hop_is_rescued_by_another_replica(pool: PgPool) {
     // The hop of worker A waits on a conversation the platform holds; A dies meanwhile.
     let mut writer = pool.begin().await.unwrap();
     let held = Held::new(&pool, &settings, &mut writer).await;
-    let mut a = Proc::spawn(patient_worker(&url, dir.path()));
-    sexton::tick::tick(&pool, &settings, pass_start())
-        .await
-        .unwrap();
-    common::wait_for_lock_waiter(&pool, "conversations").await;
-    a.child.start_kill().unwrap();
-    a.child.wait().await.unwrap();
-    writer.rollback().await.unwrap();
+    die_waiting(
+        &pool,
+        &settings,
+        Proc::spawn(patient_worker(&url, dir.path())),
+        writer,
+    )
+    .await;
 
     // B rescues it within heartbeat_interval x missed_heartbeats plus a poll.
     let b = Proc::spawn(fleet_worker(&url, dir.path()));
@@ -413,14 +447,7 @@ async fn fl4_a_replica_restarted_under_its_name_has_its_dead_predecessors_hop_re
 
     let mut writer = pool.begin().await.unwrap();
     let held = Held::new(&pool, &settings, &mut writer).await;
-    let mut first = pod();
-    sexton::tick::tick(&pool, &settings, pass_start())
-        .await
-        .unwrap();
-    common::wait_for_lock_waiter(&pool, "conversations").await;
-    first.child.start_kill().unwrap();
-    first.child.wait().await.unwrap();
-    writer.rollback().await.unwrap();
+    die_waiting(&pool, &settings, pod(), writer).await;
 
     // The restarted process must not take over the dead one's registration, and with it the
     // hop the dead one held: the hop is rescued and the pass completes.
@@ -457,17 +484,7 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
         .await
         .unwrap();
     poll_until(Duration::from_secs(60), || async {
-        let beaten: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM apalis.workers
-             WHERE worker_type = $1 AND last_seen >= $2 + make_interval(secs => $3)",
-        )
-        .bind(job_type)
-        .bind(waiting_since)
-        .bind((HEARTBEAT_MS * MISSED_HEARTBEATS) as f64 / 1000.0)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        beaten >= 2
+        beaten_since(&pool, job_type, "%", waiting_since, RESCUE_BOUND_SECS).await >= 2
     })
     .await;
     writer.rollback().await.unwrap();
@@ -489,21 +506,6 @@ async fn fl4_a_live_workers_hop_outlasting_the_rescue_bound_is_not_taken_from_it
             "a live worker's job was put back"
         );
     }
-}
-
-/// Waits until `n` statements of the test's database wait for a lock.
-async fn lock_waiters(pool: &PgPool, n: i64) {
-    poll_until(Duration::from_secs(60), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-            >= n
-    })
-    .await;
 }
 
 #[sqlx::test]
@@ -534,7 +536,7 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
     // One hop waits; two more fall due at one instant, when one of its two slots is free: the
     // worker takes one, which waits too, and must not hold the other back unseen meanwhile.
     push(hops[0].clone(), None).await.unwrap();
-    lock_waiters(&pool, 1).await;
+    common::wait_for_lock_waiter(&pool, "conversations").await;
     for hop in &hops[1..] {
         push(hop.clone(), Some(Duration::from_secs(3600)))
             .await
@@ -545,7 +547,7 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
         .execute(&pool)
         .await
         .unwrap();
-    lock_waiters(&pool, 2).await;
+    common::wait_for_lock_waiters(&pool, "conversations", 2).await;
     // The case at hand, counted: both of the worker's slots hold a waiting hop, a third is due.
     let (held_by_worker, due): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status = 'Running' AND lock_by LIKE $2),
@@ -553,7 +555,7 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
          FROM apalis.jobs WHERE job_type = $1",
     )
     .bind(kind.queue())
-    .bind(format!("%-{}.%", worker.pid()))
+    .bind(worker_like(worker.pid()))
     .fetch_one(&pool)
     .await
     .unwrap();
@@ -565,19 +567,10 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
     // Another replica's consumer beats a rescue bound and more meanwhile: it would take the
     // hops of a consumer silent that long.
     let other = replica();
+    let other_like = worker_like(other.pid());
     poll_until(Duration::from_secs(60), || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT 1 FROM apalis.workers
-                            WHERE worker_type = $1 AND id LIKE $2
-                              AND last_seen >= $3 + make_interval(secs => $4))",
-        )
-        .bind(kind.queue())
-        .bind(format!("%-{}.%", other.pid()))
-        .bind(waiting_since)
-        .bind((2 * HEARTBEAT_MS * MISSED_HEARTBEATS) as f64 / 1000.0)
-        .fetch_one(&pool)
-        .await
-        .unwrap()
+        let bound = 2.0 * RESCUE_BOUND_SECS;
+        beaten_since(&pool, kind.queue(), &other_like, waiting_since, bound).await >= 1
     })
     .await;
     writer.rollback().await.unwrap();

@@ -38,6 +38,16 @@ pub async fn conversation(pool: &PgPool, account: Uuid) -> Uuid {
         .unwrap()
 }
 
+/// Locks `conversation` in the transaction of `conn` as a platform writer does (EX-6: the
+/// conversation first), until that transaction ends.
+pub async fn lock_conversation(conn: &mut sqlx::PgConnection, conversation: Uuid) {
+    sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+        .bind(conversation)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
 /// A run to insert; `completed_at` etc. as the case needs.
 #[derive(Debug, Clone)]
 pub struct RunSpec {

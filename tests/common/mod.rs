@@ -198,11 +198,16 @@ pub async fn seeded_backlog(pool: &PgPool, seed: u64) -> Backlog {
 /// that locks rows `FROM <table>` — the waiter the test expects, not any; fails the test after
 /// 60 s rather than hang.
 pub async fn wait_for_lock_waiter(pool: &PgPool, table: &str) {
+    wait_for_lock_waiters(pool, table, 1).await;
+}
+
+/// [`wait_for_lock_waiter`] until `n` sessions wait so.
+pub async fn wait_for_lock_waiters(pool: &PgPool, table: &str, n: i64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no statement on {table} waited for a lock within 60 s"
+            "fewer than {n} statements on {table} waited for a lock within 60 s"
         );
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
@@ -213,7 +218,7 @@ pub async fn wait_for_lock_waiter(pool: &PgPool, table: &str) {
         .fetch_one(pool)
         .await
         .unwrap();
-        if waiting > 0 {
+        if waiting >= n {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

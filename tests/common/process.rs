@@ -107,6 +107,14 @@ where
 pub const HEARTBEAT_MS: u64 = 500;
 pub const MISSED_HEARTBEATS: u64 = 6;
 
+/// The test fleet's rescue bound, in seconds.
+pub const RESCUE_BOUND_SECS: f64 = (HEARTBEAT_MS * MISSED_HEARTBEATS) as f64 / 1000.0;
+
+/// A `LIKE` pattern for the names the worker process `pid` registers and locks jobs under.
+pub fn worker_like(pid: u32) -> String {
+    format!("%-{pid}.%")
+}
+
 pub fn fleet_worker(url: &str, dir: &std::path::Path) -> Command {
     let mut cmd = super::sexton(url, dir);
     cmd.arg("worker")
