@@ -1330,3 +1330,86 @@ async fn ex3_a_drain_beside_the_hop_removes_what_is_recorded_once_enough_waits(p
     assert_eq!(left, vec![other]);
     assert!(others.iter().all(|f| f.exists()));
 }
+
+/// The platform's own schema need not carry the reference CHECK (EX-1).
+async fn without_window_check(pool: &PgPool) {
+    sqlx::query(
+        "ALTER TABLE accounts DROP CONSTRAINT accounts_execution_details_retention_days_positive",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test]
+async fn ex1_a_window_of_zero_or_less_means_nothing_is_old(pool: PgPool) {
+    let env = Env::new(pool).await;
+    without_window_check(&env.pool).await;
+    let mut kept = Vec::new();
+    let mut absurd = Vec::new();
+    for days in [-5, 0] {
+        let account = fixture::account(&env.pool, Some(days)).await;
+        let conversation = fixture::conversation(&env.pool, account).await;
+        for age in [1.0 / 24.0, 1.0, 400.0, -1.0] {
+            kept.push((
+                account,
+                env.run(RunSpec::conversation(account, conversation, age))
+                    .await,
+            ));
+        }
+        absurd.push(account);
+    }
+    let normal = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, normal).await;
+    let control = env
+        .run(RunSpec::conversation(normal, conversation, 40.0))
+        .await;
+
+    let mut conn = env.pool.acquire().await.unwrap();
+    let previews = job::preview(&mut conn, pass_start(), None).await.unwrap();
+    for account in &absurd {
+        let p = previews.iter().find(|p| p.account_id == *account).unwrap();
+        assert_eq!((p.cutoff, p.eligible_owners), (None, 0), "{p:?}");
+        assert_eq!(p.retained.get(&RetainReason::InvalidWindow), Some(&1));
+    }
+    let backlog = job::backlog_seconds(&env.pool, pass_start()).await.unwrap();
+    assert!(
+        (backlog - 10.0 * 86_400.0).abs() < 1.0,
+        "only the normal account's backlog counts: {backlog}"
+    );
+    let paths = common::run::roots(env.dir.path());
+    for (_, run) in &kept {
+        let explained = job::PruneExecutionDetails::explain(
+            &mut conn,
+            &env.settings,
+            &paths,
+            pass_start(),
+            "run",
+            &run.id.to_string(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(
+            explained.reasons.iter().any(|r| r.code == "invalid_window"),
+            "{explained:?}"
+        );
+    }
+    for account in &absurd {
+        let reports = env.pass(*account).await;
+        assert_eq!(reports.len(), 1, "the pass ends at once");
+        assert_eq!(retained(&reports, RetainReason::InvalidWindow), 1);
+        assert_eq!(reports[0].pruned, 0);
+    }
+    for (account, run) in &kept {
+        assert!(!fixture::is_pruned(&env.pool, run.id).await, "{run:?}");
+        assert!(fixture::has_detail(&env.pool, run.id).await);
+        assert!(env.output_file(*account, run.id).exists());
+    }
+    env.pass(normal).await;
+    assert!(
+        fixture::is_pruned(&env.pool, control.id).await,
+        "the control account's old run goes"
+    );
+    assert!(!env.output_file(normal, control.id).exists());
+}

@@ -988,3 +988,67 @@ async fn ss6_workers_killed_with_sigkill_mid_pass_leave_no_session_half_deleted(
     assert!(status.success(), "the last worker exited with {status}");
     audit(&pool, &root, &sessions, true).await;
 }
+
+#[sqlx::test]
+async fn ss1_a_policy_age_of_zero_or_less_means_nothing_of_that_kind_is_old(pool: PgPool) {
+    let env = Env::new(pool).await;
+    for column in ["main_days", "task_days", "subagent_days"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE session_retention_policies DROP CONSTRAINT session_retention_policies_{column}_check"
+        )))
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    }
+    let mut kept = Vec::new();
+    let mut absurd = Vec::new();
+    for days in [-3, 0] {
+        let account = fixture::account(&env.pool, Some(30)).await;
+        env.policy(account, true, [Some(days), Some(days), Some(days)])
+            .await;
+        let agent = env.agent(account).await;
+        let done = env.board_task(account, "done", true).await;
+        for age in [1.0 / 24.0, 2.0, 400.0] {
+            kept.push(env.session(session(account, agent, "main", age)).await);
+            kept.push(env.session(session(account, agent, "subagent", age)).await);
+            let task = Session {
+                metadata: json!({"board_task_id": done}),
+                ..session(account, agent, "task", age)
+            };
+            kept.push(env.session(task).await);
+        }
+        absurd.push(account);
+    }
+    // Only one kind invalid: the others still follow their ages.
+    let mixed = fixture::account(&env.pool, Some(30)).await;
+    env.policy(mixed, true, [Some(-3), None, Some(7)]).await;
+    let agent = env.agent(mixed).await;
+    kept.push(env.session(session(mixed, agent, "main", 400.0)).await);
+    let goes = env.session(session(mixed, agent, "subagent", 8.0)).await;
+
+    let mut conn = env.pool.acquire().await.unwrap();
+    let previews = job::preview(&mut conn, pass_start(), None).await.unwrap();
+    for account in &absurd {
+        let p = previews.iter().find(|p| p.account_id == *account).unwrap();
+        assert_eq!(p.eligible.values().sum::<i64>(), 0, "{p:?}");
+        assert_eq!(p.retained.get("invalid_policy"), Some(&3), "{p:?}");
+    }
+    let p = previews.iter().find(|p| p.account_id == mixed).unwrap();
+    assert_eq!(p.retained.get("invalid_policy"), Some(&1), "{p:?}");
+    assert_eq!(p.eligible.get("subagent"), Some(&1), "{p:?}");
+    drop(conn);
+    for account in &absurd {
+        let reports = env.nightly(*account).await;
+        assert_eq!(deleted(&reports), 0);
+        assert_eq!(retained(&reports, "invalid_policy"), 3);
+    }
+    let reports = env.nightly(mixed).await;
+    assert_eq!(retained(&reports, "invalid_policy"), 1);
+    for session in &kept {
+        assert!(env.exists(*session).await, "{session}");
+        assert_eq!(history(&env.pool, *session).await, (3, 1, 2));
+        assert!(env.frames(*session).exists());
+    }
+    assert!(!env.exists(goes).await, "the valid kind's old session goes");
+    assert!(!env.frames(goes).exists());
+}

@@ -10,9 +10,19 @@ pub const EARLIEST: DateTime<Utc> = match DateTime::from_timestamp(-210_866_803_
     None => DateTime::UNIX_EPOCH,
 };
 
-/// The cutoff `days` before `reference`, or `None` when the window reaches back past the
-/// calendar (EARLIEST): then nothing is old enough (EX-1).
+/// Whether a window of `days` read from the platform's tables means anything: the platform owns
+/// its schema and need not carry the reference CHECK, and a window of 0 or less never means
+/// "everything is old" (EX-1, SS-1).
+pub fn valid_window(days: i32) -> bool {
+    days > 0
+}
+
+/// The cutoff `days` before `reference`, or `None` when nothing is old enough (EX-1, SS-1): the
+/// window is not [`valid_window`], or it reaches back past the calendar (EARLIEST).
 pub fn days_before(reference: DateTime<Utc>, days: i32) -> Option<DateTime<Utc>> {
+    if !valid_window(days) {
+        return None;
+    }
     chrono::TimeDelta::try_days(days.into())
         .and_then(|window| reference.checked_sub_signed(window))
         .filter(|cutoff| *cutoff > EARLIEST)
@@ -40,6 +50,18 @@ mod tests {
         assert_eq!(
             reference(now, now - chrono::Duration::days(1)),
             now - chrono::Duration::days(1)
+        );
+    }
+
+    #[test]
+    fn ex1_ss1_a_window_of_zero_or_less_has_no_cutoff() {
+        let now: DateTime<Utc> = "2026-12-01T03:00:00Z".parse().unwrap();
+        for days in [0, -1, -5, i32::MIN] {
+            assert_eq!(days_before(now, days), None, "{days} days");
+        }
+        assert_eq!(
+            days_before(now, 1),
+            Some("2026-11-30T03:00:00Z".parse().unwrap())
         );
     }
 }

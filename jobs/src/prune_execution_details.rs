@@ -67,7 +67,9 @@ fn blocks(reason: RetainReason, run: &str) -> Option<String> {
                      JOIN history_requests h ON h.id = s.history_request_id \
                      WHERE s.source_run_id = {run} AND h.sealed_at IS NULL)"
         ),
-        RetainReason::NotEligible | RetainReason::Busy => return None,
+        RetainReason::NotEligible | RetainReason::Busy | RetainReason::InvalidWindow => {
+            return None;
+        }
     })
 }
 
@@ -184,21 +186,25 @@ pub enum RetainReason {
     NotEligible,
     /// The conversation or run lock was not granted in time.
     Busy,
+    /// The account's window is 0 or less, which the platform's table allows but which means
+    /// nothing (EX-1): nothing of the account is old. Counted once per pass, not per owner.
+    InvalidWindow,
 }
 
 impl RetainReason {
-    pub const ALL: [RetainReason; 6] = [
+    pub const ALL: [RetainReason; 7] = [
         RetainReason::PendingWork,
         RetainReason::PendingSettlement,
         RetainReason::OutstandingDelegation,
         RetainReason::ActiveHistoryRequest,
         RetainReason::NotEligible,
         RetainReason::Busy,
+        RetainReason::InvalidWindow,
     ];
 
     /// The labels of [`RetainReason::ALL`], in that order.
-    pub const NAMES: [&'static str; 6] = {
-        let mut names = [""; 6];
+    pub const NAMES: [&'static str; 7] = {
+        let mut names = [""; 7];
         let mut i = 0;
         while i < names.len() {
             names[i] = RetainReason::ALL[i].as_str();
@@ -215,6 +221,7 @@ impl RetainReason {
             RetainReason::ActiveHistoryRequest => "active_history_request",
             RetainReason::NotEligible => "not_eligible",
             RetainReason::Busy => "busy",
+            RetainReason::InvalidWindow => "invalid_window",
         }
     }
 }
@@ -342,6 +349,17 @@ pub async fn hop(
         }
         Some((None, _)) => {
             report.outcome = HopOutcome::Disabled;
+            return Ok(report);
+        }
+        Some((Some(days), _)) if !crate::cutoff::valid_window(days) => {
+            // Never "everything is old": nothing of the account is (EX-1).
+            tracing::warn!(
+                account = %args.account_id,
+                execution_details_retention_days = days,
+                "the account's execution_details_retention_days is not a window (must be > 0): \
+                 nothing of it is pruned"
+            );
+            report.retain(RetainReason::InvalidWindow);
             return Ok(report);
         }
         Some((Some(days), now)) => (days, now),
@@ -653,6 +671,7 @@ fn recheck_columns(conversation: &str) -> String {
          COALESCE(r.conversation_id = {conversation}
                   AND r.kind IN ('conversation', 'direct_reply')
                   AND {AGE} < $3
+                  AND a.execution_details_retention_days > 0
                   AND CASE WHEN isfinite({AGE})
                            THEN $4 - {AGE} > make_interval(days => a.execution_details_retention_days)
                       END,
@@ -842,7 +861,7 @@ static BACKLOG: LazyLock<String> = LazyLock::new(|| {
         "SELECT max(EXTRACT(EPOCH FROM (c.cutoff - o.age)))::float8
          FROM (SELECT id, $1 - make_interval(days => execution_details_retention_days) AS cutoff
                FROM accounts
-               WHERE execution_details_retention_days IS NOT NULL
+               WHERE execution_details_retention_days > 0
                  AND make_interval(days => execution_details_retention_days) < $1 - $2) c
          CROSS JOIN LATERAL (
              SELECT {AGE} AS age FROM runs r
@@ -898,6 +917,9 @@ pub async fn preview(
         if let Some(cutoff) = days.and_then(|days| days_before(now, days)) {
             preview.cutoff = Some(cutoff);
             fill_preview(conn, &mut preview, cutoff).await?;
+        } else if days.is_some_and(|days| !crate::cutoff::valid_window(days)) {
+            // As the pass counts it: once for the account (EX-1).
+            preview.retained.insert(RetainReason::InvalidWindow, 1);
         }
         previews.push(preview);
     }
@@ -1001,7 +1023,9 @@ async fn blocker_detail(
              FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id
              WHERE s.source_run_id = $1 AND h.sealed_at IS NULL"
         }
-        RetainReason::NotEligible | RetainReason::Busy => return Ok(String::new()),
+        RetainReason::NotEligible | RetainReason::Busy | RetainReason::InvalidWindow => {
+            return Ok(String::new());
+        }
     };
     let rows: Vec<String> = sqlx::query_scalar(sql).bind(run).fetch_all(conn).await?;
     Ok(rows.join("; "))
@@ -1081,14 +1105,24 @@ async fn explain_run(
     }
     // Every precondition that fails is a reason; any of them keeps the run.
     if cutoff.is_none() {
-        explanation.reasons.push(reason(
-            "EX-1",
-            "disabled",
-            match days {
-                None => "the account's execution_details_retention_days is NULL".into(),
-                Some(d) => format!("a window of {d} days reaches back past the calendar"),
-            },
-        ));
+        let (code, detail) = match days {
+            None => (
+                "disabled",
+                "the account's execution_details_retention_days is NULL".into(),
+            ),
+            Some(d) if !crate::cutoff::valid_window(d) => (
+                RetainReason::InvalidWindow.as_str(),
+                format!(
+                    "a window of {d} days is not a window (it must be more than 0): nothing of \
+                     the account is old"
+                ),
+            ),
+            Some(d) => (
+                "disabled",
+                format!("a window of {d} days reaches back past the calendar"),
+            ),
+        };
+        explanation.reasons.push(reason("EX-1", code, detail));
     }
     let owner = conversation.is_some() && matches!(kind.as_str(), "conversation" | "direct_reply");
     if !owner {
@@ -1293,6 +1327,11 @@ impl std::fmt::Display for Preview {
         let (Some(days), Some(cutoff)) = (self.retention_days, self.cutoff) else {
             let why = match self.retention_days {
                 None => "retention disabled".to_owned(),
+                Some(days) if !crate::cutoff::valid_window(days) => format!(
+                    "{days} days is not a window (it must be more than 0): nothing is old \
+                     ({})",
+                    RetainReason::InvalidWindow.as_str()
+                ),
                 Some(days) => {
                     format!("{days} days reach back past the calendar: nothing is old enough")
                 }

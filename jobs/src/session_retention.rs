@@ -89,6 +89,14 @@ impl Ages {
         }
     }
 
+    /// The kinds whose age is 0 or less: the platform's table allows it, but nothing of such a
+    /// kind is old (SS-1), as the CLI refuses the same value.
+    fn invalid(&self) -> impl Iterator<Item = SessionKind> + '_ {
+        SessionKind::ALL
+            .into_iter()
+            .filter(|kind| !crate::cutoff::valid_window(self.days(*kind)))
+    }
+
     fn cutoffs(&self, reference: DateTime<Utc>) -> Cutoffs {
         Cutoffs {
             main: days_before(reference, self.main_days),
@@ -215,8 +223,9 @@ pub struct HopSettings {
     pub sessions_root: PathBuf,
 }
 
-/// Why a session was left in place this pass, as counted in metrics.
-pub const RETAIN_REASONS: [&str; 7] = [
+/// Why a session was left in place this pass, as counted in metrics. `invalid_policy` counts a
+/// kind whose policy age is 0 or less, once per pass (SS-1).
+pub const RETAIN_REASONS: [&str; 8] = [
     "not_eligible",
     "protected_state",
     "protected_pointer",
@@ -224,7 +233,10 @@ pub const RETAIN_REASONS: [&str; 7] = [
     "malformed_evidence",
     "task_not_terminal",
     "busy",
+    INVALID_POLICY,
 ];
+
+const INVALID_POLICY: &str = "invalid_policy";
 
 /// The history tables, in the order reports list them; `sessions` itself last.
 pub const TABLES: [&str; 4] = [
@@ -333,6 +345,17 @@ pub async fn hop(
     });
     let kind = cursor.kind;
     let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
+    if cursor.after.is_none() && ages.invalid().any(|invalid| invalid == kind) {
+        // Never "every session is old": none of this kind is (SS-1).
+        tracing::warn!(
+            account = %args.account_id,
+            kind = kind.as_str(),
+            days = ages.days(kind),
+            "the account's session retention policy gives this kind an age of 0 or less \
+             (must be > 0): none of its sessions is pruned"
+        );
+        report.retain(INVALID_POLICY);
+    }
 
     // The verdict is taken first without locks, so that only sessions that would go are
     // locked: a retained session (protected, lacking evidence) is never held from the platform.
@@ -838,6 +861,11 @@ pub async fn preview(
             preview.ages = Some(ages);
             preview.cutoffs = Some(cutoffs);
             fill_preview(conn, &mut preview, &cutoffs).await?;
+            // As the pass counts it: once per kind (SS-1).
+            let invalid = ages.invalid().count() as i64;
+            if invalid > 0 {
+                preview.retained.insert(INVALID_POLICY.to_owned(), invalid);
+            }
         }
         previews.push(preview);
     }
@@ -1017,7 +1045,20 @@ async fn explain_session(
         .bind(cutoff)
         .fetch_one(&mut *conn)
         .await?;
-    if !cutoff.is_some_and(|c| last_activity < c && last_activity > EARLIEST) {
+    let invalid = ages
+        .zip(kind_of)
+        .map(|(ages, kind)| ages.days(kind))
+        .filter(|days| !crate::cutoff::valid_window(*days));
+    if let Some(days) = invalid {
+        explanation.reasons.push(ExplainReason::new(
+            "SS-1",
+            INVALID_POLICY,
+            format!(
+                "the policy's age for a {kind} session is {days} days, which is not an age \
+                 (it must be more than 0): none of its kind is old"
+            ),
+        ));
+    } else if !cutoff.is_some_and(|c| last_activity < c && last_activity > EARLIEST) {
         explanation.reasons.push(ExplainReason::new(
             "SS-2",
             "not_eligible",

@@ -1,7 +1,7 @@
 SELECT max(EXTRACT(EPOCH FROM (c.cutoff - o.age)))::float8
          FROM (SELECT id, $1 - make_interval(days => execution_details_retention_days) AS cutoff
                FROM accounts
-               WHERE execution_details_retention_days IS NOT NULL
+               WHERE execution_details_retention_days > 0
                  AND make_interval(days => execution_details_retention_days) < $1 - $2) c
          CROSS JOIN LATERAL (
              SELECT (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) AS age FROM runs r

@@ -4,6 +4,7 @@ WITH locked AS (
          COALESCE(r.conversation_id = c.conversation_id
                   AND r.kind IN ('conversation', 'direct_reply')
                   AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) < $3
+                  AND a.execution_details_retention_days > 0
                   AND CASE WHEN isfinite((CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END))
                            THEN $4 - (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) > make_interval(days => a.execution_details_retention_days)
                       END,
