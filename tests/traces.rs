@@ -1,9 +1,12 @@
 //! Run traces (SPEC §4, TR-1 … TR-4, ER-3) on real files in temp dirs: age and quota by
 //! allocated bytes (a sparse file by its blocks), symlinks and bad signatures never deleted,
 //! live sessions kept, the lease held by another cleaner, files changed between plan and delete,
-//! the CLI's dry run and `--confirm`, and the background job on its own cadence.
+//! the CLI's dry run and `--confirm`, the background job on its own cadence, and names that are
+//! not UTF-8 cleaned like any other (found by their bytes, shown lossily).
 
+use std::ffi::OsStr;
 use std::fs::FileTimes;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -42,13 +45,22 @@ impl Traces {
     /// A trace of `session` with `body_bytes` of content after its signature, last modified
     /// `days` before the pass start.
     fn trace(&self, name: &str, session: Uuid, days: f64, body_bytes: usize) -> PathBuf {
+        let path = self.root.join(self.agent.to_string()).join(name);
+        self.trace_at(&path, session, days, body_bytes)
+    }
+
+    /// [`trace`](Self::trace) at any `path`, whatever bytes its names are.
+    fn trace_at(&self, path: &Path, session: Uuid, days: f64, body_bytes: usize) -> PathBuf {
         let signature = serde_json::json!({
             "format": "run-trace/1", "agent_id": self.agent.to_string(),
             "session_id": session.to_string()
         });
         let mut content = format!("{signature}\n").into_bytes();
         content.extend(std::iter::repeat_n(b'x', body_bytes));
-        self.file(name, &content, days)
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, &content).unwrap();
+        age(path, days);
+        path.to_owned()
     }
 
     /// Any file under the agent's directory, last modified `days` before the pass start.
@@ -256,7 +268,7 @@ struct Meddler {
 impl Observer for Meddler {
     fn before_delete(&mut self, batch: &[Planned]) {
         for file in batch {
-            let path = self.root.join(&file.path);
+            let path = self.root.join(file.raw_path());
             if file.path.ends_with("vanishes.trace.jsonl") {
                 std::fs::remove_file(&path).unwrap();
             }
@@ -639,4 +651,187 @@ async fn tr4_a_cadence_longer_than_the_queue_keeps_its_keys_and_roots_overlappin
         .unwrap();
     assert_eq!(overlapping.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&overlapping.stderr).contains("paths.traces_root"));
+}
+
+/// A name of raw bytes, not UTF-8.
+fn raw(bytes: &[u8]) -> &OsStr {
+    OsStr::from_bytes(bytes)
+}
+
+/// Every path the cleaner planned, as it shows them.
+#[derive(Default)]
+struct Shown(Vec<String>);
+
+impl Observer for Shown {
+    fn planned(&mut self, file: &Planned) {
+        self.0.push(file.path.clone());
+    }
+}
+
+#[sqlx::test]
+async fn tr2_tr3_a_trace_whose_names_are_not_utf8_is_cleaned_like_any_other(pool: PgPool) {
+    common::migrate(&pool).await;
+    let account = fixture::account(&pool, Some(90)).await;
+    let agent = fixture::agent(&pool, account).await;
+    let main = fixture::session(&pool, account, agent, "main", 0, Some("main_session_id")).await;
+    let t = Traces::new();
+    let odd_dir = t.root.join(raw(b"agent-\xff\xfe"));
+    let agent_dir = t.root.join(t.agent.to_string());
+    // Old, signed, named *.trace.jsonl: under a directory whose name is not UTF-8, and with a
+    // file name that is not UTF-8 (in an ordinary directory and in the odd one).
+    let in_odd_dir = t.trace_at(&odd_dir.join("old.trace.jsonl"), Uuid::new_v4(), 100.0, 10);
+    let odd_name = t.trace_at(
+        &agent_dir.join(raw(b"\xff\xfe.trace.jsonl")),
+        Uuid::new_v4(),
+        100.0,
+        10,
+    );
+    let both_odd = t.trace_at(
+        &odd_dir.join(raw(b"run-\xc3.trace.jsonl")),
+        Uuid::new_v4(),
+        100.0,
+        10,
+    );
+    // What must stay. Young, with a name that shows exactly as the old one's does: a literal
+    // U+FFFD name (what the lossy rendering of b"\xff\xfe" reads as) and b"\xfe\xff".
+    let young_literal = t.trace_at(
+        &agent_dir.join("\u{FFFD}\u{FFFD}.trace.jsonl"),
+        Uuid::new_v4(),
+        1.0,
+        10,
+    );
+    let young_odd = t.trace_at(
+        &agent_dir.join(raw(b"\xfe\xff.trace.jsonl")),
+        Uuid::new_v4(),
+        1.0,
+        10,
+    );
+    // A live session's old trace, both names odd.
+    let live = t.trace_at(
+        &odd_dir.join(raw(b"live-\xff.trace.jsonl")),
+        main,
+        100.0,
+        10,
+    );
+    // Old and signed, but not named *.trace.jsonl.
+    let not_a_trace = t.trace_at(
+        &odd_dir.join(raw(b"old-\xff.trace.json")),
+        Uuid::new_v4(),
+        100.0,
+        10,
+    );
+    // A symlink with an odd name leading out of the root, to an old signed trace.
+    let outside = tempfile::tempdir().unwrap();
+    let secret = t.trace_at(
+        &outside.path().join("secret.trace.jsonl"),
+        Uuid::new_v4(),
+        100.0,
+        10,
+    );
+    let link = odd_dir.join(raw(b"link-\xff.trace.jsonl"));
+    std::os::unix::fs::symlink(&secret, &link).unwrap();
+
+    let mut shown = Shown::default();
+    let mut conn = pool.acquire().await.unwrap();
+    let dry = job::clean(
+        &mut conn,
+        &t.root,
+        age_limit(30),
+        pass_start(),
+        false,
+        &mut shown,
+        &AtomicBool::new(false),
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    assert_eq!(dry.planned.get("age"), Some(&3), "{dry:?}");
+    assert!(in_odd_dir.exists() && odd_name.exists() && both_odd.exists());
+    shown.0.sort();
+    let mut expected = vec![
+        format!("{}/\u{FFFD}\u{FFFD}.trace.jsonl", t.agent),
+        "agent-\u{FFFD}\u{FFFD}/old.trace.jsonl".to_owned(),
+        "agent-\u{FFFD}\u{FFFD}/run-\u{FFFD}.trace.jsonl".to_owned(),
+    ];
+    expected.sort();
+    assert_eq!(shown.0, expected, "shown lossily");
+
+    let report = clean(&pool, &t.root, age_limit(30), true).await;
+
+    assert!(
+        !in_odd_dir.exists(),
+        "under a directory whose name is not UTF-8"
+    );
+    assert!(!odd_name.exists(), "a file name that is not UTF-8");
+    assert!(!both_odd.exists(), "both");
+    assert!(
+        young_literal.exists() && young_odd.exists(),
+        "young, shown alike"
+    );
+    assert!(live.exists(), "a live session's trace stays");
+    assert!(not_a_trace.exists(), "not named *.trace.jsonl");
+    assert!(
+        secret.exists() && link.symlink_metadata().is_ok(),
+        "a symlink is never followed"
+    );
+    assert_eq!(report.deleted, 3, "{report:?}");
+    assert_eq!(report.candidates, 6, "{report:?}");
+    assert_eq!(report.kept.get("unreadable"), None, "{report:?}");
+    assert_eq!(report.kept.get("live_session"), Some(&1));
+    assert_eq!(report.kept.get("outside_root"), Some(&1));
+}
+
+#[sqlx::test]
+async fn tr2_over_quota_traces_whose_names_are_not_utf8_count_and_go_oldest_first(pool: PgPool) {
+    let t = Traces::new();
+    let odd_dir = t.root.join(raw(b"agent-\xff"));
+    let oldest = t.trace_at(
+        &odd_dir.join(raw(b"\xff.trace.jsonl")),
+        Uuid::new_v4(),
+        9.0,
+        20_000,
+    );
+    // Two equally old whose names show alike ("\u{FFFD}-x"): the quota needs one of them gone,
+    // not both.
+    let tie_a = t.trace_at(
+        &odd_dir.join(raw(b"\xfe-x.trace.jsonl")),
+        Uuid::new_v4(),
+        8.0,
+        20_000,
+    );
+    let tie_b = t.trace_at(
+        &odd_dir.join(raw(b"\xfd-x.trace.jsonl")),
+        Uuid::new_v4(),
+        8.0,
+        20_000,
+    );
+    let newest = t.trace_at(
+        &odd_dir.join(raw(b"\xfc.trace.jsonl")),
+        Uuid::new_v4(),
+        7.0,
+        20_000,
+    );
+    let each = allocated(&oldest);
+    assert!(
+        [&tie_a, &tie_b, &newest]
+            .iter()
+            .all(|p| allocated(p) == each)
+    );
+    let limits = Limits {
+        max_age_days: 0,
+        max_bytes: 2 * each,
+    };
+
+    let report = clean(&pool, &t.root, limits, true).await;
+
+    assert!(!oldest.exists(), "the oldest goes first");
+    assert!(newest.exists());
+    assert_eq!(
+        [&tie_a, &tie_b].iter().filter(|p| p.exists()).count(),
+        1,
+        "exactly one of the two equally old: {report:?}"
+    );
+    assert_eq!(report.candidates, 4, "{report:?}");
+    assert_eq!(report.planned.get("quota"), Some(&2), "{report:?}");
+    assert_eq!(report.deleted, 2);
 }

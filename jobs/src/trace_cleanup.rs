@@ -12,15 +12,21 @@
 //! deleted blindly (ER-3). One cleaner at a time across processes: an exclusive `flock(2)` on
 //! `<traces_root>/.sexton-traces.lease`, whose holder writes who it is into the file.
 //!
+//! Names are bytes: a file or directory name that is not UTF-8 is walked, checked and deleted
+//! like any other, found again only by its bytes (relative to the directory descriptor it was
+//! listed in); it is shown to people lossily ([`Planned::path`]), and that rendering is never
+//! used to find a file.
+//!
 //! Memory stays bounded at any number of files: the age rule needs nothing kept; the quota
 //! ("oldest first until within") is found from a histogram of allocated bytes by mtime with a
 //! bounded number of buckets, then the one bucket where the quota line falls is sorted exactly
 //! in a second walk, and a third walk deletes.
 
 use std::collections::BTreeMap;
-use std::ffi::{CStr, CString};
+use std::ffi::{CStr, CString, OsStr};
 use std::io::{self, Read as _, Write as _};
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,8 +117,12 @@ impl Reason {
 /// A file the cleaner plans to delete.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Planned {
-    /// Relative to the traces root.
+    /// Relative to the traces root, for people: rendered lossily where a name is not UTF-8, so
+    /// never a way to find the file ([`raw_path`](Self::raw_path) is).
     pub path: String,
+    /// Relative to the traces root, its exact bytes.
+    #[serde(skip)]
+    raw: Vec<u8>,
     /// Allocated bytes (blocks × 512).
     pub bytes: u64,
     pub mtime: DateTime<Utc>,
@@ -120,6 +130,25 @@ pub struct Planned {
     pub session_id: Uuid,
     #[serde(skip)]
     seen: Seen,
+}
+
+impl Planned {
+    /// The path relative to the traces root, exactly as it is on disk (its names need not be
+    /// UTF-8).
+    pub fn raw_path(&self) -> &Path {
+        as_path(&self.raw)
+    }
+
+    /// The file's own name, its exact bytes.
+    fn name(&self) -> &OsStr {
+        let name = self.raw.rsplit(|b| *b == b'/').next().unwrap_or(&self.raw);
+        OsStr::from_bytes(name)
+    }
+}
+
+/// Bytes of a path as a [`Path`], whatever they are.
+fn as_path(bytes: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(bytes))
 }
 
 /// What a file looked like when it was planned.
@@ -160,8 +189,9 @@ pub trait Observer: Send {
     fn planned(&mut self, _file: &Planned) {}
     /// A batch about to be checked and deleted (confirmed runs only).
     fn before_delete(&mut self, _batch: &[Planned]) {}
-    /// A file under the root that stays, and why (the first walk only).
-    fn kept(&mut self, _path: &str, _reason: &'static str) {}
+    /// A file under the root that stays, and why (the first walk only); its path relative to
+    /// the root, exactly as it is on disk.
+    fn kept(&mut self, _path: &Path, _reason: &'static str) {}
 }
 
 /// An observer that looks at nothing.
@@ -260,12 +290,13 @@ pub fn holder(name: &str, now: DateTime<Utc>) -> String {
 /// One entry the walk met, as the cleaner classifies it.
 enum Entry {
     Candidate(Candidate),
-    /// Not a candidate, and why; its path.
-    Kept(&'static str, String),
+    /// Not a candidate, and why; its path's bytes.
+    Kept(&'static str, Vec<u8>),
 }
 
 struct Candidate {
-    path: String,
+    /// Relative to the root, its exact bytes.
+    path: Vec<u8>,
     blocks_bytes: u64,
     seen: Seen,
     session_id: Uuid,
@@ -337,8 +368,8 @@ fn first_line(dir: &OwnedFd, name: &CStr) -> io::Result<Vec<u8>> {
 }
 
 /// Whether a symlink at `relative` resolves outside the canonical root.
-fn escapes(root: &Path, relative: &str) -> bool {
-    match root.join(relative).canonicalize() {
+fn escapes(root: &Path, relative: &[u8]) -> bool {
+    match root.join(as_path(relative)).canonicalize() {
         Ok(target) => !target.starts_with(root),
         Err(_) => true,
     }
@@ -348,7 +379,8 @@ fn escapes(root: &Path, relative: &str) -> bool {
 struct Pending {
     parent: Arc<OwnedFd>,
     name: CString,
-    prefix: String,
+    /// The directory's path relative to the root and a `/`, its exact bytes (empty: the root).
+    prefix: Vec<u8>,
     depth: usize,
 }
 
@@ -356,7 +388,7 @@ struct Pending {
 struct Level {
     fd: Arc<OwnedFd>,
     dir: Dir,
-    prefix: String,
+    prefix: Vec<u8>,
     depth: usize,
 }
 
@@ -386,7 +418,7 @@ impl Walk {
             current: Some(Level {
                 fd,
                 dir,
-                prefix: String::new(),
+                prefix: Vec::new(),
                 depth: 0,
             }),
             todo: Vec::new(),
@@ -431,16 +463,9 @@ impl Walk {
             {
                 continue;
             }
-            let Ok(text) = std::str::from_utf8(bytes) else {
-                // A name that is not UTF-8 is never walked into or deleted: counted.
-                let lossy = format!("{}{}", level.prefix, name.to_string_lossy());
-                return Some(Step::Entry(
-                    level.fd.clone(),
-                    Entry::Kept("unreadable", lossy),
-                ));
-            };
-            let relative = format!("{}{text}", level.prefix);
-            let is_trace = text.ends_with(".trace.jsonl");
+            // Names are bytes: one that is not UTF-8 is walked and judged like any other.
+            let relative = [level.prefix.as_slice(), bytes].concat();
+            let is_trace = bytes.ends_with(b".trace.jsonl");
             let stat = match rustix::fs::statat(&*level.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(stat) => stat,
                 Err(rustix::io::Errno::NOENT) => continue,
@@ -458,7 +483,7 @@ impl Walk {
                         self.todo.push(Pending {
                             parent: level.fd.clone(),
                             name: name.to_owned(),
-                            prefix: format!("{relative}/"),
+                            prefix: [relative.as_slice(), b"/"].concat(),
                             depth: level.depth + 1,
                         });
                     }
@@ -529,8 +554,9 @@ impl Histogram {
 /// Where the quota line falls.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum QuotaLine {
-    /// Every candidate ordered at or before `(mtime, path)` goes.
-    Upto(i128, String),
+    /// Every candidate ordered at or before `(mtime, path)` goes (the path's bytes: two names
+    /// that only show alike are not the same).
+    Upto(i128, Vec<u8>),
     /// Every candidate older than this mtime goes, and of those with exactly this mtime (too
     /// many to sort), as many as cover the bytes given, in walk order: all are equally old.
     Ties(i128, u64),
@@ -551,7 +577,7 @@ enum Pass {
     Boundary {
         shift: u32,
         bucket: i128,
-        files: Vec<(i128, String, u64)>,
+        files: Vec<(i128, Vec<u8>, u64)>,
         overflow: bool,
         finer: BTreeMap<i128, u64>,
     },
@@ -587,7 +613,8 @@ impl Plan<'_> {
 
     fn plan(&mut self, candidate: Candidate, reason: Reason) {
         let planned = Planned {
-            path: candidate.path,
+            path: String::from_utf8_lossy(&candidate.path).into_owned(),
+            raw: candidate.path,
             bytes: candidate.blocks_bytes,
             mtime: to_time(candidate.seen.mtime_ns),
             reason,
@@ -624,7 +651,7 @@ impl Plan<'_> {
                 Step::Entry(_, Entry::Kept(reason, path)) => {
                     if matches!(pass, Pass::Age(_)) {
                         self.report.keep(reason);
-                        self.observer.kept(&path, reason);
+                        self.observer.kept(as_path(&path), reason);
                     }
                 }
                 Step::Entry(dir, Entry::Candidate(candidate)) => {
@@ -655,7 +682,7 @@ impl Plan<'_> {
                     self.report.candidate_bytes += candidate.blocks_bytes;
                     self.live_bytes += candidate.blocks_bytes;
                     self.report.keep("live_session");
-                    self.observer.kept(&candidate.path, "live_session");
+                    self.observer.kept(as_path(&candidate.path), "live_session");
                 }
                 continue;
             }
@@ -698,7 +725,9 @@ impl Plan<'_> {
                     return;
                 }
                 let goes = match line {
-                    QuotaLine::Upto(at, path) => (mtime, c.path.as_str()) <= (*at, path.as_str()),
+                    QuotaLine::Upto(at, path) => {
+                        (mtime, c.path.as_slice()) <= (*at, path.as_slice())
+                    }
                     QuotaLine::Ties(at, need) => {
                         mtime < *at
                             || (mtime == *at && *taken < *need && {
@@ -729,7 +758,9 @@ impl Plan<'_> {
                 self.report.keep("live_session");
                 continue;
             }
-            let name = file.path.rsplit('/').next().unwrap_or(&file.path);
+            // Found again by its bytes in the directory it was listed in, never by the lossy
+            // rendering.
+            let name = file.name();
             let now = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile => stat,
                 Ok(_) => {
@@ -1033,13 +1064,13 @@ struct Watch<'a> {
 
 impl Observer for Watch<'_> {
     fn planned(&mut self, file: &Planned) {
-        if file.path == self.path {
+        if file.raw == self.path.as_bytes() {
             self.planned = Some(file.clone());
         }
     }
 
-    fn kept(&mut self, path: &str, reason: &'static str) {
-        if path == self.path {
+    fn kept(&mut self, path: &Path, reason: &'static str) {
+        if path.as_os_str().as_bytes() == self.path.as_bytes() {
             self.kept = Some(reason);
         }
     }
