@@ -282,3 +282,50 @@ async fn at1_overlapping_roots_are_refused_but_a_shared_prefix_is_not_an_overlap
         String::from_utf8_lossy(&accepted.stderr)
     );
 }
+
+#[sqlx::test]
+async fn at1_one_file_named_two_ways_is_one_file(pool: PgPool) {
+    let w = World::new(pool).await;
+    let file = w.file("alias/f.bin", days_before_pass(400.0));
+    let canonical = w.row("alias/f.bin", days_before_pass(400.0)).await;
+    let doubled = w.row("alias//f.bin", days_before_pass(400.0)).await;
+    let dotted = w.row("./alias/./f.bin", days_before_pass(400.0)).await;
+    // Another account's live attachment names a second file through another spelling.
+    let shared = w.file("alias/g.bin", days_before_pass(400.0));
+    let mine = w.row("alias/g.bin", days_before_pass(400.0)).await;
+    let other = common::fixture::account(&w.pool, Some(90)).await;
+    let theirs: Uuid = sqlx::query_scalar(
+        "INSERT INTO attachments (account_id, relative_path, created_at)
+         VALUES ($1, 'alias//g.bin', $2) RETURNING id",
+    )
+    .bind(other)
+    .bind(days_before_pass(400.0))
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+
+    let reports = w.pass(&settings()).await;
+    assert_eq!(kept(&reports, "outside_root"), 0, "{reports:?}");
+    for id in [canonical, doubled, dotted, mine] {
+        assert!(
+            w.expired(id).await,
+            "every row naming an expired file is marked"
+        );
+    }
+    assert!(!file.exists());
+    assert!(
+        shared.exists(),
+        "a file another live row names under another spelling stays"
+    );
+
+    // That account's own pass expires its row, and the file goes.
+    run::pass::<AttachmentExpiry>(
+        &w.pool,
+        &w.paths,
+        &settings(),
+        AttachmentExpiry::first(Some(other), pass_start()),
+    )
+    .await;
+    assert!(w.expired(theirs).await);
+    assert!(!shared.exists());
+}

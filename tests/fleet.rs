@@ -872,3 +872,49 @@ fn op5_alert_rules_pass_promtool_and_the_pod_grace_outlasts_the_shutdown_grace()
     assert!(manifest.contains("replicas: 3"));
     assert!(manifest.contains("path: /readyz") && manifest.contains("path: /healthz"));
 }
+
+#[sqlx::test]
+async fn fl4_a_hop_rescued_on_its_last_attempt_is_failed_for_good_never_run_again(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+
+    // A pushes the hop with one attempt, takes it, and dies during it.
+    let mut writer = pool.begin().await.unwrap();
+    let held = Held::new(&pool, &settings, &mut writer).await;
+    let mut a = patient_worker(&url, dir.path());
+    a.env("SEXTON_QUEUE__MAX_ATTEMPTS", "1");
+    die_waiting(&pool, &settings, Proc::spawn(a), writer).await;
+
+    // B's heartbeat rescues it: its one attempt is spent, so it fails for good instead of
+    // running again (before: Pending, attempt 2 of 1, and run).
+    let b = Proc::spawn(fleet_worker(&url, dir.path()));
+    let hop = "SELECT status, attempts, last_result ->> 'Err' FROM apalis.jobs
+               WHERE job_type = 'sexton.prune_execution_details'";
+    poll_until(Duration::from_secs(20), || async {
+        let (status, _, _): (String, i32, Option<String>) =
+            sqlx::query_as(hop).fetch_one(&pool).await.unwrap();
+        status != "Running"
+    })
+    .await;
+    let (status, attempts, error): (String, i32, Option<String>) =
+        sqlx::query_as(hop).fetch_one(&pool).await.unwrap();
+    assert_eq!((status.as_str(), attempts), ("Failed", 1), "{error:?}");
+    assert!(error.unwrap_or_default().contains("worker died"));
+    assert!(
+        !fixture::is_pruned(&pool, held.run).await,
+        "the hop was never run again"
+    );
+
+    // The control: the next slot's pass runs on B and prunes what was due.
+    sexton::tick::tick(&pool, &settings, pass_start() + chrono::Duration::days(1))
+        .await
+        .unwrap();
+    poll_until(Duration::from_secs(20), || async {
+        fixture::is_pruned(&pool, held.run).await
+    })
+    .await;
+    held.assert_pruned_exactly(&pool).await;
+    b.stop().await;
+}

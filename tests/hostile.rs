@@ -1011,3 +1011,58 @@ async fn op3_a_slot_ticked_ahead_of_time_is_never_the_last_success(pool: PgPool)
     let last = sexton::ledger::last_success(&pool).await.unwrap();
     assert_eq!(last, [("prune_execution_details".to_owned(), pass_start())]);
 }
+
+#[sqlx::test]
+async fn ex3_a_retained_run_naming_the_file_another_way_keeps_it(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let spellings = [
+        "{a}//{r}/out.bin",
+        "./{a}/{r}/out.bin",
+        "{a}/./{r}/out.bin",
+        "{a}/{r}//out.bin",
+        ".//{a}/././{r}/out.bin/",
+    ];
+    let mut shared = Vec::new();
+    for spelling in spellings {
+        let old = env
+            .run(RunSpec::conversation(account, conversation, 40.0))
+            .await;
+        let young = env
+            .run(RunSpec::conversation(account, conversation, 5.0))
+            .await;
+        let path = spelling
+            .replace("{a}", &account.to_string())
+            .replace("{r}", &old.id.to_string());
+        set_path(&env.pool, young.id, &path).await;
+        shared.push((old, young, env.output_file(account, old.id)));
+    }
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+
+    env.pass(account).await;
+    for (old, young, file) in &shared {
+        assert!(fixture::is_pruned(&env.pool, old.id).await);
+        assert!(!fixture::is_pruned(&env.pool, young.id).await);
+        assert!(file.exists(), "a retained run's file went: {file:?}");
+    }
+    assert!(
+        !env.output_file(account, control.id).exists(),
+        "an unreferenced file goes"
+    );
+
+    // Once the last row naming it goes, so does the file, whichever spelling recorded it.
+    sqlx::query("UPDATE accounts SET execution_details_retention_days = 1 WHERE id = $1")
+        .bind(account)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let reports = env.pass(account).await;
+    for (_, young, file) in &shared {
+        assert!(fixture::is_pruned(&env.pool, young.id).await);
+        assert!(!file.exists(), "left forever: {file:?}");
+    }
+    assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 0);
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use serde_json::{Value, json};
+use sexton_jobs::files;
 use sexton_jobs::session_retention::{self as job, Args, HopReport, HopSettings, Policy};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -1051,4 +1052,121 @@ async fn ss1_a_policy_age_of_zero_or_less_means_nothing_of_that_kind_is_old(pool
     }
     assert!(!env.exists(goes).await, "the valid kind's old session goes");
     assert!(!env.frames(goes).exists());
+}
+
+/// Nests `depth` directories named `d` in the session's frame directory, with a frame file at
+/// every thousandth level; made relative to open directories, as no path that long can be
+/// spelled.
+fn nest(frames: &Path, depth: usize) {
+    use rustix::fs::{Mode, OFlags};
+    let directory = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::open(frames, directory, Mode::empty()).unwrap();
+    for level in 0..depth {
+        if level % 1_000 == 0 {
+            let file = OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC;
+            rustix::fs::openat(&dir, c"x.frame", file, Mode::from_raw_mode(0o644)).unwrap();
+        }
+        rustix::fs::mkdirat(&dir, c"d", Mode::from_raw_mode(0o755)).unwrap();
+        dir = rustix::fs::openat(&dir, c"d", directory, Mode::empty()).unwrap();
+    }
+}
+
+#[sqlx::test]
+async fn ss6_a_session_directory_of_any_depth_goes_and_never_stops_the_pass(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    // In memory where the machine has it: a disk file system takes about ten times as long
+    // to make and remove such trees.
+    let shm = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    env.settings.sessions_root = shm.path().to_owned();
+    let account = fixture::account(&env.pool, Some(30)).await;
+    env.policy(account, true, [Some(30), None, None]).await;
+    let agent = env.agent(account).await;
+    let mut deep = Vec::new();
+    for depth in [8_000, 100_000] {
+        let session = env.session(session(account, agent, "main", 40.0)).await;
+        nest(&env.frames(session), depth);
+        deep.push(session);
+    }
+    let control = env.session(session(account, agent, "main", 41.0)).await;
+    let young = env.session(session(account, agent, "main", 5.0)).await;
+
+    let reports = env.nightly(account).await;
+    for session in deep.iter().chain([&control]) {
+        assert!(!env.exists(*session).await);
+        assert!(
+            !env.frames(*session).exists(),
+            "{session}'s directory is gone"
+        );
+    }
+    assert!(env.exists(young).await);
+    assert!(env.frames(young).exists());
+    let files: u64 = reports.iter().map(|r| r.files.deleted).sum();
+    assert_eq!(files, 3 + 8 + 100, "every frame file counted");
+    assert_eq!(reports.iter().map(|r| r.files.errors).sum::<u64>(), 0);
+}
+
+#[sqlx::test]
+async fn ss6_er3_a_removal_that_never_reports_back_is_quarantined_after_its_last_attempt(
+    pool: PgPool,
+) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    env.policy(account, true, [Some(30), None, None]).await;
+    let agent = env.agent(account).await;
+    // Two directories whose sessions went earlier; each record was claimed before, and the
+    // process making the removal died every time (as an overflowing stack once made it).
+    let mut records = Vec::new();
+    for attempts in [files::MAX_ATTEMPTS, files::MAX_ATTEMPTS - 1] {
+        let gone = Uuid::new_v4();
+        std::fs::create_dir_all(env.frames(gone).join("archive")).unwrap();
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path, attempts)
+             VALUES ('sessions', $1, $2, $3) RETURNING id",
+        )
+        .bind(account)
+        .bind(gone.to_string())
+        .bind(attempts)
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+        records.push((id, gone));
+    }
+    let control = env.session(session(account, agent, "main", 40.0)).await;
+
+    let reports = env.nightly(account).await;
+    let (spent, last) = (records[0], records[1]);
+    let quarantined: (Option<String>, bool) = sqlx::query_as(
+        "SELECT last_error, quarantined_at IS NOT NULL
+         FROM sexton.pending_file_deletions WHERE id = $1",
+    )
+    .bind(spent.0)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(quarantined.1, "quarantined after its last attempt");
+    assert!(
+        quarantined
+            .0
+            .unwrap_or_default()
+            .contains("without a result"),
+        "with why"
+    );
+    assert!(env.frames(spent.1).exists(), "not tried again");
+    assert!(
+        !env.frames(last.1).exists(),
+        "the one with an attempt left is tried, and goes"
+    );
+    assert!(!env.exists(control).await);
+    assert!(!env.frames(control).exists());
+    assert_eq!(reports.iter().map(|r| r.files.errors).sum::<u64>(), 1);
+    assert_eq!(
+        files::quarantined(&env.pool).await.unwrap().get("sessions"),
+        Some(&1)
+    );
+    // Passed by from now on: a later pass neither tries it nor counts it again.
+    let again = env.nightly(account).await;
+    assert_eq!(again.iter().map(|r| r.files.errors).sum::<u64>(), 0);
+    assert!(env.frames(spent.1).exists());
 }

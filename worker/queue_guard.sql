@@ -39,3 +39,26 @@ WHERE job_type LIKE 'sexton.%' AND status IN ('Pending', 'Queued', 'Running', 'F
 CREATE INDEX IF NOT EXISTS sexton_finished_jobs
     ON apalis.jobs ((COALESCE(done_at, run_at)))
     WHERE status IN ('Done', 'Killed') OR (status = 'Failed' AND attempts >= max_attempts);
+
+-- A job whose worker died is put back by the queue's rescue (FL-4), which counts the attempt
+-- but never asks whether one is left: a hop that ends its process every time (as a removal
+-- that overflowed the stack once did) would then run forever, attempt 6 of 5. The rescue of a
+-- job on its last attempt fails it for good instead, with the reason, kept for inspection.
+CREATE OR REPLACE FUNCTION sexton.fail_rescued_past_attempts() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.job_type LIKE 'sexton.%' AND NEW.status = 'Pending'
+       AND OLD.status IN ('Running', 'Queued') AND NEW.attempts >= NEW.max_attempts THEN
+        NEW.status := 'Failed';
+        NEW.done_at := now();
+        NEW.last_result := jsonb_build_object('Err',
+            'its worker died during each of its ' || NEW.attempts || ' attempts (heartbeat '
+            || 'timeout); failed for good, never run again');
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER sexton_fail_rescued_past_attempts
+    BEFORE UPDATE OF status ON apalis.jobs
+    FOR EACH ROW EXECUTE FUNCTION sexton.fail_rescued_past_attempts();

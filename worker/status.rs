@@ -28,6 +28,9 @@ pub struct Status {
     pub queue: QueueCounts,
     /// Jobs failed for good or killed, newest first (at most 50).
     pub failed_jobs: Vec<FailedJob>,
+    /// Pending file deletions quarantined after their last attempt, per root (ER-3): files
+    /// left on disk that an operator must look at.
+    pub quarantined_files: std::collections::BTreeMap<String, i64>,
 }
 
 /// One job kind.
@@ -87,6 +90,7 @@ pub async fn read(
         nightly: by_queue.get(tick::NIGHTLY).copied().unwrap_or_default(),
         queue: queue::counts(pool).await?,
         failed_jobs: queue::failed(pool, FAILED_SHOWN).await?,
+        quarantined_files: sexton_jobs::files::quarantined(pool).await?,
     })
 }
 
@@ -199,6 +203,13 @@ impl Status {
                     job.last_error.as_deref().unwrap_or("(no error recorded)"),
                 );
             }
+        }
+        for (root, n) in &self.quarantined_files {
+            let _ = writeln!(
+                out,
+                "{n} file deletions of root {root} quarantined after their last attempt: see \
+                 sexton.pending_file_deletions (quarantined_at, last_error)"
+            );
         }
         crate::text::printable(&out)
     }

@@ -388,6 +388,10 @@ async fn refresh_gauges(ctx: JobContext) {
             }
         }
         ledger::publish_last_success(&ctx.pool).await;
+        match sexton_jobs::files::quarantined(&ctx.pool).await {
+            Ok(counts) => metrics::quarantined(&counts),
+            Err(err) => tracing::warn!(error = %err, "could not count quarantined file deletions"),
+        }
         if let Some(readings) = ctx.health.last() {
             metrics::health(&readings);
         }

@@ -569,7 +569,7 @@ impl Locked {
 /// is taken as `lock` says (`SKIP LOCKED`, or waiting). It locks the runs in id order (EX-6),
 /// re-checks each under its lock (EX-1, EX-2, EX-5) and, for those still to go, deletes their
 /// detail, records their files in `sexton.pending_file_deletions` — each path once, and only
-/// if no surviving row still references it — and sets the markers on runs and on variants of
+/// if no surviving row still references it under any spelling (`sexton.path_key`) — and sets the markers on runs and on variants of
 /// the account's own conversations (EX-3, EX-4, EX-9). One row per run locked. The other rows'
 /// view of `output_files` is the statement's snapshot, which still holds the rows being
 /// deleted: hence "not of a run pruned here". The rendered statements are in
@@ -627,7 +627,7 @@ fn prune_locked(lock: &str) -> String {
                      SELECT DISTINCT 'outputs', $5, g.relative_path FROM output_files_gone g
                      WHERE NOT EXISTS (
                          SELECT 1 FROM output_files o
-                         WHERE o.relative_path = g.relative_path
+                         WHERE sexton.path_key(o.relative_path) = sexton.path_key(g.relative_path)
                            AND o.run_id <> ALL((SELECT runs FROM prune)::uuid[]))),
          run AS (UPDATE runs SET details_pruned_at = $6, runner_effects = $7
                  WHERE id = ANY((SELECT runs FROM prune)::uuid[])),

@@ -65,6 +65,10 @@ fn describe() {
     );
     describe_gauge!("sexton_queue_jobs", "Jobs in sexton's queues, by state.");
     describe_gauge!(
+        "sexton_files_quarantined",
+        "Pending file deletions quarantined after their last attempt, by root."
+    );
+    describe_gauge!(
         "sexton_backlog_seconds",
         "How far past its cutoff the oldest eligible item is."
     );
@@ -119,6 +123,14 @@ pub fn queue(counts: &QueueCounts) {
         ("failed", counts.failed),
     ] {
         gauge!("sexton_queue_jobs", "state" => state).set(n as f64);
+    }
+}
+
+/// Pending file deletions quarantined, by root (ER-3); roots with none read 0.
+pub fn quarantined(counts: &std::collections::BTreeMap<String, i64>) {
+    for root in ["outputs", "sessions", "attachments", "traces"] {
+        let n = counts.get(root).copied().unwrap_or_default();
+        gauge!("sexton_files_quarantined", "root" => root).set(n as f64);
     }
 }
 

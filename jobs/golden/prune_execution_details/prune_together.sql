@@ -33,7 +33,7 @@ EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id 
                      SELECT DISTINCT 'outputs', $5, g.relative_path FROM output_files_gone g
                      WHERE NOT EXISTS (
                          SELECT 1 FROM output_files o
-                         WHERE o.relative_path = g.relative_path
+                         WHERE sexton.path_key(o.relative_path) = sexton.path_key(g.relative_path)
                            AND o.run_id <> ALL((SELECT runs FROM prune)::uuid[]))),
          run AS (UPDATE runs SET details_pruned_at = $6, runner_effects = $7
                  WHERE id = ANY((SELECT runs FROM prune)::uuid[])),
