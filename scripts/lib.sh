@@ -38,6 +38,17 @@ ensure_prometheus() {
   fi
 }
 
+# Debian's faketime, for the test that runs a replica under a host clock 40 days ahead.
+ensure_faketime() {
+  if ! command -v faketime >/dev/null 2>&1; then
+    echo "installing faketime (Debian package faketime)..." >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq faketime >/dev/null
+  fi
+}
+
 # Runs "$@" with PG* variables and DATABASE_URL pointing at a fresh cluster that is dropped after.
 # Durability is traded for speed: the cluster is thrown away anyway.
 with_throwaway_postgres() {

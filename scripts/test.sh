@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite against a throw-away local PostgreSQL (a fresh database per test), plus the
-# formatting and lint gates and the Prometheus alert rules. Installs PostgreSQL and Prometheus if
-# they are missing.
+# formatting and lint gates and the Prometheus alert rules. Installs PostgreSQL, Prometheus and
+# faketime if they are missing.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(repo_root)"
 ensure_cargo
 ensure_postgres
 ensure_prometheus
+ensure_faketime
 promtool check rules deploy/prometheus/alerts.yml
 (cd deploy/prometheus && promtool test rules alerts_test.yml)
 cargo fmt --all -- --check

@@ -918,3 +918,91 @@ async fn fl4_a_hop_rescued_on_its_last_attempt_is_failed_for_good_never_run_agai
     held.assert_pruned_exactly(&pool).await;
     b.stop().await;
 }
+
+/// `cmd` run under a host clock `shift` away from the database's (Debian's faketime; the
+/// monotonic clock is left alone, so the process's timers run as usual).
+fn shifted(cmd: Command, shift: &str) -> Command {
+    let program = cmd.as_std().get_program().to_owned();
+    let mut shifted = Command::new("faketime");
+    shifted
+        .arg("-f")
+        .arg(shift)
+        .arg(program)
+        .args(cmd.as_std().get_args())
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for (key, value) in cmd.as_std().get_envs() {
+        match value {
+            Some(value) => shifted.env(key, value),
+            None => shifted.env_remove(key),
+        };
+    }
+    shifted
+}
+
+#[sqlx::test]
+async fn fl2_ex1_a_replica_whose_clock_runs_40_days_ahead_previews_and_runs_the_pass_now(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = common::database_url(&pool).await;
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let root = dir.path().join("outputs");
+    let due = |days| RunSpec {
+        completed_at: Some(now - chrono::Duration::days(days)),
+        ..RunSpec::conversation(account, conversation, 0.0)
+    };
+    let old = fixture::run(&pool, &root, due(40)).await;
+    // Young by the database's clock, and 40 days old by the replica's.
+    let young = fixture::run(&pool, &root, due(5)).await;
+
+    // The slot due now by the database's clock, not 40 days out.
+    let mut tick = common::sexton(&url, dir.path());
+    tick.args(["tick", "--json"])
+        .env("SEXTON_SCHEDULE__CRON", "* * * * *");
+    let output = shifted(tick, "+40d").output().await.unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let ticked: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let slot: DateTime<Utc> = ticked["slot"].as_str().unwrap().parse().unwrap();
+    assert!(
+        slot <= now + chrono::Duration::minutes(5) && slot > now - chrono::Duration::minutes(5),
+        "slot {slot} is not the database's now {now}"
+    );
+
+    // The preview judges by the database's clock too: one owner is due, not two.
+    let mut preview = common::sexton(&url, dir.path());
+    preview.args(["preview", "--json", "--account", &account.to_string()]);
+    let output = shifted(preview, "+40d").output().await.unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let lines: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    let owners: Vec<i64> = lines
+        .iter()
+        .filter_map(|line| line["eligible_owners"].as_i64())
+        .collect();
+    assert_eq!(owners, [1], "{lines:?}");
+
+    let mut worker = common::sexton(&url, dir.path());
+    worker.args(["worker", "--exit-when-idle"]);
+    let mut child = shifted(worker, "+40d").spawn().unwrap();
+    let status = common::wait(&mut child, Duration::from_secs(120)).await;
+    assert!(status.success(), "worker exited with {status}");
+    let late: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM apalis.jobs WHERE run_at > now() + interval '1 hour'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(late, 0, "no job was pushed to run days out");
+    assert!(fixture::is_pruned(&pool, old.id).await, "the due run went");
+    assert!(
+        fixture::has_detail(&pool, young.id).await,
+        "the run young by the database's clock stayed"
+    );
+}

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
-use crate::{db, demo, explain, preview, sessions, status, tick, traces, worker};
+use crate::{clock, db, demo, explain, preview, sessions, status, tick, traces, worker};
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -181,9 +181,11 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Tick { at, json } => {
             let pool = db::connect(&settings.database).await?;
-            let at = at.unwrap_or_else(Utc::now);
-            let ticked = tick::tick(&pool, &settings, at).await?;
-            if ticked.slot > Utc::now() {
+            // The database's now, not this host's: a host clock days ahead would enqueue a
+            // slot days out (FL-2).
+            let now = clock::database_now(&pool).await?;
+            let ticked = tick::tick(&pool, &settings, at.unwrap_or(now)).await?;
+            if ticked.slot > now {
                 // Accepted, and harmless: a pass never cuts off later than the database's
                 // now minus the window (EX-1).
                 eprintln!(
@@ -202,7 +204,8 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Preview { account, json } => {
             let pool = db::connect(&settings.database).await?;
             let mut conn = pool.acquire().await?;
-            let previews = preview::read(&mut conn, &settings, Utc::now(), account).await?;
+            let now = clock::database_now(&pool).await?;
+            let previews = preview::read(&mut conn, &settings, now, account).await?;
             if json {
                 println!(
                     "{}",
@@ -237,7 +240,8 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         } => traces::clean(&settings, confirm, json).await,
         Command::Status { json } => {
             let pool = db::connect(&settings.database).await?;
-            let status = status::read(&pool, &settings, Utc::now()).await?;
+            let now = clock::database_now(&pool).await?;
+            let status = status::read(&pool, &settings, now).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {

@@ -231,7 +231,7 @@ async fn run_locked<J: Job>(
             .map_err(|e| retryable(e.into()))?;
         return Ok(());
     };
-    let locked_at = Utc::now();
+    let locked_at = ctx.clock.now();
     let started = Instant::now();
     let settings = ctx.settings.jobs.get::<J::Settings>(J::NAME);
     let result = J::run(
@@ -249,7 +249,7 @@ async fn run_locked<J: Job>(
     .await;
     // Read before the release: once released, another replica may take the lock (and read its
     // `locked_at`) before this release's round trip is back.
-    let unlocked_at = Utc::now();
+    let unlocked_at = ctx.clock.now();
     lock.release().await;
     let report = match result {
         Ok(report) => report,

@@ -2,10 +2,11 @@
 //! CLI, seed data and demo. What is pruned, and why, lives in the `sexton-jobs` crate.
 //!
 //! Dependencies run one way (checked by `tests/architecture.rs`):
-//! config ← db, queue ← context, ledger, telemetry ← hop ← registry ← tick, schedule, status
+//! config ← clock, db, queue ← context, ledger, telemetry ← hop ← registry ← tick, schedule, status
 //! ← worker (the runtime) ← demo, sessions, cli.
 
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod context;
 pub mod db;

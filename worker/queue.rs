@@ -92,12 +92,21 @@ pub async fn push(
 ) -> Result<PushOutcome, QueueError> {
     let value =
         serde_json::to_value(payload).map_err(|source| QueueError::Encode { queue, source })?;
-    let mut task = TaskBuilder::new(value).max_attempts(settings.max_attempts as usize);
+    // Due by the database's clock, as the queue's poll compares it: the queue would take this
+    // host's, and a host clock 40 days ahead would push every job 40 days out.
+    let now_ms: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            .fetch_one(pool)
+            .await?;
+    let delay_ms = options.run_after.map_or(0, |delay| {
+        i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)
+    });
+    let run_at = now_ms.saturating_add(delay_ms).max(0) / 1000;
+    let mut task = TaskBuilder::new(value)
+        .max_attempts(settings.max_attempts as usize)
+        .run_at_timestamp(run_at as u64);
     if let Some(key) = options.idempotency_key {
         task = task.idempotency_key(key);
-    }
-    if let Some(delay) = options.run_after {
-        task = task.run_after(delay);
     }
     match storage(pool, queue, settings).push_task(task.build()).await {
         Ok(()) => Ok(PushOutcome::Enqueued),

@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::clock::DatabaseClock;
 use anyhow::Context as _;
 use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{
     AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, Strategy, WorkerBuilder,
 };
-use sexton_jobs::clock::SystemClock;
 use sexton_jobs::job::Cadence;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -194,9 +194,18 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
 
     let pool = db::connect_with_retry(&settings.database).await?;
     health.connected(&pool);
-    let ctx = JobContext::new(pool.clone(), settings.clone(), Arc::new(SystemClock));
+    // Everything this replica times goes by the database's clock, not its host's (FL-2).
+    let clock = Arc::new(DatabaseClock::default());
+    match clock.measure(&pool).await {
+        Ok(ahead) => crate::clock::report(ahead),
+        Err(err) => tracing::warn!(error = %err, "could not read the database's clock"),
+    }
+    let ctx = JobContext::new(pool.clone(), settings.clone(), clock.clone());
     let wakeups = Arc::new(Wakeups::default());
-    let mut background = vec![tokio::spawn(wakeups.clone().run(pool.clone()))];
+    let mut background = vec![
+        tokio::spawn(wakeups.clone().run(pool.clone())),
+        tokio::spawn(clock.keep(pool.clone())),
+    ];
     if mode == Mode::Fleet {
         background.push(tokio::spawn(schedule::run(
             pool.clone(),
