@@ -1006,3 +1006,72 @@ async fn fl2_ex1_a_replica_whose_clock_runs_40_days_ahead_previews_and_runs_the_
         "the run young by the database's clock stayed"
     );
 }
+
+/// Sets or resets `default_transaction_read_only` for new sessions of the test's database.
+async fn read_only_database(pool: &PgPool, on: bool) {
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let setting = if on {
+        "SET default_transaction_read_only = on"
+    } else {
+        "RESET default_transaction_read_only"
+    };
+    // This session may have started read-only itself.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN READ WRITE; ALTER DATABASE \"{database}\" {setting}; COMMIT"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test]
+async fn er6_a_database_that_takes_writes_again_is_noticed_and_the_pass_completes(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let root = &settings.paths.output_root;
+    let due = fixture::run(
+        &pool,
+        root,
+        RunSpec::conversation(account, conversation, 40.0),
+    )
+    .await;
+    let young = fixture::run(
+        &pool,
+        root,
+        RunSpec::conversation(account, conversation, 5.0),
+    )
+    .await;
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+
+    // Every connection the worker opens now is read-only; then the database takes writes again.
+    read_only_database(&pool, true).await;
+    let worker = Proc::spawn({
+        let mut cmd = common::sexton(&url, dir.path());
+        cmd.args(["worker", "--exit-when-idle"]);
+        cmd
+    });
+    worker.wait_for_log("the database is read-only").await;
+    assert!(!fixture::is_pruned(&pool, due.id).await);
+    read_only_database(&pool, false).await;
+
+    let (status, lines) = worker.finish(Duration::from_secs(120)).await;
+    assert!(status.success(), "worker exited with {status}");
+    assert!(
+        lines.iter().any(|l| l.contains("takes writes again")),
+        "it said it noticed"
+    );
+    assert!(
+        fixture::is_pruned(&pool, due.id).await,
+        "the pass completed"
+    );
+    assert!(fixture::has_detail(&pool, young.id).await);
+}

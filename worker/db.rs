@@ -2,6 +2,9 @@
 //! whose every connection carries sexton's timeouts (FL-6), and migrations.
 
 use std::str::FromStr;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection as _, PgConnection, PgPool};
@@ -90,9 +93,85 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, DbError> {
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
+        .before_acquire(|_, meta| Box::pin(async move { Ok(!stale(meta.age)) }))
         .connect_with(options)
         .await
         .map_err(|source| DbError::Connect { target, source })
+}
+
+/// When this process started: what connection ages are measured against.
+static STARTED: LazyLock<Instant> = LazyLock::new(Instant::now);
+/// Milliseconds after [`STARTED`] at which the pools' connections were last renewed; 0: never.
+static RENEWED: AtomicU64 = AtomicU64::new(0);
+
+/// Closes every pooled connection opened before now at its next acquire, so that new ones are
+/// opened in its place: a session keeps the `default_transaction_read_only` it started with, so
+/// connections opened while the database was read-only stay read-only after it is writable
+/// again (ER-6) — up to `max_lifetime`, 30 minutes, if nothing renews them.
+pub fn renew_connections() {
+    let now = STARTED.elapsed().as_millis().max(1);
+    RENEWED.store(u64::try_from(now).unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// Whether a connection `age` old was opened before the last [`renew_connections`].
+fn stale(age: Duration) -> bool {
+    let renewed = RENEWED.load(Ordering::Relaxed);
+    renewed > 0 && STARTED.elapsed().saturating_sub(age).as_millis() < u128::from(renewed)
+}
+
+/// Whether the database takes writes: (read only, in recovery) as one session sees it.
+async fn read_only<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<(bool, bool), sqlx::Error> {
+    sqlx::query_as("SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery()")
+        .fetch_one(db)
+        .await
+}
+
+/// Watches, every `interval`, whether the pool's connections take writes (ER-6): while they do
+/// not, it asks a new connection; if that one does, the database became writable again and the
+/// pool's connections are renewed, else the node is read-only and it says so, once per
+/// interval, naming why.
+pub async fn watch_writable(pool: PgPool, settings: DatabaseSettings, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Ok((pooled_read_only, _)) = read_only(&pool).await else {
+            continue;
+        };
+        if !pooled_read_only {
+            continue;
+        }
+        let Ok(options) = connect_options(&settings) else {
+            continue;
+        };
+        let fresh = match PgConnection::connect_with(&options).await {
+            Ok(mut conn) => {
+                let state = read_only(&mut conn).await;
+                let _ = conn.close().await;
+                state
+            }
+            Err(err) => Err(err),
+        };
+        match fresh {
+            Ok((false, _)) => {
+                renew_connections();
+                tracing::info!(
+                    "the database takes writes again: renewing the connections opened while it \
+                     was read-only"
+                );
+            }
+            Ok((true, recovery)) => tracing::warn!(
+                in_recovery = recovery,
+                "the database is read-only ({}): no job can run until it takes writes",
+                if recovery {
+                    "a standby in recovery"
+                } else {
+                    "default_transaction_read_only is on"
+                }
+            ),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not open a connection to check whether the database takes writes")
+            }
+        }
+    }
 }
 
 /// Like [`connect`], retrying with a doubling wait (500 ms up to 10 s) for

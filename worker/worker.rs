@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::clock::DatabaseClock;
 use anyhow::Context as _;
 use apalis::layers::WorkerBuilderExt;
 use apalis::prelude::{
@@ -17,6 +16,7 @@ use sexton_jobs::job::Cadence;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
+use crate::clock::DatabaseClock;
 use crate::config::Settings;
 use crate::context::{JobContext, JobFailure, decode};
 use crate::http::{self, Health};
@@ -205,6 +205,11 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     let mut background = vec![
         tokio::spawn(wakeups.clone().run(pool.clone())),
         tokio::spawn(clock.keep(pool.clone())),
+        tokio::spawn(db::watch_writable(
+            pool.clone(),
+            settings.database.clone(),
+            WRITABLE_INTERVAL,
+        )),
     ];
     if mode == Mode::Fleet {
         background.push(tokio::spawn(schedule::run(
@@ -372,6 +377,9 @@ impl RestartPacer {
         pause
     }
 }
+
+/// How often a worker checks whether its pool's connections take writes (ER-6).
+const WRITABLE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Keeps the queue, backlog and last-success gauges current (OP-3).
 async fn refresh_gauges(ctx: JobContext) {
