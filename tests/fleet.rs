@@ -1054,24 +1054,90 @@ async fn er6_a_database_that_takes_writes_again_is_noticed_and_the_pass_complete
 
     // Every connection the worker opens now is read-only; then the database takes writes again.
     read_only_database(&pool, true).await;
-    let worker = Proc::spawn({
-        let mut cmd = common::sexton(&url, dir.path());
-        cmd.args(["worker", "--exit-when-idle"]);
-        cmd
-    });
+    let worker = Proc::spawn(fleet_worker(&url, dir.path()));
     worker.wait_for_log("the database is read-only").await;
     assert!(!fixture::is_pruned(&pool, due.id).await);
     read_only_database(&pool, false).await;
 
-    let (status, lines) = worker.finish(Duration::from_secs(120)).await;
-    assert!(status.success(), "worker exited with {status}");
-    assert!(
-        lines.iter().any(|l| l.contains("takes writes again")),
-        "it said it noticed"
-    );
-    assert!(
-        fixture::is_pruned(&pool, due.id).await,
-        "the pass completed"
-    );
+    worker.wait_for_log("takes writes again").await;
+    poll_until(Duration::from_secs(60), || async {
+        fixture::is_pruned(&pool, due.id).await
+    })
+    .await;
     assert!(fixture::has_detail(&pool, young.id).await);
+    worker.stop().await;
+}
+
+#[sqlx::test]
+async fn er6_a_run_until_idle_on_a_read_only_database_exits_1_saying_so(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let root = &settings.paths.output_root;
+    let due = fixture::run(
+        &pool,
+        root,
+        RunSpec::conversation(account, conversation, 40.0),
+    )
+    .await;
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    read_only_database(&pool, true).await;
+
+    let mut cmd = common::sexton(&url, dir.path());
+    cmd.args(["worker", "--exit-when-idle"]);
+    let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(1), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("read-only (default_transaction_read_only is on)")),
+        "{lines:?}"
+    );
+    assert!(!fixture::is_pruned(&pool, due.id).await);
+
+    // The control: writable again, the same run completes the pass.
+    read_only_database(&pool, false).await;
+    common::run_until_idle(&pool, dir.path()).await;
+    assert!(fixture::is_pruned(&pool, due.id).await);
+}
+
+#[sqlx::test]
+async fn fl5_a_run_until_idle_waits_for_a_hop_whose_row_was_deleted_by_hand(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let mut writer = pool.begin().await.unwrap();
+    let held = Held::new(&pool, &settings, &mut writer).await;
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    // One owner per hop: the held hop has a next hop to push once it is through.
+    let mut cmd = patient_worker(&url, dir.path());
+    cmd.args(["--exit-when-idle"])
+        .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "1");
+    let worker = Proc::spawn(cmd);
+    common::wait_for_lock_waiter(&pool, "conversations").await;
+    sqlx::query("DELETE FROM apalis.jobs WHERE status = 'Running'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    worker.wait_for_log("waiting for them").await;
+    writer.rollback().await.unwrap();
+
+    let (status, lines) = worker.finish(Duration::from_secs(120)).await;
+    assert!(status.success(), "{lines:?}");
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM apalis.jobs WHERE status IN ('Pending', 'Queued', 'Running')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "it exited with work left in the queue");
+    held.assert_pruned_exactly(&pool).await;
 }

@@ -3,7 +3,7 @@
 
 use sexton_jobs::health::Health;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use serde::de::DeserializeOwned;
 use sexton_jobs::clock::SharedClock;
@@ -26,6 +26,10 @@ pub struct JobContext {
     pub hops: Arc<Semaphore>,
     /// The database's health, read by every hop between owner transactions (issue #16).
     pub health: Arc<Health>,
+    /// Jobs this process is handling now, from fetch to settlement: a worker run until idle
+    /// waits for them even when their queue rows are gone (deleted by hand), since each may
+    /// still push its next hop.
+    pub handling: Arc<AtomicUsize>,
 }
 
 impl JobContext {
@@ -39,6 +43,7 @@ impl JobContext {
             stopping: Arc::default(),
             hops,
             health,
+            handling: Arc::default(),
         }
     }
 }

@@ -126,50 +126,69 @@ async fn read_only<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<(bool, bool), sq
         .await
 }
 
-/// Watches, every `interval`, whether the pool's connections take writes (ER-6): while they do
-/// not, it asks a new connection; if that one does, the database became writable again and the
-/// pool's connections are renewed, else the node is read-only and it says so, once per
-/// interval, naming why.
-pub async fn watch_writable(pool: PgPool, settings: DatabaseSettings, interval: Duration) {
+/// Watches, now and every `interval`, whether the pool's connections take writes (ER-6): while
+/// they do not, it asks a new connection; if that one does, the database became writable again
+/// and the pool's connections are renewed, else the node is read-only and it says so, once per
+/// interval, naming why — and returns why if `give_up` (a run until idle would wait forever).
+pub async fn watch_writable(
+    pool: PgPool,
+    settings: DatabaseSettings,
+    interval: Duration,
+    give_up: bool,
+) -> String {
     loop {
-        tokio::time::sleep(interval).await;
-        let Ok((pooled_read_only, _)) = read_only(&pool).await else {
-            continue;
-        };
-        if !pooled_read_only {
-            continue;
+        if let Some(why) = writable(&pool, &settings).await
+            && give_up
+        {
+            return why;
         }
-        let Ok(options) = connect_options(&settings) else {
-            continue;
-        };
-        let fresh = match PgConnection::connect_with(&options).await {
-            Ok(mut conn) => {
-                let state = read_only(&mut conn).await;
-                let _ = conn.close().await;
-                state
-            }
-            Err(err) => Err(err),
-        };
-        match fresh {
-            Ok((false, _)) => {
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// One check of [`watch_writable`]: why the node is read-only, if it is.
+async fn writable(pool: &PgPool, settings: &DatabaseSettings) -> Option<String> {
+    // A pool that cannot serve (every connection busy, or failing) does not say: ask anew.
+    let pooled_read_only = match read_only(pool).await {
+        Ok((false, _)) => return None,
+        Ok((true, _)) => true,
+        Err(_) => false,
+    };
+    let options = connect_options(settings).ok()?;
+    let fresh = match PgConnection::connect_with(&options).await {
+        Ok(mut conn) => {
+            let state = read_only(&mut conn).await;
+            let _ = conn.close().await;
+            state
+        }
+        Err(err) => Err(err),
+    };
+    match fresh {
+        Ok((false, _)) => {
+            if pooled_read_only {
                 renew_connections();
                 tracing::info!(
                     "the database takes writes again: renewing the connections opened while it \
                      was read-only"
                 );
             }
-            Ok((true, recovery)) => tracing::warn!(
+            None
+        }
+        Ok((true, recovery)) => {
+            let why = if recovery {
+                "a standby in recovery"
+            } else {
+                "default_transaction_read_only is on"
+            };
+            tracing::warn!(
                 in_recovery = recovery,
-                "the database is read-only ({}): no job can run until it takes writes",
-                if recovery {
-                    "a standby in recovery"
-                } else {
-                    "default_transaction_read_only is on"
-                }
-            ),
-            Err(err) => {
-                tracing::warn!(error = %err, "could not open a connection to check whether the database takes writes")
-            }
+                "the database is read-only ({why}): no job can run until it takes writes"
+            );
+            Some(why.to_owned())
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "could not open a connection to check whether the database takes writes");
+            None
         }
     }
 }

@@ -3,7 +3,7 @@
 //! workers, until the queue is empty.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -116,6 +116,7 @@ async fn handle(
     attempt: Attempt,
 ) -> Result<(), BoxDynError> {
     let QueueWorker { ctx, consumer } = &*worker;
+    let _handling = Handling::start(&ctx.handling);
     // The job runs on a task of its own: the monitor that polls this handler also pauses a
     // failing consumer before its restart, and a hop must not stall, locks held, meanwhile.
     let job = {
@@ -138,6 +139,22 @@ async fn handle(
         )))
     });
     settle(ctx, *consumer, &attempt, outcome).await
+}
+
+/// Counts a job being handled for as long as it lives.
+struct Handling(Arc<AtomicUsize>);
+
+impl Handling {
+    fn start(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// This process's name in the fleet: the configured name (the pod's, in Kubernetes) or host
@@ -205,13 +222,17 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     let mut background = vec![
         tokio::spawn(wakeups.clone().run(pool.clone())),
         tokio::spawn(clock.keep(pool.clone())),
-        tokio::spawn(db::watch_writable(
+    ];
+    if mode == Mode::Fleet {
+        let watch = db::watch_writable(
             pool.clone(),
             settings.database.clone(),
             WRITABLE_INTERVAL,
-        )),
-    ];
-    if mode == Mode::Fleet {
+            false,
+        );
+        background.push(tokio::spawn(async move {
+            watch.await;
+        }));
         background.push(tokio::spawn(schedule::run(
             pool.clone(),
             settings.clone(),
@@ -231,10 +252,23 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     tracing::info!(worker = %name, queues = Consumer::all().count(), "worker started");
     health.consuming(true);
     let stopping = ctx.stopping.clone();
+    let handling = ctx.handling.clone();
+    let database = settings.database.clone();
+    let read_only: Arc<Mutex<Option<String>>> = Arc::default();
+    let gave_up = read_only.clone();
     let stop = async move {
         let result = tokio::select! {
             signal = shutdown_signal() => signal,
-            idle = wait_until_idle(&pool), if mode == Mode::UntilIdle => idle,
+            idle = wait_until_idle(&pool, &handling), if mode == Mode::UntilIdle => idle,
+            // A run until idle on a read-only node would wait forever: it ends, saying why (ER-6).
+            why = db::watch_writable(pool.clone(), database, WRITABLE_INTERVAL, true),
+                if mode == Mode::UntilIdle => {
+                    let error = std::io::Error::other(format!("the database is read-only ({why})"));
+                    *gave_up.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                    // Not a graceful stop: the consumers failing on the read-only node would
+                    // keep the monitor restarting them.
+                    Err(error)
+                }
         };
         // Running hops finish the owner in hand and hand the rest over (FL-5).
         stopping.store(true, Ordering::Relaxed);
@@ -248,6 +282,11 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     let _ = http_stop.send(());
     if let Some(http) = http {
         http.await??;
+    }
+    if let Some(why) = read_only.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        anyhow::bail!(
+            "the database is read-only ({why}): no job can run on it; point sexton at the primary"
+        );
     }
     outcome.context("the worker monitor failed")?;
     tracing::info!(worker = %name, "worker stopped");
@@ -425,11 +464,23 @@ async fn shutdown_signal() -> std::io::Result<()> {
     }
 }
 
-/// Resolves once no job of any sexton queue is pending or running.
-async fn wait_until_idle(pool: &PgPool) -> std::io::Result<()> {
+/// Resolves once this process handles no job and no job of any sexton queue is pending or
+/// running, read in that order: a job handled after the first reading is in the queue at the
+/// second, and so is whatever a job handled before it pushed.
+async fn wait_until_idle(pool: &PgPool, handling: &AtomicUsize) -> std::io::Result<()> {
+    let mut said = false;
     loop {
+        let handled = handling.load(Ordering::SeqCst);
         match queue::counts(pool).await {
-            Ok(counts) if counts.idle() => return Ok(()),
+            Ok(counts) if handled == 0 && counts.idle() => return Ok(()),
+            Ok(counts) if counts.idle() && !said => {
+                tracing::info!(
+                    jobs = handled,
+                    "the queue holds no job, but this worker still handles some (their rows \
+                     gone?): waiting for them, as they may push more"
+                );
+                said = true;
+            }
             Ok(_) => {}
             Err(err) => tracing::warn!(error = %err, "could not read the queue"),
         }
