@@ -1141,3 +1141,69 @@ async fn fl5_a_run_until_idle_waits_for_a_hop_whose_row_was_deleted_by_hand(pool
     assert_eq!(left, 0, "it exited with work left in the queue");
     held.assert_pruned_exactly(&pool).await;
 }
+
+#[sqlx::test]
+async fn op1_the_ledger_counts_what_a_failed_hop_had_committed(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let root = &settings.paths.output_root;
+    let mut due = Vec::new();
+    for days in [45.0, 44.0, 43.0, 42.0, 41.0] {
+        due.push(
+            fixture::run(
+                &pool,
+                root,
+                RunSpec::conversation(account, conversation, days),
+            )
+            .await,
+        );
+    }
+    // The youngest due owner's transaction fails, after the four before it committed one by one.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION fail_on_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.run_id = '{}' THEN RAISE EXCEPTION 'injected failure'; END IF;
+             RETURN OLD;
+         END $$",
+        due[4].id
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER fail_on_delete BEFORE DELETE ON tool_results
+         FOR EACH ROW EXECUTE FUNCTION fail_on_delete()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+
+    let mut cmd = common::sexton(&url, dir.path());
+    cmd.args(["worker", "--exit-when-idle"])
+        .env("SEXTON_QUEUE__MAX_ATTEMPTS", "1")
+        .env("SEXTON_EXECUTION_DETAILS__OWNERS_PER_TRANSACTION", "1");
+    let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
+    assert!(status.success(), "{lines:?}");
+    let mut pruned = 0;
+    for run in &due {
+        pruned += i64::from(fixture::is_pruned(&pool, run.id).await);
+    }
+    assert_eq!(pruned, 4, "the failing owner stays, the others went");
+    let (recorded, error): (i64, Option<String>) = sqlx::query_as(
+        "SELECT pruned, last_error FROM sexton.passes
+         WHERE job = 'prune_execution_details' AND scope = $1",
+    )
+    .bind(account)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, pruned, "the ledger counts what was done");
+    assert!(error.unwrap_or_default().contains("injected failure"));
+}

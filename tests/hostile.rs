@@ -746,7 +746,8 @@ impl sexton_jobs::job::Job for Panicking {
         _: sexton_jobs::job::Env<'_>,
         _: &(),
         _: &PanickingArgs,
-    ) -> Result<sexton_jobs::job::Report<PanickingArgs>, std::io::Error> {
+        _: &mut sexton_jobs::job::Report<PanickingArgs>,
+    ) -> Result<(), std::io::Error> {
         panic!("a bug in a job");
     }
 

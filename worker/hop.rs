@@ -234,6 +234,7 @@ async fn run_locked<J: Job>(
     let locked_at = ctx.clock.now();
     let started = Instant::now();
     let settings = ctx.settings.jobs.get::<J::Settings>(J::NAME);
+    let mut report = Report::new(J::RETAIN_REASONS);
     let result = J::run(
         Env {
             conn: lock.conn(),
@@ -245,15 +246,29 @@ async fn run_locked<J: Job>(
         },
         settings,
         args,
+        &mut report,
     )
     .await;
     // Read before the release: once released, another replica may take the lock (and read its
     // `locked_at`) before this release's round trip is back.
     let unlocked_at = ctx.clock.now();
     lock.release().await;
-    let report = match result {
-        Ok(report) => report,
+    match result {
+        Ok(()) => {}
         Err(err) => {
+            // What it committed before it failed is done: counted all the same.
+            metrics::committed(J::NAME, J::RETAIN_REASONS, &report);
+            if let Err(error) = ledger::record_committed(
+                &ctx.pool,
+                J::NAME,
+                ledger::scope(position.account),
+                position.pass_started_at,
+                &report,
+            )
+            .await
+            {
+                tracing::warn!(%error, "could not count a failed hop's work in the pass ledger");
+            }
             let retry = J::retryable(&err);
             let err = anyhow::Error::new(err).context(format!("{} hop failed", J::NAME));
             return Err(if retry {
@@ -262,7 +277,7 @@ async fn run_locked<J: Job>(
                 JobFailure::Fatal(err)
             });
         }
-    };
+    }
     let seconds = started.elapsed().as_secs_f64();
     // The hop's work is done and counted whatever happens to the hand-over.
     // A throttled pass waits before its next hop (issue #16).

@@ -111,6 +111,49 @@ pub async fn record_hop<A>(
     Ok(())
 }
 
+/// Adds what a failed hop committed before it failed to its pass (it is done; the retry finds
+/// it gone): counts only, not a hop.
+///
+/// # Errors
+/// A database error.
+pub async fn record_committed<A>(
+    pool: &PgPool,
+    job: &str,
+    scope: Uuid,
+    slot: DateTime<Utc>,
+    report: &Report<A>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO sexton.passes AS p
+             (job, scope, slot, started_at, candidates, pruned, retained, rows_deleted,
+              files_deleted, bytes_reclaimed, file_errors)
+         VALUES ($1, $2, $3, now(), $4, $5, $6, $7, $8, $9, $10)
+         ON CONFLICT (job, scope, slot) DO UPDATE SET
+             started_at = COALESCE(p.started_at, now()),
+             updated_at = now(),
+             candidates = p.candidates + EXCLUDED.candidates,
+             pruned = p.pruned + EXCLUDED.pruned,
+             retained = sexton.add_counts(p.retained, EXCLUDED.retained),
+             rows_deleted = sexton.add_counts(p.rows_deleted, EXCLUDED.rows_deleted),
+             files_deleted = p.files_deleted + EXCLUDED.files_deleted,
+             bytes_reclaimed = p.bytes_reclaimed + EXCLUDED.bytes_reclaimed,
+             file_errors = p.file_errors + EXCLUDED.file_errors",
+    )
+    .bind(job)
+    .bind(scope)
+    .bind(slot)
+    .bind(report.candidates as i64)
+    .bind(report.pruned as i64)
+    .bind(counts(&report.retained))
+    .bind(counts(&report.rows))
+    .bind(report.files.deleted as i64)
+    .bind(report.files.bytes as i64)
+    .bind(report.files.errors as i64)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Notes that a hop of an unfinished pass failed, and why; it will be retried.
 ///
 /// # Errors

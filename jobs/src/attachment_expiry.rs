@@ -110,11 +110,12 @@ pub async fn hop(
     env: Env<'_>,
     settings: &AttachmentSettings,
     args: &Args,
-) -> Result<Report<Args>, Error> {
+    report: &mut Report<Args>,
+) -> Result<(), Error> {
     let started = Instant::now();
     let root_path = &env.paths.attachments_root;
     let conn = env.conn;
-    let mut report = Report {
+    *report = Report {
         outcome: HopOutcome::Finished.as_str(),
         window: settings.window_size,
         candidates: 0,
@@ -137,11 +138,11 @@ pub async fn hop(
             .await?;
     if !exists {
         report.outcome = HopOutcome::AccountGone.as_str();
-        return Ok(report);
+        return Ok(());
     }
     if settings.max_age_days == 0 {
         report.outcome = HopOutcome::Disabled.as_str();
-        return Ok(report);
+        return Ok(());
     }
     let current = days_before(
         cutoff::reference(args.pass_started_at, database_now),
@@ -152,7 +153,7 @@ pub async fn hop(
         None => current,
     };
     let Some(cutoff) = cutoff else {
-        return Ok(report);
+        return Ok(());
     };
     let window: Vec<(Uuid, String)> = sqlx::query_as(
         "SELECT id, relative_path FROM attachments
@@ -194,7 +195,7 @@ pub async fn hop(
                     judged.push(path.clone());
                 }
                 Verdict::Young => {}
-                Verdict::Kept(reason) => retain(&mut report, reason),
+                Verdict::Kept(reason) => retain(report, reason),
             }
         }
         report.candidates += chunk.len() as u64;
@@ -211,7 +212,7 @@ pub async fn hop(
             .await?;
         report.owner_seconds += chunk_started.elapsed().as_secs_f64();
         for _ in marked.len()..expired.len() {
-            retain(&mut report, "busy");
+            retain(report, "busy");
         }
         report.pruned += marked.len() as u64;
         report
@@ -237,7 +238,7 @@ pub async fn hop(
             hop: args.hop + 1,
         });
     }
-    Ok(report)
+    Ok(())
 }
 
 fn retain(report: &mut Report<Args>, reason: &'static str) {
@@ -481,8 +482,9 @@ impl Job for AttachmentExpiry {
         env: Env<'_>,
         settings: &AttachmentSettings,
         args: &Args,
-    ) -> Result<Report<Args>, Error> {
-        hop(env, settings, args).await
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
+        hop(env, settings, args, report).await
     }
 
     async fn backlog_seconds(

@@ -121,6 +121,22 @@ pub struct Report<A> {
 }
 
 impl<A> Report<A> {
+    /// A hop that did nothing yet: finished, every count 0 (each of `reasons` listed).
+    pub fn new(reasons: &[&'static str]) -> Self {
+        Self {
+            outcome: HopOutcome::Finished.as_str(),
+            window: 0,
+            candidates: 0,
+            pruned: 0,
+            retained: reasons.iter().map(|r| (*r, 0)).collect(),
+            rows: Vec::new(),
+            files: FileCounts::default(),
+            owner_seconds: 0.0,
+            next: None,
+            throttled: None,
+        }
+    }
+
     pub fn retained_total(&self) -> u64 {
         self.retained.iter().map(|(_, n)| n).sum()
     }
@@ -173,12 +189,17 @@ pub trait Job: Send + Sync + 'static {
 
     fn position(args: &Self::Args) -> Position;
 
-    /// Runs one hop. A hop run twice (a retry, a duplicate delivery) ends in the same state.
+    /// Runs one hop into `report` (made by [`Report::new`] from [`Job::RETAIN_REASONS`]),
+    /// which it keeps up to date with what it has committed as it goes: when the hop fails,
+    /// what `report` holds was done all the same, and the pass ledger and the metrics count it
+    /// (a retry finds it gone). A hop run twice (a retry, a duplicate delivery) ends in the
+    /// same state.
     fn run(
         env: Env<'_>,
         settings: &Self::Settings,
         args: &Self::Args,
-    ) -> impl Future<Output = Result<Report<Self::Args>, Self::Error>> + Send;
+        report: &mut Report<Self::Args>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Whether a failed hop is tried again; a hop that can never succeed is failed for good.
     fn retryable(_error: &Self::Error) -> bool {

@@ -248,6 +248,46 @@ pub struct HopReport {
 }
 
 impl HopReport {
+    fn new() -> Self {
+        Self {
+            outcome: HopOutcome::Finished,
+            candidates: 0,
+            pruned: 0,
+            retained: BTreeMap::new(),
+            rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
+            files_deleted: 0,
+            bytes_reclaimed: 0,
+            file_errors: 0,
+            next: None,
+            owner_seconds: 0.0,
+            throttled: None,
+        }
+    }
+
+    /// In the terms every job shares.
+    fn shared(&self, window: u32) -> Report<Args> {
+        Report {
+            outcome: self.outcome.as_str(),
+            window,
+            candidates: self.candidates.into(),
+            pruned: self.pruned.into(),
+            retained: self
+                .retained
+                .iter()
+                .map(|(reason, n)| (reason.as_str(), u64::from(*n)))
+                .collect(),
+            rows: self.rows.iter().map(|(t, n)| (*t, *n)).collect(),
+            files: files::FileCounts {
+                deleted: self.files_deleted,
+                bytes: self.bytes_reclaimed,
+                errors: self.file_errors,
+            },
+            owner_seconds: self.owner_seconds,
+            next: self.next.clone(),
+            throttled: self.throttled,
+        }
+    }
+
     fn retain(&mut self, reason: RetainReason) {
         *self.retained.entry(reason).or_default() += 1;
     }
@@ -318,20 +358,24 @@ pub async fn hop(
     args: &Args,
     stop: &AtomicBool,
 ) -> Result<HopReport, Error> {
+    let mut report = HopReport::new();
+    hop_into(conn, pool, clock, health, settings, args, stop, &mut report).await?;
+    Ok(report)
+}
+
+/// [`hop`] into `report`, which holds what was committed when it fails.
+#[allow(clippy::too_many_arguments)]
+async fn hop_into(
+    conn: &mut PgConnection,
+    pool: &PgPool,
+    clock: &dyn Clock,
+    health: &Health,
+    settings: &HopSettings,
+    args: &Args,
+    stop: &AtomicBool,
+    report: &mut HopReport,
+) -> Result<(), Error> {
     let started = Instant::now();
-    let mut report = HopReport {
-        outcome: HopOutcome::Finished,
-        candidates: 0,
-        pruned: 0,
-        retained: BTreeMap::new(),
-        rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
-        files_deleted: 0,
-        bytes_reclaimed: 0,
-        file_errors: 0,
-        next: None,
-        owner_seconds: 0.0,
-        throttled: None,
-    };
     // Files of owners pruned by an earlier hop that died between commit and unlink.
     let (earlier, drained) = drain_files(conn, settings, args.account_id, 0).await?;
     report.add_files(earlier);
@@ -345,11 +389,11 @@ pub async fn hop(
     let (days, database_now) = match account {
         None => {
             report.outcome = HopOutcome::AccountGone;
-            return Ok(report);
+            return Ok(());
         }
         Some((None, _)) => {
             report.outcome = HopOutcome::Disabled;
-            return Ok(report);
+            return Ok(());
         }
         Some((Some(days), _)) if !crate::cutoff::valid_window(days) => {
             // Never "everything is old": nothing of the account is (EX-1).
@@ -360,7 +404,7 @@ pub async fn hop(
                  nothing of it is pruned"
             );
             report.retain(RetainReason::InvalidWindow);
-            return Ok(report);
+            return Ok(());
         }
         Some((Some(days), now)) => (days, now),
     };
@@ -369,7 +413,7 @@ pub async fn hop(
     let reference = crate::cutoff::reference(args.pass_started_at, database_now);
     let Some(current) = days_before(reference, days) else {
         // A window longer than the calendar: nothing is old enough, the pass ends (EX-1).
-        return Ok(report);
+        return Ok(());
     };
     let cutoff = args.cutoff.unwrap_or(current);
     // Never past the stricter of the carried cutoff and the current setting (EX-1, EX-7).
@@ -441,7 +485,7 @@ pub async fn hop(
         let chunk_started = Instant::now();
         let files_before = report.rows["output_files"];
         // Together first; whoever could not be locked at once goes alone, with a bounded wait.
-        let alone = prune_together(conn, &pass, &owners, &mut report).await?;
+        let alone = prune_together(conn, &pass, &owners, report).await?;
         together = next_together(
             together,
             chunk_started.elapsed(),
@@ -449,7 +493,7 @@ pub async fn hop(
             most,
         );
         for owner in alone {
-            prune_owner(conn, &pass, &owner, &mut report).await?;
+            prune_owner(conn, &pass, &owner, report).await?;
         }
         report.owner_seconds += chunk_started.elapsed().as_secs_f64();
         beside
@@ -491,7 +535,7 @@ pub async fn hop(
             hop: args.hop + 1,
         });
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Owners taken together by a hop's first transaction, before any has been measured.
@@ -1257,36 +1301,24 @@ impl Job for PruneExecutionDetails {
         }
     }
 
-    async fn run(env: Env<'_>, settings: &HopSettings, args: &Args) -> Result<Report<Args>, Error> {
+    async fn run(
+        env: Env<'_>,
+        settings: &HopSettings,
+        args: &Args,
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
         // The worker's roots are the ones in force, whatever the settings were loaded with.
         let settings = &HopSettings {
             output_root: env.paths.output_root.clone(),
             ..settings.clone()
         };
-        let report = hop(
-            env.conn, env.pool, env.clock, env.health, settings, args, env.stop,
+        let mut done = HopReport::new();
+        let result = hop_into(
+            env.conn, env.pool, env.clock, env.health, settings, args, env.stop, &mut done,
         )
-        .await?;
-        Ok(Report {
-            outcome: report.outcome.as_str(),
-            window: settings.window_size,
-            candidates: report.candidates.into(),
-            pruned: report.pruned.into(),
-            retained: report
-                .retained
-                .iter()
-                .map(|(reason, n)| (reason.as_str(), u64::from(*n)))
-                .collect(),
-            rows: report.rows.iter().map(|(t, n)| (*t, *n)).collect(),
-            files: files::FileCounts {
-                deleted: report.files_deleted,
-                bytes: report.bytes_reclaimed,
-                errors: report.file_errors,
-            },
-            owner_seconds: report.owner_seconds,
-            next: report.next,
-            throttled: report.throttled,
-        })
+        .await;
+        *report = done.shared(settings.window_size);
+        result
     }
 
     async fn backlog_seconds(

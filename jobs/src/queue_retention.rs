@@ -89,9 +89,10 @@ pub async fn hop(
     settings: &QueueRetentionSettings,
     args: &Args,
     stop: &AtomicBool,
-) -> Result<Report<Args>, Error> {
+    report: &mut Report<Args>,
+) -> Result<(), Error> {
     let started = Instant::now();
-    let mut report = Report {
+    *report = Report {
         outcome: HopOutcome::Finished.as_str(),
         window: BATCH_SIZE,
         candidates: 0,
@@ -118,7 +119,7 @@ pub async fn hop(
                 pass_started_at: args.pass_started_at,
                 hop: args.hop + 1,
             });
-            return Ok(report);
+            return Ok(());
         }
         let batch_started = Instant::now();
         let deleted = sqlx::query(DELETE_FINISHED)
@@ -148,7 +149,7 @@ pub async fn hop(
         Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {}
         Err(err) => return Err(err.into()),
     }
-    Ok(report)
+    Ok(())
 }
 
 /// The `[queue]` section, of which this job reads one setting.
@@ -203,8 +204,9 @@ impl Job for QueueRetention {
         env: Env<'_>,
         settings: &QueueRetentionSettings,
         args: &Args,
-    ) -> Result<Report<Args>, Error> {
-        hop(env.conn, settings, args, env.stop).await
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
+        hop(env.conn, settings, args, env.stop, report).await
     }
 
     async fn backlog_seconds(

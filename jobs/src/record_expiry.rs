@@ -315,9 +315,10 @@ pub async fn hop<R: Record>(
     settings: &ExpirySettings,
     args: &Args,
     stop: &std::sync::atomic::AtomicBool,
-) -> Result<Report<Args>, Error> {
+    report: &mut Report<Args>,
+) -> Result<(), Error> {
     let started = Instant::now();
-    let mut report = Report {
+    *report = Report {
         outcome: HopOutcome::Finished.as_str(),
         window: settings.batch_size,
         candidates: 0,
@@ -332,7 +333,7 @@ pub async fn hop<R: Record>(
     let days = R::days(settings);
     if days == 0 {
         report.outcome = HopOutcome::Disabled.as_str();
-        return Ok(report);
+        return Ok(());
     }
     let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *conn)
@@ -343,7 +344,7 @@ pub async fn hop<R: Record>(
         None => current,
     };
     let Some(cutoff) = cutoff else {
-        return Ok(report);
+        return Ok(());
     };
 
     let mut after = args.after.clone();
@@ -404,7 +405,7 @@ pub async fn hop<R: Record>(
             hop: args.hop + 1,
         });
     }
-    Ok(report)
+    Ok(())
 }
 
 /// How far past its cutoff the oldest expired row is, in seconds (0 when none is).
@@ -625,8 +626,9 @@ impl<R: Record> Job for Expire<R> {
         env: Env<'_>,
         settings: &ExpirySettings,
         args: &Args,
-    ) -> Result<Report<Args>, Error> {
-        hop::<R>(env.conn, env.health, settings, args, env.stop).await
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
+        hop::<R>(env.conn, env.health, settings, args, env.stop, report).await
     }
 
     async fn backlog_seconds(

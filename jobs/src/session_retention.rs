@@ -326,15 +326,27 @@ pub async fn hop(
     args: &Args,
     stop: &AtomicBool,
 ) -> Result<HopReport, Error> {
-    let started = Instant::now();
     let mut report = HopReport::new();
+    hop_into(conn, health, settings, args, stop, &mut report).await?;
+    Ok(report)
+}
+
+/// [`hop`] into `report`, which holds what was committed when it fails.
+async fn hop_into(
+    conn: &mut PgConnection,
+    health: &Health,
+    settings: &HopSettings,
+    args: &Args,
+    stop: &AtomicBool,
+    report: &mut HopReport,
+) -> Result<(), Error> {
+    let started = Instant::now();
     report
         .files
         .add(drain(conn, settings, args.account_id).await?);
 
-    let Some((ages, database_now)) = ages(conn, args.account_id, args.policy, &mut report).await?
-    else {
-        return Ok(report);
+    let Some((ages, database_now)) = ages(conn, args.account_id, args.policy, report).await? else {
+        return Ok(());
     };
     let current = ages.cutoffs(crate::cutoff::reference(args.pass_started_at, database_now));
     let cutoffs = args.cutoffs.unwrap_or(current);
@@ -476,7 +488,7 @@ pub async fn hop(
             hop: args.hop + 1,
         });
     }
-    Ok(report)
+    Ok(())
 }
 
 /// The ages in force for the account and the database's now, or `None` (with the outcome set)
@@ -1164,25 +1176,32 @@ impl Job for SessionRetention {
         }
     }
 
-    async fn run(env: Env<'_>, settings: &HopSettings, args: &Args) -> Result<Report<Args>, Error> {
+    async fn run(
+        env: Env<'_>,
+        settings: &HopSettings,
+        args: &Args,
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
         // The worker's roots are the ones in force, whatever the settings were loaded with.
         let settings = &HopSettings {
             sessions_root: env.paths.sessions_root.clone(),
             ..settings.clone()
         };
-        let report = hop(env.conn, env.health, settings, args, env.stop).await?;
-        Ok(Report {
-            outcome: report.outcome.as_str(),
+        let mut done = HopReport::new();
+        let result = hop_into(env.conn, env.health, settings, args, env.stop, &mut done).await;
+        *report = Report {
+            outcome: done.outcome.as_str(),
             window: settings.window_size,
-            candidates: report.candidates,
-            pruned: report.deleted,
-            retained: report.retained.iter().map(|(r, n)| (*r, *n)).collect(),
-            rows: report.rows.iter().map(|(t, n)| (*t, *n)).collect(),
-            files: report.files,
-            owner_seconds: report.owner_seconds,
-            next: report.next,
-            throttled: report.throttled,
-        })
+            candidates: done.candidates,
+            pruned: done.deleted,
+            retained: done.retained.iter().map(|(r, n)| (*r, *n)).collect(),
+            rows: done.rows.iter().map(|(t, n)| (*t, *n)).collect(),
+            files: done.files,
+            owner_seconds: done.owner_seconds,
+            next: done.next,
+            throttled: done.throttled,
+        };
+        result
     }
 
     async fn backlog_seconds(

@@ -1257,9 +1257,10 @@ impl Job for TraceCleanup {
         env: Env<'_>,
         settings: &TraceSettings,
         args: &Args,
-    ) -> Result<Report<Args>, Error> {
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
         let root = &env.paths.traces_root;
-        let mut report = Report {
+        *report = Report {
             outcome: HopOutcome::Finished.as_str(),
             window: 0,
             candidates: 0,
@@ -1273,7 +1274,7 @@ impl Job for TraceCleanup {
         };
         if !settings.enabled {
             report.outcome = HopOutcome::Disabled.as_str();
-            return Ok(report);
+            return Ok(());
         }
         let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *env.conn)
@@ -1287,7 +1288,7 @@ impl Job for TraceCleanup {
             Err(Error::LeaseHeld { holder }) => {
                 tracing::info!(%holder, "another trace cleaner holds the lease; nothing deleted");
                 report.outcome = "lease_held";
-                return Ok(report);
+                return Ok(());
             }
             Err(err) => return Err(err),
         };
@@ -1313,7 +1314,7 @@ impl Job for TraceCleanup {
             bytes: done.deleted_bytes,
             errors: done.kept.get("error").copied().unwrap_or_default(),
         };
-        Ok(report)
+        Ok(())
     }
 
     async fn backlog_seconds(

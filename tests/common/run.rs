@@ -28,7 +28,9 @@ pub async fn hop_with<J: Job>(
         paths,
         health,
     };
-    J::run(env, settings, args).await.unwrap()
+    let mut report = Report::new(J::RETAIN_REASONS);
+    J::run(env, settings, args, &mut report).await.unwrap();
+    report
 }
 
 /// A whole pass of `J` from `args`, hop after hop; every hop's report.

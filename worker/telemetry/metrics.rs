@@ -76,6 +76,14 @@ fn describe() {
 
 /// One hop of `job`, whose owners may be retained for `reasons`.
 pub fn hop<A>(job: &'static str, reasons: &[&'static str], report: &Report<A>, seconds: f64) {
+    committed(job, reasons, report);
+    counter!("sexton_hops_total", "job" => job, "outcome" => report.outcome).increment(1);
+    histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
+}
+
+/// What a hop of `job` did: its owners, rows and bytes (also for a hop that failed after
+/// committing some).
+pub fn committed<A>(job: &'static str, reasons: &[&'static str], report: &Report<A>) {
     counter!("sexton_owners_pruned_total", "job" => job).increment(report.pruned);
     for reason in reasons {
         let n = report
@@ -89,8 +97,6 @@ pub fn hop<A>(job: &'static str, reasons: &[&'static str], report: &Report<A>, s
         counter!("sexton_rows_deleted_total", "job" => job, "table" => *table).increment(*rows);
     }
     counter!("sexton_bytes_reclaimed_total", "job" => job).increment(report.files.bytes);
-    counter!("sexton_hops_total", "job" => job, "outcome" => report.outcome).increment(1);
-    histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
 }
 
 /// A hop that failed (it will be retried, or was failed for good).
