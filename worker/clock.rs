@@ -20,7 +20,9 @@ const INTERVAL: Duration = Duration::from_secs(60);
 const TOLERANCE: TimeDelta = TimeDelta::seconds(5);
 
 /// The host's clock, corrected by how far it was from the database's at the last
-/// [`measure`](Self::measure): the database's clock without a round trip per reading.
+/// [`measure`](Self::measure) — only when that is more than [`TOLERANCE`], so that replicas
+/// whose clocks are in sync read the very same host clock, with no measurement noise between
+/// them: the database's clock without a round trip per reading.
 #[derive(Debug, Default)]
 pub struct DatabaseClock {
     /// How far the host's clock is ahead of the database's, in milliseconds (negative: behind).
@@ -46,8 +48,12 @@ impl DatabaseClock {
             .await?;
         let after = Utc::now();
         let ahead = before + (after - before) / 2 - database;
-        self.ahead_ms
-            .store(ahead.num_milliseconds(), Ordering::Relaxed);
+        let correction = if ahead.abs() > TOLERANCE {
+            ahead.num_milliseconds()
+        } else {
+            0
+        };
+        self.ahead_ms.store(correction, Ordering::Relaxed);
         Ok(ahead)
     }
 

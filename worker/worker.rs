@@ -253,28 +253,39 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     health.consuming(true);
     let stopping = ctx.stopping.clone();
     let handling = ctx.handling.clone();
-    let database = settings.database.clone();
-    let read_only: Arc<Mutex<Option<String>>> = Arc::default();
-    let gave_up = read_only.clone();
+    let watch = (mode == Mode::UntilIdle).then(|| {
+        db::watch_writable(
+            pool.clone(),
+            settings.database.clone(),
+            WRITABLE_INTERVAL,
+            true,
+        )
+    });
     let stop = async move {
         let result = tokio::select! {
             signal = shutdown_signal() => signal,
             idle = wait_until_idle(&pool, &handling), if mode == Mode::UntilIdle => idle,
-            // A run until idle on a read-only node would wait forever: it ends, saying why (ER-6).
-            why = db::watch_writable(pool.clone(), database, WRITABLE_INTERVAL, true),
-                if mode == Mode::UntilIdle => {
-                    let error = std::io::Error::other(format!("the database is read-only ({why})"));
-                    *gave_up.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-                    // Not a graceful stop: the consumers failing on the read-only node would
-                    // keep the monitor restarting them.
-                    Err(error)
-                }
         };
         // Running hops finish the owner in hand and hand the rest over (FL-5).
         stopping.store(true, Ordering::Relaxed);
         result
     };
-    let outcome = monitor.run_with_signal(stop).await;
+    let run = monitor.run_with_signal(stop);
+    // A run until idle on a read-only node would wait forever: it ends at once, saying why
+    // (ER-6). No hop can hold anything there, and its consumers, failing, would keep the
+    // monitor restarting them for a graceful stop.
+    let outcome = match watch {
+        Some(watch) => tokio::select! {
+            outcome = run => outcome,
+            why = watch => {
+                anyhow::bail!(
+                    "the database is read-only ({why}): no job can run on it; point sexton at \
+                     the primary"
+                )
+            }
+        },
+        None => run.await,
+    };
     health.consuming(false);
     for task in background {
         task.abort();
@@ -282,11 +293,6 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     let _ = http_stop.send(());
     if let Some(http) = http {
         http.await??;
-    }
-    if let Some(why) = read_only.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        anyhow::bail!(
-            "the database is read-only ({why}): no job can run on it; point sexton at the primary"
-        );
     }
     outcome.context("the worker monitor failed")?;
     tracing::info!(worker = %name, "worker stopped");
