@@ -1027,30 +1027,31 @@ async fn read_only_database(pool: &PgPool, on: bool) {
     .unwrap();
 }
 
+/// An account with a run due for pruning and a young one beside it, and the nightly slot that
+/// covers them enqueued.
+async fn due_and_young(
+    pool: &PgPool,
+    settings: &sexton::config::Settings,
+) -> (fixture::Run, fixture::Run) {
+    let account = fixture::account(pool, Some(30)).await;
+    let conversation = fixture::conversation(pool, account).await;
+    let root = &settings.paths.output_root;
+    let [due, young] = [40.0, 5.0].map(|days| RunSpec::conversation(account, conversation, days));
+    let due = fixture::run(pool, root, due).await;
+    let young = fixture::run(pool, root, young).await;
+    sexton::tick::tick(pool, settings, pass_start())
+        .await
+        .unwrap();
+    (due, young)
+}
+
 #[sqlx::test]
 async fn er6_a_database_that_takes_writes_again_is_noticed_and_the_pass_completes(pool: PgPool) {
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
     let url = common::database_url(&pool).await;
-    let account = fixture::account(&pool, Some(30)).await;
-    let conversation = fixture::conversation(&pool, account).await;
-    let root = &settings.paths.output_root;
-    let due = fixture::run(
-        &pool,
-        root,
-        RunSpec::conversation(account, conversation, 40.0),
-    )
-    .await;
-    let young = fixture::run(
-        &pool,
-        root,
-        RunSpec::conversation(account, conversation, 5.0),
-    )
-    .await;
-    sexton::tick::tick(&pool, &settings, pass_start())
-        .await
-        .unwrap();
+    let (due, young) = due_and_young(&pool, &settings).await;
 
     // Every connection the worker opens now is read-only; then the database takes writes again.
     read_only_database(&pool, true).await;
@@ -1074,18 +1075,7 @@ async fn er6_a_run_until_idle_on_a_read_only_database_exits_1_saying_so(pool: Pg
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
     let url = common::database_url(&pool).await;
-    let account = fixture::account(&pool, Some(30)).await;
-    let conversation = fixture::conversation(&pool, account).await;
-    let root = &settings.paths.output_root;
-    let due = fixture::run(
-        &pool,
-        root,
-        RunSpec::conversation(account, conversation, 40.0),
-    )
-    .await;
-    sexton::tick::tick(&pool, &settings, pass_start())
-        .await
-        .unwrap();
+    let (due, young) = due_and_young(&pool, &settings).await;
     read_only_database(&pool, true).await;
 
     let mut cmd = common::sexton(&url, dir.path());
@@ -1104,6 +1094,7 @@ async fn er6_a_run_until_idle_on_a_read_only_database_exits_1_saying_so(pool: Pg
     read_only_database(&pool, false).await;
     common::run_until_idle(&pool, dir.path()).await;
     assert!(fixture::is_pruned(&pool, due.id).await);
+    assert!(fixture::has_detail(&pool, young.id).await);
 }
 
 #[sqlx::test]
