@@ -950,7 +950,9 @@ async fn ss6_workers_killed_with_sigkill_mid_pass_leave_no_session_half_deleted(
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("sessions");
     let sessions = many_sessions(&pool, &root, 3, 1500).await;
-    let settings = common::settings(dir.path());
+    let mut settings = common::settings(dir.path());
+    // As many attempts as the workers' hops have: the slot job may die with them too (FL-4).
+    settings.queue.max_attempts = 100;
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
         .unwrap();
