@@ -63,7 +63,6 @@ async fn push_after<J: Job>(
     let options = PushOptions {
         idempotency_key: Some(hop_key(&J::position(args))),
         run_after: delay,
-        now: Some(ctx.clock.now()),
     };
     queue::push(&ctx.pool, J::QUEUE, &ctx.settings.queue, args, options).await
 }
@@ -78,7 +77,6 @@ async fn defer<J: Job>(ctx: &JobContext, args: &J::Args) -> Result<PushOutcome, 
     let options = PushOptions {
         idempotency_key: Some(key),
         run_after: Some(BUSY_SCOPE_DELAY),
-        now: Some(ctx.clock.now()),
     };
     queue::push(&ctx.pool, J::QUEUE, &ctx.settings.queue, args, options).await
 }

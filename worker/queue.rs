@@ -40,9 +40,6 @@ pub struct PushOptions {
     pub idempotency_key: Option<String>,
     /// Run no earlier than this long from now.
     pub run_after: Option<Duration>,
-    /// The database's now as the caller's database clock reads it; read from the database
-    /// (one more round trip) when the caller has none.
-    pub now: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Whether a push added a job.
@@ -97,14 +94,10 @@ pub async fn push(
         serde_json::to_value(payload).map_err(|source| QueueError::Encode { queue, source })?;
     // Due by the database's clock, as the queue's poll compares it: the queue would take this
     // host's, and a host clock 40 days ahead would push every job 40 days out.
-    let now_ms: i64 = match options.now {
-        Some(now) => now.timestamp_millis(),
-        None => {
-            sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
-                .fetch_one(pool)
-                .await?
-        }
-    };
+    let now_ms: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            .fetch_one(pool)
+            .await?;
     let delay_ms = options.run_after.map_or(0, |delay| {
         i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)
     });
