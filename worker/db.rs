@@ -137,7 +137,7 @@ pub async fn watch_writable(
     give_up: bool,
 ) -> String {
     loop {
-        if let Some(why) = writable(&pool, &settings).await
+        if let Some(why) = writable(&pool, &settings, give_up).await
             && give_up
         {
             return why;
@@ -146,23 +146,33 @@ pub async fn watch_writable(
     }
 }
 
-/// One check of [`watch_writable`]: why the node is read-only, if it is.
-async fn writable(pool: &PgPool, settings: &DatabaseSettings) -> Option<String> {
+/// How long [`writable`] waits for a pooled connection before it asks a new one: on a
+/// read-only node the queue's consumers keep failing and restarting, and the pool can take
+/// longer than its acquire timeout to serve anyone.
+const POOLED_CHECK: Duration = Duration::from_secs(1);
+
+/// One check of [`watch_writable`]: why the node is read-only, if it is. `fresh_only` skips the
+/// pool (nothing to renew when the run ends on a read-only node anyway).
+async fn writable(pool: &PgPool, settings: &DatabaseSettings, fresh_only: bool) -> Option<String> {
     // A pool that cannot serve (every connection busy, or failing) does not say: ask anew.
-    let pooled_read_only = match read_only(pool).await {
-        Ok((false, _)) => return None,
-        Ok((true, _)) => true,
-        Err(_) => false,
+    let pooled_read_only = if fresh_only {
+        false
+    } else {
+        match tokio::time::timeout(POOLED_CHECK, read_only(pool)).await {
+            Ok(Ok((false, _))) => return None,
+            Ok(Ok((true, _))) => true,
+            Ok(Err(_)) | Err(_) => false,
+        }
     };
     let options = connect_options(settings).ok()?;
-    let fresh = match PgConnection::connect_with(&options).await {
-        Ok(mut conn) => {
-            let state = read_only(&mut conn).await;
-            let _ = conn.close().await;
-            state
-        }
-        Err(err) => Err(err),
-    };
+    let fresh = tokio::time::timeout(settings.acquire_timeout, async {
+        let mut conn = PgConnection::connect_with(&options).await?;
+        let state = read_only(&mut conn).await;
+        let _ = conn.close().await;
+        state
+    })
+    .await
+    .unwrap_or(Err(sqlx::Error::PoolTimedOut));
     match fresh {
         Ok((false, _)) => {
             if pooled_read_only {

@@ -5,9 +5,13 @@
 //! Exit codes (OP-1): 0 success, 2 bad usage or configuration, 1 failure.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use sexton::cli::{Cli, Command};
+
+/// How long the end of the process waits for tasks still running on the runtime.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -34,7 +38,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(sexton::cli::run(cli.command, settings)) {
+    let outcome = runtime.block_on(sexton::cli::run(cli.command, settings));
+    // A queue consumer pausing before its restart holds a thread of its own (see
+    // `worker::monitor`): the process ends without waiting for it.
+    runtime.shutdown_timeout(SHUTDOWN_WAIT);
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("sexton: {err:#}");

@@ -270,7 +270,15 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
         stopping.store(true, Ordering::Relaxed);
         result
     };
-    let run = monitor.run_with_signal(stop);
+    // The monitor on a task of its own: its restart pauses hold its thread (see `monitor`),
+    // never the watch beside it.
+    let run = tokio::spawn(monitor.run_with_signal(stop));
+    let run = async move {
+        match run.await {
+            Ok(outcome) => outcome.context("the worker monitor failed"),
+            Err(err) => Err(anyhow::anyhow!("the worker monitor ended: {err}")),
+        }
+    };
     // A run until idle on a read-only node would wait forever: it ends at once, saying why
     // (ER-6). No hop can hold anything there, and its consumers, failing, would keep the
     // monitor restarting them for a graceful stop.
@@ -294,7 +302,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     if let Some(http) = http {
         http.await??;
     }
-    outcome.context("the worker monitor failed")?;
+    outcome?;
     tracing::info!(worker = %name, "worker stopped");
     Ok(())
 }
