@@ -241,10 +241,21 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
         .collect();
     // One account's scope is held, as a hop of another replica would hold it, until a worker
     // has met it busy: the contention is certain, not left to timing.
-    let held: Uuid = sqlx::query_scalar("SELECT id FROM accounts ORDER BY id LIMIT 1")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    // An account both slots start a pass for (FL-8): one with a run old at either.
+    let held: Uuid = sqlx::query_scalar(
+        "SELECT a.id FROM accounts a
+         WHERE a.execution_details_retention_days > 0
+           AND EXISTS (SELECT 1 FROM runs r
+                       WHERE r.account_id = a.id AND r.kind = 'conversation'
+                         AND r.conversation_id IS NOT NULL AND r.details_pruned_at IS NULL
+                         AND r.completed_at < $1 - make_interval(
+                             days => a.execution_details_retention_days))
+         ORDER BY a.id LIMIT 1",
+    )
+    .bind(pass_start() - chrono::Duration::days(1))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     let lock = sexton::hop::ScopeLock::try_take(&pool, "prune_execution_details", Some(held))
         .await
         .unwrap()
@@ -279,7 +290,17 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
         "a hop met the held account busy and was deferred"
     );
     let intervals = hop_intervals(&lines);
-    assert_eq!(intervals.len(), 4, "hops of every account were logged");
+    let started: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT scope) FROM sexton.passes WHERE job = 'prune_execution_details'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        intervals.len() as i64,
+        started,
+        "hops of every account with a pass were logged"
+    );
     for (account, mut hops) in intervals {
         hops.sort();
         for pair in hops.windows(2) {

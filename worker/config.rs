@@ -137,6 +137,9 @@ pub struct QueueSettings {
     pub retry_backoff: Duration,
     pub shutdown_grace: Duration,
     pub finished_job_retention: chrono::Duration,
+    /// Accounts a slot's fan-out looks at per discovery statement, and so first hops it
+    /// pushes per statement at most (FL-8).
+    pub fan_out_batch: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,6 +291,7 @@ struct RawQueue {
     retry_backoff_ms: Raw<i64>,
     shutdown_grace_ms: Raw<i64>,
     finished_job_retention_days: Raw<i64>,
+    fan_out_batch: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -443,6 +447,12 @@ impl RawSettings {
             1..=100,
             "an integer from 1 to 100",
         );
+        let fan_out_batch = c.int(
+            "queue.fan_out_batch",
+            &q.fan_out_batch,
+            1..=100_000,
+            "an integer from 1 to 100000",
+        );
         let retry_backoff = c.millis("queue.retry_backoff_ms", &q.retry_backoff_ms);
         let shutdown_grace = c.millis("queue.shutdown_grace_ms", &q.shutdown_grace_ms);
         let finished_job_retention = c.finished_job_retention(&q.finished_job_retention_days);
@@ -520,6 +530,7 @@ impl RawSettings {
                 retry_backoff: retry_backoff?,
                 shutdown_grace: shutdown_grace?,
                 finished_job_retention: finished_job_retention?,
+                fan_out_batch: fan_out_batch?,
             },
             http: HttpSettings {
                 listen: listen?,

@@ -35,7 +35,7 @@ fn lock_key(job: &str, account: Option<Uuid>) -> String {
 }
 
 /// The key of a hop: one job per (scope, pass, hop), whoever pushes it.
-fn hop_key(position: &Position) -> String {
+pub(crate) fn hop_key(position: &Position) -> String {
     let scope = position
         .account
         .map_or_else(|| "global".to_owned(), |a| a.to_string());

@@ -20,8 +20,8 @@ pub fn scope(account: Option<Uuid>) -> Uuid {
 ///
 /// # Errors
 /// A database error.
-pub async fn open(
-    pool: &PgPool,
+pub async fn open<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     job: &str,
     scopes: &[Uuid],
     slot: DateTime<Utc>,
@@ -34,9 +34,81 @@ pub async fn open(
     .bind(job)
     .bind(scopes)
     .bind(slot)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Notes that the fan-out of `job` for `slot` began (a retried slot job begins it again).
+///
+/// # Errors
+/// A database error.
+pub async fn fan_out_begun(
+    pool: &PgPool,
+    job: &str,
+    slot: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO sexton.fan_outs (job, slot) VALUES ($1, $2)
+         ON CONFLICT (job, slot) DO UPDATE SET finished_at = NULL",
+    )
+    .bind(job)
+    .bind(slot)
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Notes that the fan-out of `job` for `slot` went through all `accounts`: what it started is
+/// counted from the passes (a retried fan-out finds started ones no longer due).
+///
+/// # Errors
+/// A database error.
+pub async fn fan_out_done(
+    pool: &PgPool,
+    job: &str,
+    slot: DateTime<Utc>,
+    accounts: u64,
+) -> Result<FanOut, sqlx::Error> {
+    sqlx::query_as(
+        "INSERT INTO sexton.fan_outs AS f (job, slot, finished_at, accounts, started)
+         VALUES ($1, $2, now(), $3,
+                 (SELECT count(*) FROM sexton.passes WHERE job = $1 AND slot = $2))
+         ON CONFLICT (job, slot) DO UPDATE SET
+             finished_at = now(), accounts = EXCLUDED.accounts, started = EXCLUDED.started
+         RETURNING job, slot, started_at, finished_at, accounts, started",
+    )
+    .bind(job)
+    .bind(slot)
+    .bind(i64::try_from(accounts).unwrap_or(i64::MAX))
+    .fetch_one(pool)
+    .await
+}
+
+/// Each job's latest fan-out.
+///
+/// # Errors
+/// A database error.
+pub async fn latest_fan_outs(pool: &PgPool) -> Result<Vec<FanOut>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT DISTINCT ON (job) job, slot, started_at, finished_at, accounts, started
+         FROM sexton.fan_outs ORDER BY job, slot DESC",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// One job's fan-out of one slot.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct FanOut {
+    pub job: String,
+    pub slot: DateTime<Utc>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Accounts looked at (1 for a global job's one pass).
+    pub accounts: i64,
+    /// Passes started; the other accounts had nothing due.
+    pub started: i64,
 }
 
 fn counts(pairs: &[(&'static str, u64)]) -> serde_json::Value {
@@ -182,17 +254,19 @@ pub async fn record_failure(
     Ok(())
 }
 
-/// The latest slot of each job, not in the future, for which every pass finished (OP-3): a
+/// The latest slot of each job, not in the future, whose fan-out went through and whose every
+/// started pass finished (OP-3): an account found with nothing due counts as finished, and a
 /// slot ticked ahead of time must not hide tonight's.
 ///
 /// # Errors
 /// A database error.
 pub async fn last_success(pool: &PgPool) -> Result<Vec<(String, DateTime<Utc>)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT job, max(slot) FROM (
-             SELECT job, slot FROM sexton.passes WHERE slot <= now() GROUP BY job, slot
-             HAVING bool_and(finished_at IS NOT NULL)) complete
-         GROUP BY job ORDER BY job",
+        "SELECT f.job, max(f.slot) FROM sexton.fan_outs f
+         WHERE f.slot <= now() AND f.finished_at IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM sexton.passes p
+                           WHERE p.job = f.job AND p.slot = f.slot AND p.finished_at IS NULL)
+         GROUP BY f.job ORDER BY f.job",
     )
     .fetch_all(pool)
     .await
@@ -228,9 +302,14 @@ pub async fn prune(pool: &PgPool, before: DateTime<Utc>) -> Result<u64, sqlx::Er
         .rows_affected();
         deleted += n;
         if n == 0 {
-            return Ok(deleted);
+            break;
         }
     }
+    sqlx::query("DELETE FROM sexton.fan_outs WHERE slot < $1")
+        .bind(before)
+        .execute(pool)
+        .await?;
+    Ok(deleted)
 }
 
 /// One pass as the ledger holds it.

@@ -115,6 +115,40 @@ pub async fn push(
     }
 }
 
+/// Pushes many jobs to one queue in one statement, each under its idempotency key; a key
+/// already taken (in any state) is passed over. The jobs are due at the database's now.
+///
+/// # Errors
+/// [`QueueError::Read`] when the database refuses the statement.
+pub async fn push_many(
+    conn: &mut sqlx::PgConnection,
+    queue: &'static str,
+    settings: &QueueSettings,
+    jobs: &[(String, Vec<u8>)],
+) -> Result<u64, QueueError> {
+    let (keys, payloads): (Vec<&str>, Vec<&[u8]>) = jobs
+        .iter()
+        .map(|(key, payload)| (key.as_str(), payload.as_slice()))
+        .unzip();
+    let max_attempts = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
+    // As apalis-postgres's own push writes a row (queries/task/sink.sql), keyed as one push is.
+    let pushed = sqlx::query(
+        "INSERT INTO apalis.jobs (id, job_type, job, status, attempts, max_attempts, run_at,
+                                  priority, metadata, idempotency_key)
+         SELECT apalis.generate_ulid(), $1, j.job, 'Pending', 0, $2, now(), 0, '', j.key
+         FROM unnest($3::text[], $4::bytea[]) AS j (key, job)
+         ON CONFLICT (job_type, idempotency_key) DO NOTHING",
+    )
+    .bind(queue)
+    .bind(max_attempts)
+    .bind(&keys)
+    .bind(&payloads)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(pushed)
+}
+
 fn is_unique_violation(err: &TaskSinkError<apalis_postgres::Error>) -> bool {
     matches!(
         err,

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::explain::Explanation;
-use sexton_jobs::job::{Cadence, Job, Scope};
+use sexton_jobs::job::{AccountRange, Cadence, Job, Scope};
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
 use sexton_jobs::queue_retention::QueueRetention;
 use sexton_jobs::record_expiry::{
@@ -76,6 +76,20 @@ pub trait Kind: Section + Send + Sync {
         account: Option<Uuid>,
         slot: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<PushOutcome, QueueError>>;
+    /// Which accounts of `range` have something due for `slot` (FL-8).
+    fn due<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        settings: &'a Settings,
+        slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> BoxFuture<'a, Result<Vec<Uuid>, sqlx::Error>>;
+    /// The first hops of these accounts' passes for `slot`, as pushed: (key, payload) each.
+    fn first_hops(
+        &self,
+        accounts: &[Uuid],
+        slot: DateTime<Utc>,
+    ) -> Result<Vec<(String, Vec<u8>)>, serde_json::Error>;
     /// The first hop's payload, as it would be pushed.
     fn first_payload(&self, account: Option<Uuid>, slot: DateTime<Utc>) -> serde_json::Value;
     /// The job's backlog in seconds, if it measures one.
@@ -178,6 +192,38 @@ impl<J: Job> Kind for Registered<J> {
         slot: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<PushOutcome, QueueError>> {
         Box::pin(async move { hop::push::<J>(ctx, &J::first(account, slot)).await })
+    }
+
+    fn due<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        settings: &'a Settings,
+        slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> BoxFuture<'a, Result<Vec<Uuid>, sqlx::Error>> {
+        Box::pin(J::due(
+            conn,
+            settings.jobs.get::<J::Settings>(J::NAME),
+            slot,
+            range,
+        ))
+    }
+
+    fn first_hops(
+        &self,
+        accounts: &[Uuid],
+        slot: DateTime<Utc>,
+    ) -> Result<Vec<(String, Vec<u8>)>, serde_json::Error> {
+        accounts
+            .iter()
+            .map(|account| {
+                let args = J::first(Some(*account), slot);
+                Ok((
+                    hop::hop_key(&J::position(&args)),
+                    serde_json::to_vec(&args)?,
+                ))
+            })
+            .collect()
     }
 
     fn first_payload(&self, account: Option<Uuid>, slot: DateTime<Utc>) -> serde_json::Value {

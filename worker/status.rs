@@ -44,8 +44,23 @@ pub struct JobStatus {
     /// How far past its cutoff the oldest eligible item is, if the job measures it.
     pub backlog_seconds: Option<f64>,
     pub queue: QueueCounts,
+    /// The latest slot's fan-out: accounts looked at, passes started, accounts with nothing
+    /// due (FL-8); `null` before the first.
+    pub fan_out: Option<FanOutSummary>,
     /// The latest pass of each account (or the one global pass).
     pub passes: Vec<Pass>,
+}
+
+/// One job's latest fan-out, as `status` summarises it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FanOutSummary {
+    pub slot: DateTime<Utc>,
+    /// Whether discovery went through every account.
+    pub complete: bool,
+    pub accounts: i64,
+    pub passes_started: i64,
+    /// Accounts found with nothing due: no queue job, no hop, no ledger row; finished.
+    pub nothing_due: i64,
 }
 
 /// Reads the status.
@@ -60,6 +75,7 @@ pub async fn read(
     let latest = ledger::latest(pool).await?;
     let successes = ledger::last_success(pool).await?;
     let by_queue = queue::counts_by_queue(pool).await?;
+    let fan_outs = ledger::latest_fan_outs(pool).await?;
     let mut jobs = Vec::new();
     for kind in registry::KINDS {
         let mut passes: Vec<Pass> = latest
@@ -81,6 +97,16 @@ pub async fn read(
                 .map(|(_, slot)| *slot),
             backlog_seconds: kind.backlog(pool, settings, at).await?,
             queue: by_queue.get(kind.queue()).copied().unwrap_or_default(),
+            fan_out: fan_outs
+                .iter()
+                .find(|f| f.job == kind.name())
+                .map(|f| FanOutSummary {
+                    slot: f.slot,
+                    complete: f.finished_at.is_some(),
+                    accounts: f.accounts,
+                    passes_started: f.started,
+                    nothing_due: (f.accounts - f.started).max(0),
+                }),
             passes,
         });
     }
@@ -139,6 +165,21 @@ impl Status {
                     .map_or_else(|| "not measured".to_owned(), |s| format!("{s:.0} s")),
             );
             let _ = writeln!(out, "  queue: {}", counts(&job.queue));
+            if let Some(f) = &job.fan_out {
+                let _ = writeln!(
+                    out,
+                    "  slot {}: {} accounts looked at{}, {} passes started, {} with nothing due",
+                    time(Some(f.slot)),
+                    f.accounts,
+                    if f.complete {
+                        ""
+                    } else {
+                        " so far (fan-out not finished)"
+                    },
+                    f.passes_started,
+                    f.nothing_due,
+                );
+            }
             if job.passes.is_empty() {
                 let _ = writeln!(out, "  no pass yet");
             }

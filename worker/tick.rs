@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
-use sexton_jobs::job::{Cadence, Scope};
+use sexton_jobs::job::{AccountRange, Cadence, Scope};
 use sexton_jobs::payload::V1;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -98,31 +98,31 @@ pub enum TickError {
     Queue(#[from] QueueError),
 }
 
-/// Pushes the first hop of every job kind for a slot — one per account for a per-account
-/// kind, one for a global kind — after opening their passes in the ledger. Each push carries a
-/// key derived from the slot, so running this twice (a retried slot job) adds nothing. Passes
-/// older than the queue's retention are forgotten on the way (FL-7).
+/// Starts the passes of every job kind for a slot: one for a global kind; for a per-account
+/// kind, one for each account its discovery finds something due for (FL-8), walking the
+/// accounts in batches of `queue.fan_out_batch` — each batch's ledger rows and first hops in one transaction,
+/// every hop under a key derived from the slot, so that a retried slot job adds nothing twice
+/// and misses nothing. Passes older than the queue's retention are forgotten on the way (FL-7).
 ///
 /// # Errors
 /// A database or queue error; the slot job is then retried.
 pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()> {
-    let accounts: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM accounts ORDER BY id")
-        .fetch_all(&ctx.pool)
-        .await?;
-    tracing::info!(slot = %slot.slot.to_rfc3339(), accounts = accounts.len(), "fanning out nightly slot");
     for kind in registry::KINDS {
         if kind.cadence(&ctx.settings) != Cadence::Nightly {
             continue;
         }
-        let scopes: Vec<Option<Uuid>> = match kind.scope() {
-            Scope::Account => accounts.iter().copied().map(Some).collect(),
-            Scope::Global => vec![None],
+        let done = match kind.scope() {
+            Scope::Account => fan_out_accounts(ctx, *kind, slot.slot).await?,
+            Scope::Global => start_global(ctx, *kind, slot.slot).await?.1,
         };
-        let keys: Vec<Uuid> = scopes.iter().map(|s| ledger::scope(*s)).collect();
-        ledger::open(&ctx.pool, kind.name(), &keys, slot.slot).await?;
-        for scope in scopes {
-            kind.push_first(ctx, scope, slot.slot).await?;
-        }
+        tracing::info!(
+            job = kind.name(),
+            slot = %slot.slot.to_rfc3339(),
+            accounts = done.accounts,
+            started = done.started,
+            nothing_due = done.accounts - done.started,
+            "fanned out nightly slot"
+        );
     }
     let forgotten = ledger::prune(
         &ctx.pool,
@@ -138,6 +138,42 @@ pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()>
     Ok(())
 }
 
+/// The fan-out of one per-account kind: discovery batch by batch over the accounts in id order.
+async fn fan_out_accounts(
+    ctx: &JobContext,
+    kind: &'static dyn registry::Kind,
+    slot: DateTime<Utc>,
+) -> anyhow::Result<ledger::FanOut> {
+    ledger::fan_out_begun(&ctx.pool, kind.name(), slot).await?;
+    let mut conn = ctx.pool.acquire().await?;
+    let mut after: Option<Uuid> = None;
+    let mut accounts: u64 = 0;
+    loop {
+        let (through, n): (Option<Uuid>, i64) = sqlx::query_as(
+            "WITH batch AS (SELECT id FROM accounts WHERE ($1::uuid IS NULL OR id > $1)
+                            ORDER BY id LIMIT $2)
+             SELECT (SELECT id FROM batch ORDER BY id DESC LIMIT 1), (SELECT count(*) FROM batch)",
+        )
+        .bind(after)
+        .bind(i64::from(ctx.settings.queue.fan_out_batch))
+        .fetch_one(&mut *conn)
+        .await?;
+        let Some(through) = through else { break };
+        accounts += n as u64;
+        let range = AccountRange { after, through };
+        let due = kind.due(&mut conn, &ctx.settings, slot, range).await?;
+        if !due.is_empty() {
+            let hops = kind.first_hops(&due, slot)?;
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            ledger::open(&mut *tx, kind.name(), &due, slot).await?;
+            queue::push_many(&mut tx, kind.queue(), &ctx.settings.queue, &hops).await?;
+            tx.commit().await?;
+        }
+        after = Some(through);
+    }
+    Ok(ledger::fan_out_done(&ctx.pool, kind.name(), slot, accounts).await?)
+}
+
 /// Starts the pass of a kind with a cadence of its own for the period beginning at `slot`: its
 /// ledger row and first hop, keyed by the period, so that a period runs once fleet-wide.
 ///
@@ -148,8 +184,20 @@ pub async fn start_period(
     kind: &'static dyn registry::Kind,
     slot: DateTime<Utc>,
 ) -> anyhow::Result<PushOutcome> {
+    Ok(start_global(ctx, kind, slot).await?.0)
+}
+
+/// The one pass of a global kind for `slot`, recorded as a fan-out of one.
+async fn start_global(
+    ctx: &JobContext,
+    kind: &'static dyn registry::Kind,
+    slot: DateTime<Utc>,
+) -> anyhow::Result<(PushOutcome, ledger::FanOut)> {
+    ledger::fan_out_begun(&ctx.pool, kind.name(), slot).await?;
     ledger::open(&ctx.pool, kind.name(), &[ledger::scope(None)], slot).await?;
-    Ok(kind.push_first(ctx, None, slot).await?)
+    let outcome = kind.push_first(ctx, None, slot).await?;
+    let done = ledger::fan_out_done(&ctx.pool, kind.name(), slot, 1).await?;
+    Ok((outcome, done))
 }
 
 #[cfg(test)]

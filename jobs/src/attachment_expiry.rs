@@ -25,7 +25,7 @@ use uuid::Uuid;
 use crate::cutoff::{self, days_before};
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
-use crate::job::{Env, HopOutcome, Job, Position, Report, Scope};
+use crate::job::{AccountRange, Env, HopOutcome, Job, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -457,6 +457,31 @@ impl Job for AttachmentExpiry {
             window_size: window_size?,
             budget: budget?,
         })
+    }
+
+    /// The file's mtime decides (AT-1), not a column: an account with any live attachment is
+    /// due while the job is on, and one with attachment files waiting to be removed always.
+    async fn due(
+        conn: &mut PgConnection,
+        settings: &AttachmentSettings,
+        _slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        let sql = format!(
+            "SELECT a.id FROM accounts a
+             WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
+               AND (($3 AND EXISTS (SELECT 1 FROM attachments t
+                                    WHERE t.account_id = a.id AND t.bytes_expired_at IS NULL))
+                    OR {})
+             ORDER BY a.id",
+            files::waiting_sql(Root::Attachments, "a.id")
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(range.after)
+            .bind(range.through)
+            .bind(settings.max_age_days != 0)
+            .fetch_all(conn)
+            .await
     }
 
     fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {

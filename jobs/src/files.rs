@@ -158,6 +158,16 @@ impl Root {
     }
 }
 
+/// SQL: whether the account `account` (an SQL expression) has removals waiting in `root` that
+/// its next hop drains (FL-8's discovery: such an account has something to do).
+pub fn waiting_sql(root: Root, account: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM sexton.pending_file_deletions w \
+                 WHERE w.root = '{}' AND w.account_id = {account} AND w.quarantined_at IS NULL)",
+        root.as_str()
+    )
+}
+
 /// Removes the paths recorded under `root` (found at `root_path`) for `scope` (an account, or
 /// `None` for a global job). Before anything is unlinked, a synchronous commit that writes
 /// (counting the attempt) makes durable every commit that recorded these paths; a path a

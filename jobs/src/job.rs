@@ -52,6 +52,31 @@ pub struct Position {
     pub hop: u32,
 }
 
+/// A bounded run of accounts in id order, as the fan-out walks them (FL-8): those after
+/// `after` (every account from the first when `None`) up to and including `through`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccountRange {
+    pub after: Option<Uuid>,
+    pub through: Uuid,
+}
+
+/// Every account of `range`: what a per-account job that does not say better is asked to do.
+///
+/// # Errors
+/// A database error.
+pub async fn every_account(
+    conn: &mut PgConnection,
+    range: AccountRange,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM accounts WHERE ($1::uuid IS NULL OR id > $1) AND id <= $2 ORDER BY id",
+    )
+    .bind(range.after)
+    .bind(range.through)
+    .fetch_all(conn)
+    .await
+}
+
 /// What a hop works with.
 pub struct Env<'a> {
     /// The hop's one connection, which also holds its scope lock: a job that needs more
@@ -182,6 +207,21 @@ pub trait Job: Send + Sync + 'static {
     /// not at all (turned off by its settings).
     fn cadence(_settings: &Self::Settings) -> Cadence {
         Cadence::Nightly
+    }
+
+    /// The accounts of `range` whose pass for `slot` has something to do (FL-8): a candidate
+    /// past its cutoff under the account's current setting (held-back ones included, so that
+    /// what holds them is looked at again), a window the pass must report as invalid, or file
+    /// removals waiting in the job's root. Set-based, through the job's indexes; it may name an
+    /// account whose pass then finds nothing, never miss one a pass would prune for. By
+    /// default every account.
+    fn due(
+        conn: &mut PgConnection,
+        _settings: &Self::Settings,
+        _slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> impl Future<Output = Result<Vec<Uuid>, sqlx::Error>> + Send {
+        every_account(conn, range)
     }
 
     /// The first hop of a pass for a slot; `account` is set for a per-account job.

@@ -27,7 +27,7 @@ use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVer
 use crate::files::{self, DrainError, PathSettings, Root};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
-use crate::job::{Env, Job, Position, Report, Scope};
+use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -916,6 +916,50 @@ static BACKLOG: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The accounts of `range` whose pass for `slot` has something to do (FL-8): an owner past the
+/// cutoff the account's current window gives (held back or not: what holds it is looked at
+/// again), a window of 0 or less (the pass reports it, EX-1), or output files waiting to be
+/// removed. The slot bounds the cutoff from above, as it bounds every hop's: a slot ahead of the
+/// database's now names more accounts, never fewer.
+///
+/// # Errors
+/// A database error.
+pub async fn due(
+    conn: &mut PgConnection,
+    slot: DateTime<Utc>,
+    range: AccountRange,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(&**DUE))
+        .bind(range.after)
+        .bind(range.through)
+        .bind(slot)
+        .bind(EARLIEST)
+        .fetch_all(conn)
+        .await
+}
+
+/// Discovery: `$1`/`$2` the range, `$3` the slot, `$4` the earliest finite age. The cutoff is
+/// computed only where the window leaves one (a CASE: never "timestamp out of range").
+static DUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT a.id FROM accounts a
+         WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
+           AND (a.execution_details_retention_days <= 0
+                OR EXISTS (
+                    SELECT 1 FROM runs r
+                    WHERE r.account_id = a.id AND {UNPRUNED_OWNER} AND {AGE} >= $4
+                      AND {AGE} < CASE
+                          WHEN a.execution_details_retention_days > 0
+                               AND make_interval(days => a.execution_details_retention_days)
+                                   < $3 - $4
+                          THEN $3 - make_interval(days => a.execution_details_retention_days)
+                          END)
+                OR {})
+         ORDER BY a.id",
+        files::waiting_sql(files::Root::Outputs, "a.id")
+    )
+});
+
 /// What a pass would do for one account now, deleting nothing (`sexton preview`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Preview {
@@ -1287,6 +1331,15 @@ impl Job for PruneExecutionDetails {
             owner_lock_timeout: owner_lock_timeout?,
             output_root: paths.output_root.clone(),
         })
+    }
+
+    async fn due(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        due(conn, slot, range).await
     }
 
     fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {

@@ -3,9 +3,10 @@
 //! directories; handoffs that point at a deleted session keep their rows with the reference
 //! nulled.
 //!
-//! A nightly pass per account is a chain of hops over the account's sessions, kind by kind
+//! A nightly pass per account is one chain of hops over the account's sessions, kind by kind
 //! (main, task, subagent), each kind in (last activity, id) order through
-//! `sessions_retention_window`. The policy is the account's persisted one (SS-1: missing or
+//! `sessions_retention_window`; the kinds share a hop's window and budget, so that a hop hands
+//! over only when one of them is spent (FL-8). The policy is the account's persisted one (SS-1: missing or
 //! disabled prunes nothing) or, for `sexton sessions prune`, ages given by the operator. The
 //! verdict on a session — old enough (SS-2), not protected (SS-3), with its evidence (SS-4) —
 //! is `sexton.session_verdict`, one SQL function used for the window, the re-check and the
@@ -18,6 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -31,7 +33,7 @@ use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVer
 use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
-use crate::job::{Env, Job, Position, Report, Scope};
+use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -315,7 +317,8 @@ pub async fn run(
     hop(&mut conn, &Health::off(), settings, args, stop).await
 }
 
-/// One hop on the caller's connection: sessions of one kind, one window, short transactions.
+/// One hop on the caller's connection: one window of sessions, kind after kind, in short
+/// transactions.
 ///
 /// # Errors
 /// As [`run`].
@@ -351,31 +354,37 @@ async fn hop_into(
     let current = ages.cutoffs(crate::cutoff::reference(args.pass_started_at, database_now));
     let cutoffs = args.cutoffs.unwrap_or(current);
     let bound = cutoffs.min(&current);
-    let cursor = args.cursor.unwrap_or(Cursor {
+    let mut cursor = args.cursor.unwrap_or(Cursor {
         kind: SessionKind::Main,
         after: None,
     });
-    let kind = cursor.kind;
-    let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
-    if cursor.after.is_none() && ages.invalid().any(|invalid| invalid == kind) {
-        // Never "every session is old": none of this kind is (SS-1).
-        tracing::warn!(
-            account = %args.account_id,
-            kind = kind.as_str(),
-            days = ages.days(kind),
-            "the account's session retention policy gives this kind an age of 0 or less \
-             (must be > 0): none of its sessions is pruned"
-        );
-        report.retain(INVALID_POLICY);
-    }
+    // The kinds share the hop and its chain: it hands over only when its window or its budget
+    // is spent, not when a kind runs out (FL-8).
+    let mut room = settings.window_size;
+    let mut taken = false;
+    let mut pace = health.pace();
+    let next_cursor = loop {
+        let kind = cursor.kind;
+        let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
+        if cursor.after.is_none() && ages.invalid().any(|invalid| invalid == kind) {
+            // Never "every session is old": none of this kind is (SS-1).
+            tracing::warn!(
+                account = %args.account_id,
+                kind = kind.as_str(),
+                days = ages.days(kind),
+                "the account's session retention policy gives this kind an age of 0 or less \
+                 (must be > 0): none of its sessions is pruned"
+            );
+            report.retain(INVALID_POLICY);
+        }
 
-    // The verdict is taken first without locks, so that only sessions that would go are
-    // locked: a retained session (protected, lacking evidence) is never held from the platform.
-    let window: Vec<(Uuid, Uuid, DateTime<Utc>, Option<String>)> = match bound.of(kind) {
-        None => Vec::new(),
-        Some(cutoff) => {
-            sqlx::query_as(
-                "SELECT s.id, s.agent_id, s.last_activity_at,
+        // The verdict is taken first without locks, so that only sessions that would go are
+        // locked: a retained session (protected, lacking evidence) is never held from the platform.
+        let window: Vec<(Uuid, Uuid, DateTime<Utc>, Option<String>)> = match bound.of(kind) {
+            None => Vec::new(),
+            Some(cutoff) => {
+                sqlx::query_as(
+                    "SELECT s.id, s.agent_id, s.last_activity_at,
                         sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
                                                s.last_activity_at, $3)
                  FROM sessions s
@@ -383,81 +392,93 @@ async fn hop_into(
                    AND (s.last_activity_at, s.id) > ($4, $5)
                  ORDER BY s.last_activity_at, s.id
                  LIMIT $6",
-            )
-            .bind(args.account_id)
-            .bind(kind.as_str())
-            .bind(cutoff)
-            .bind(after_at.max(EARLIEST))
-            .bind(after_id)
-            .bind(i64::from(settings.window_size))
-            .fetch_all(&mut *conn)
-            .await?
-        }
-    };
-
-    let mut last = cursor.after;
-    let mut out_of_budget = false;
-    let mut pace = health.pace();
-    for (n, chunk) in window
-        .chunks(settings.sessions_per_transaction.max(1) as usize)
-        .enumerate()
-    {
-        // The first chunk is always taken, however slow what came before (see EX-7's rule).
-        if (n > 0 && started.elapsed() >= settings.budget) || stop.load(Ordering::Relaxed) {
-            out_of_budget = true;
-            break;
-        }
-        // Between deletion transactions only: nothing is ever half-done (issue #16).
-        if let Some(pace) = pace.as_mut() {
-            pace.wait(conn, stop).await?;
-        }
-        if let Some(red) = health.red(conn, &TABLES).await? {
-            report.throttled = Some(red);
-            out_of_budget = true;
-            break;
-        }
-        let chunk_started = Instant::now();
-        let mut sessions: Vec<(Uuid, Uuid)> = Vec::with_capacity(chunk.len());
-        for (session, agent, _, verdict) in chunk {
-            match verdict {
-                None => sessions.push((*session, *agent)),
-                Some(reason) => report.retain(reason),
+                )
+                .bind(args.account_id)
+                .bind(kind.as_str())
+                .bind(cutoff)
+                .bind(after_at.max(EARLIEST))
+                .bind(after_id)
+                .bind(i64::from(room))
+                .fetch_all(&mut *conn)
+                .await?
             }
-        }
-        let cutoff = bound.of(kind);
-        let deleted = if sessions.is_empty() {
-            Deleted::Done(Outcome::nothing())
-        } else {
-            delete_sessions(conn, settings, args.account_id, kind, cutoff, &sessions).await?
         };
-        match deleted {
-            Deleted::Done(outcome) => report.record(&outcome),
-            // The store guard saw what the statement's snapshot did not (an agent pointed at a
-            // session just now): take them one by one, and keep the one it guards.
-            Deleted::Guarded => {
-                for session in &sessions {
-                    match delete_sessions(
-                        conn,
-                        settings,
-                        args.account_id,
-                        kind,
-                        cutoff,
-                        &[*session],
-                    )
-                    .await?
-                    {
-                        Deleted::Done(outcome) => report.record(&outcome),
-                        Deleted::Guarded => report.retain("protected_pointer"),
+
+        let mut last = cursor.after;
+        let mut out_of_budget = false;
+        for (n, chunk) in window
+            .chunks(settings.sessions_per_transaction.max(1) as usize)
+            .enumerate()
+        {
+            // The first chunk is always taken, however slow what came before (see EX-7's rule).
+            if ((n > 0 || taken) && started.elapsed() >= settings.budget)
+                || stop.load(Ordering::Relaxed)
+            {
+                out_of_budget = true;
+                break;
+            }
+            // Between deletion transactions only: nothing is ever half-done (issue #16).
+            if let Some(pace) = pace.as_mut() {
+                pace.wait(conn, stop).await?;
+            }
+            if let Some(red) = health.red(conn, &TABLES).await? {
+                report.throttled = Some(red);
+                out_of_budget = true;
+                break;
+            }
+            let chunk_started = Instant::now();
+            let mut sessions: Vec<(Uuid, Uuid)> = Vec::with_capacity(chunk.len());
+            for (session, agent, _, verdict) in chunk {
+                match verdict {
+                    None => sessions.push((*session, *agent)),
+                    Some(reason) => report.retain(reason),
+                }
+            }
+            let cutoff = bound.of(kind);
+            let deleted = if sessions.is_empty() {
+                Deleted::Done(Outcome::nothing())
+            } else {
+                delete_sessions(conn, settings, args.account_id, kind, cutoff, &sessions).await?
+            };
+            match deleted {
+                Deleted::Done(outcome) => report.record(&outcome),
+                // The store guard saw what the statement's snapshot did not (an agent pointed at a
+                // session just now): take them one by one, and keep the one it guards.
+                Deleted::Guarded => {
+                    for session in &sessions {
+                        match delete_sessions(
+                            conn,
+                            settings,
+                            args.account_id,
+                            kind,
+                            cutoff,
+                            &[*session],
+                        )
+                        .await?
+                        {
+                            Deleted::Done(outcome) => report.record(&outcome),
+                            Deleted::Guarded => report.retain("protected_pointer"),
+                        }
                     }
                 }
             }
+            report.owner_seconds += chunk_started.elapsed().as_secs_f64();
+            report.candidates += chunk.len() as u64;
+            if let Some((id, _, at, _)) = chunk.last() {
+                last = Some((*at, *id));
+            }
+            taken = true;
         }
-        report.owner_seconds += chunk_started.elapsed().as_secs_f64();
-        report.candidates += chunk.len() as u64;
-        if let Some((id, _, at, _)) = chunk.last() {
-            last = Some((*at, *id));
+        let read = u32::try_from(window.len()).unwrap_or(u32::MAX);
+        if read >= room || out_of_budget {
+            break Some(Cursor { kind, after: last });
         }
-    }
+        room -= read;
+        match kind.next() {
+            Some(kind) => cursor = Cursor { kind, after: None },
+            None => break None,
+        }
+    };
     // The last transaction's WAL counts too: the rate holds across hops.
     if let Some(pace) = pace.as_mut() {
         pace.wait(conn, stop).await?;
@@ -466,12 +487,6 @@ async fn hop_into(
         .files
         .add(drain(conn, settings, args.account_id).await?);
 
-    let full = window.len() as u64 == u64::from(settings.window_size);
-    let next_cursor = if full || out_of_budget {
-        Some(Cursor { kind, after: last })
-    } else {
-        kind.next().map(|kind| Cursor { kind, after: None })
-    };
     if let Some(cursor) = next_cursor {
         report.outcome = if report.throttled.is_some() {
             HopOutcome::Throttled
@@ -709,6 +724,62 @@ const DELETE_SESSIONS: &str = "
                  (SELECT count(*) FROM sessions_gone),
                  (SELECT n FROM unlinked)]::bigint[] AS counts
     FROM locked";
+
+/// The accounts of `range` whose nightly pass for `slot` has something to do (FL-8): with an
+/// enabled persisted policy, a session of some kind past that kind's cutoff (protected or not:
+/// what protects it is looked at again) or a kind whose age is 0 or less (the pass reports it,
+/// SS-1); whatever the policy, archive directories waiting to be removed. The slot bounds the
+/// cutoffs from above, as it bounds every hop's.
+///
+/// # Errors
+/// A database error.
+pub async fn due(
+    conn: &mut PgConnection,
+    slot: DateTime<Utc>,
+    range: AccountRange,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(&**DUE))
+        .bind(range.after)
+        .bind(range.through)
+        .bind(slot)
+        .bind(EARLIEST)
+        .bind(Ages::FALLBACK.main_days)
+        .bind(Ages::FALLBACK.task_days)
+        .bind(Ages::FALLBACK.subagent_days)
+        .fetch_all(conn)
+        .await
+}
+
+/// Discovery: `$1`/`$2` the range, `$3` the slot, `$4` the earliest finite age, `$5`..`$7` the
+/// fallback ages. A cutoff is computed only where the age leaves one (never "out of range").
+static DUE: LazyLock<String> = LazyLock::new(|| {
+    let kind = |kind: &str, days: &str| {
+        format!(
+            "EXISTS (SELECT 1 FROM sessions s
+                     WHERE s.account_id = a.id AND s.kind = '{kind}'
+                       AND s.last_activity_at >= $4
+                       AND s.last_activity_at < CASE
+                           WHEN {days} > 0 AND make_interval(days => {days}) < $3 - $4
+                           THEN $3 - make_interval(days => {days}) END)"
+        )
+    };
+    format!(
+        "SELECT a.id FROM accounts a
+         LEFT JOIN session_retention_policies p ON p.account_id = a.id AND p.enabled
+         CROSS JOIN LATERAL (SELECT COALESCE(p.main_days, $5) AS main,
+                                    COALESCE(p.task_days, $6) AS task,
+                                    COALESCE(p.subagent_days, $7) AS subagent) d
+         WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
+           AND ((p.account_id IS NOT NULL
+                 AND (d.main <= 0 OR d.task <= 0 OR d.subagent <= 0 OR {} OR {} OR {}))
+                OR {})
+         ORDER BY a.id",
+        kind("main", "d.main"),
+        kind("task", "d.task"),
+        kind("subagent", "d.subagent"),
+        files::waiting_sql(Root::Sessions, "a.id")
+    )
+});
 
 /// How far past its cutoff the oldest session still to go is, over every account whose policy
 /// is enabled, in seconds (0 when none waits).
@@ -1162,6 +1233,15 @@ impl Job for SessionRetention {
             lock_timeout: lock_timeout?,
             sessions_root: paths.sessions_root.clone(),
         })
+    }
+
+    async fn due(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        due(conn, slot, range).await
     }
 
     fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
