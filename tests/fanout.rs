@@ -400,3 +400,99 @@ async fn fl8_a_slot_job_killed_mid_fan_out_and_retried_starts_every_due_pass_onc
     .unwrap();
     assert_eq!(finished as usize, due.len());
 }
+
+/// `sexton status` with `args`, as JSON: the entry of prune_execution_details.
+async fn status_of_pruning(url: &str, dir: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let output = common::sexton(url, dir)
+        .args(["status", "--json"])
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    status["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == "prune_execution_details")
+        .cloned()
+        .expect("the job in status")
+}
+
+#[sqlx::test]
+async fn fl8_op1_status_sums_up_the_fan_out_and_lists_the_passes_that_did_not_finish(pool: PgPool) {
+    use sexton_jobs::prune_execution_details::{Args, PruneExecutionDetails};
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let root = &settings.paths.output_root;
+    let mut due = Vec::new();
+    for _ in 0..2 {
+        let account = fixture::account(&pool, Some(30)).await;
+        let conversation = fixture::conversation(&pool, account).await;
+        fixture::run(
+            &pool,
+            root,
+            RunSpec::conversation(account, conversation, 45.0),
+        )
+        .await;
+        due.push(account);
+    }
+    let quiet = fixture::account(&pool, Some(30)).await;
+    let ctx = context(&pool, &settings);
+    tick::fan_out(&ctx, &slot()).await.unwrap();
+    // One due account's pass runs to its end; the other's first hop waits in the queue.
+    sexton::hop::run::<PruneExecutionDetails>(&ctx, Args::first(due[0], pass_start()))
+        .await
+        .unwrap();
+
+    let job = status_of_pruning(&url, dir.path(), &[]).await;
+    assert_eq!(
+        (
+            &job["fan_out"]["accounts"],
+            &job["fan_out"]["passes_started"],
+            &job["fan_out"]["nothing_due"],
+            &job["fan_out"]["complete"]
+        ),
+        (&3.into(), &2.into(), &1.into(), &true.into())
+    );
+    assert_eq!(
+        (
+            &job["pass_states"]["finished"],
+            &job["pass_states"]["pending"]
+        ),
+        (&1.into(), &1.into())
+    );
+    let listed: Vec<&str> = job["passes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["account_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [due[1].to_string()],
+        "only the pass that did not finish"
+    );
+
+    let all = status_of_pruning(&url, dir.path(), &["--all"]).await;
+    assert_eq!(all["passes"].as_array().unwrap().len(), 2);
+    let one = status_of_pruning(&url, dir.path(), &["--account", &due[0].to_string()]).await;
+    assert_eq!(one["passes"][0]["state"], "finished");
+    assert_eq!(one["passes"].as_array().unwrap().len(), 1);
+    let none = status_of_pruning(&url, dir.path(), &["--account", &quiet.to_string()]).await;
+    assert!(
+        none["passes"].as_array().unwrap().is_empty(),
+        "nothing due, no pass"
+    );
+
+    let output = common::sexton(&url, dir.path())
+        .args(["status", "--job", "no_such_job"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--job: expected one of"));
+}

@@ -429,7 +429,7 @@ async fn op1_status_shows_a_pass_mid_way_and_after_with_the_jobs_kept_failed(poo
     );
 
     let output = common::sexton(&url, dir.path())
-        .arg("status")
+        .args(["status", "--all"])
         .output()
         .await
         .unwrap();

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
-use crate::{clock, db, demo, explain, preview, sessions, status, tick, traces, worker};
+use crate::{clock, db, demo, explain, preview, registry, sessions, status, tick, traces, worker};
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -71,12 +71,21 @@ pub enum Command {
         #[command(subcommand)]
         command: TracesCommand,
     },
-    /// Per job and account the last pass, the backlog, and the queue's pending, running and
-    /// failed jobs (failed ones with their last error).
+    /// Per job the latest slot's fan-out and passes by state, the backlog and the queue, the
+    /// passes that did not finish, and the jobs failed for good (with their last error).
     Status {
         /// Print one JSON object (documented in the README).
         #[arg(long)]
         json: bool,
+        /// List every account's latest pass, finished ones too.
+        #[arg(long)]
+        all: bool,
+        /// List this account's latest passes, finished ones too.
+        #[arg(long, value_name = "ID")]
+        account: Option<uuid::Uuid>,
+        /// Only this job.
+        #[arg(long, value_name = "NAME")]
+        job: Option<String>,
     },
     /// Write deterministic synthetic platform data (every table, files on disk).
     Seed {
@@ -238,10 +247,29 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Traces {
             command: TracesCommand::Clean { confirm, json },
         } => traces::clean(&settings, confirm, json).await,
-        Command::Status { json } => {
+        Command::Status {
+            json,
+            all,
+            account,
+            job,
+        } => {
+            if let Some(job) = &job
+                && !registry::KINDS.iter().any(|kind| kind.name() == job)
+            {
+                return Err(explain::UsageError(format!(
+                    "--job: expected one of {}, got {job:?}",
+                    registry::KINDS
+                        .iter()
+                        .map(|kind| kind.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+                .into());
+            }
             let pool = db::connect(&settings.database).await?;
             let now = clock::database_now(&pool).await?;
-            let status = status::read(&pool, &settings, now).await?;
+            let listed = status::Listed { all, account, job };
+            let status = status::read(&pool, &settings, now, &listed).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {

@@ -33,6 +33,35 @@ pub struct Status {
     pub quarantined_files: std::collections::BTreeMap<String, i64>,
 }
 
+/// Which passes `status` lists beside its summaries.
+#[derive(Debug, Clone, Default)]
+pub struct Listed {
+    /// Every account's latest pass; by default only those that did not finish.
+    pub all: bool,
+    /// This account's latest passes, finished ones too.
+    pub account: Option<uuid::Uuid>,
+    /// Only this job.
+    pub job: Option<String>,
+}
+
+impl Listed {
+    fn lists(&self, pass: &Pass) -> bool {
+        match self.account {
+            Some(account) => pass.account_id == Some(account),
+            None => self.all || pass.state != "finished",
+        }
+    }
+}
+
+/// A job's latest passes by state (`pending`, `running`, `failed`, `finished`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PassStates {
+    pub pending: u64,
+    pub running: u64,
+    pub failed: u64,
+    pub finished: u64,
+}
+
 /// One job kind.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobStatus {
@@ -47,7 +76,9 @@ pub struct JobStatus {
     /// The latest slot's fan-out: accounts looked at, passes started, accounts with nothing
     /// due (FL-8); `null` before the first.
     pub fan_out: Option<FanOutSummary>,
-    /// The latest pass of each account (or the one global pass).
+    /// Every account's latest pass (or the one global pass), counted by state.
+    pub pass_states: PassStates,
+    /// The latest passes listed (see [`Listed`]): by default those that did not finish.
     pub passes: Vec<Pass>,
 }
 
@@ -71,6 +102,7 @@ pub async fn read(
     pool: &sqlx::PgPool,
     settings: &Settings,
     at: DateTime<Utc>,
+    listed: &Listed,
 ) -> anyhow::Result<Status> {
     let latest = ledger::latest(pool).await?;
     let successes = ledger::last_success(pool).await?;
@@ -78,9 +110,21 @@ pub async fn read(
     let fan_outs = ledger::latest_fan_outs(pool).await?;
     let mut jobs = Vec::new();
     for kind in registry::KINDS {
+        if listed.job.as_deref().is_some_and(|job| job != kind.name()) {
+            continue;
+        }
+        let mut pass_states = PassStates::default();
+        for pass in latest.iter().filter(|p| p.job == kind.name()) {
+            *match pass.state.as_str() {
+                "pending" => &mut pass_states.pending,
+                "running" => &mut pass_states.running,
+                "failed" => &mut pass_states.failed,
+                _ => &mut pass_states.finished,
+            } += 1;
+        }
         let mut passes: Vec<Pass> = latest
             .iter()
-            .filter(|p| p.job == kind.name())
+            .filter(|p| p.job == kind.name() && listed.lists(p))
             .cloned()
             .collect();
         passes
@@ -107,6 +151,7 @@ pub async fn read(
                     passes_started: f.started,
                     nothing_due: (f.accounts - f.started).max(0),
                 }),
+            pass_states,
             passes,
         });
     }
@@ -180,8 +225,23 @@ impl Status {
                     f.nothing_due,
                 );
             }
-            if job.passes.is_empty() {
+            let s = &job.pass_states;
+            if s.pending + s.running + s.failed + s.finished == 0 {
                 let _ = writeln!(out, "  no pass yet");
+            } else {
+                let _ = writeln!(
+                    out,
+                    "  latest passes: {} finished, {} running, {} pending, {} failed{}",
+                    s.finished,
+                    s.running,
+                    s.pending,
+                    s.failed,
+                    if job.passes.len() as u64 == s.finished + s.running + s.pending + s.failed {
+                        ""
+                    } else {
+                        " (sexton status --all lists every one)"
+                    },
+                );
             }
             for pass in &job.passes {
                 let who = match (&pass.account_name, pass.account_id) {

@@ -183,7 +183,7 @@ pub async fn scrape(address: &str) -> String {
 /// `sexton status --json`, parsed.
 pub async fn status_json(url: &str, dir: &std::path::Path) -> serde_json::Value {
     let output = super::sexton(url, dir)
-        .args(["status", "--json"])
+        .args(["status", "--json", "--all"])
         .output()
         .await
         .unwrap();
