@@ -476,9 +476,8 @@ impl Job for AttachmentExpiry {
              ORDER BY a.id",
             files::waiting_sql(Root::Attachments, "a.id")
         );
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(range.after)
-            .bind(range.through)
+        range
+            .query(&sql)
             .bind(settings.max_age_days != 0)
             .fetch_all(conn)
             .await

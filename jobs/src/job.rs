@@ -60,6 +60,19 @@ pub struct AccountRange {
     pub through: Uuid,
 }
 
+impl AccountRange {
+    /// A discovery statement over this range: `sql` selects account ids with `$1` as `after`
+    /// (null: from the first) and `$2` as `through`; the job binds its own from `$3`.
+    pub fn query<'q>(
+        &self,
+        sql: &'q str,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, Uuid, sqlx::postgres::PgArguments> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(self.after)
+            .bind(self.through)
+    }
+}
+
 /// Every account of `range`: what a per-account job that does not say better is asked to do.
 ///
 /// # Errors
@@ -68,13 +81,12 @@ pub async fn every_account(
     conn: &mut PgConnection,
     range: AccountRange,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT id FROM accounts WHERE ($1::uuid IS NULL OR id > $1) AND id <= $2 ORDER BY id",
-    )
-    .bind(range.after)
-    .bind(range.through)
-    .fetch_all(conn)
-    .await
+    range
+        .query(
+            "SELECT id FROM accounts WHERE ($1::uuid IS NULL OR id > $1) AND id <= $2 ORDER BY id",
+        )
+        .fetch_all(conn)
+        .await
 }
 
 /// What a hop works with.

@@ -929,9 +929,8 @@ pub async fn due(
     slot: DateTime<Utc>,
     range: AccountRange,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(&**DUE))
-        .bind(range.after)
-        .bind(range.through)
+    range
+        .query(&DUE)
         .bind(slot)
         .bind(EARLIEST)
         .fetch_all(conn)
