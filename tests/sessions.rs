@@ -1172,3 +1172,68 @@ async fn ss6_er3_a_removal_that_never_reports_back_is_quarantined_after_its_last
     assert_eq!(again.iter().map(|r| r.files.errors).sum::<u64>(), 0);
     assert!(env.frames(spent.1).exists());
 }
+
+#[sqlx::test]
+async fn op3_the_session_backlog_is_the_oldest_session_past_its_cutoff_that_would_go(pool: PgPool) {
+    common::migrate(&pool).await;
+    sqlx::query(
+        "ALTER TABLE session_retention_policies DROP CONSTRAINT session_retention_policies_task_days_check",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let session = |account: Uuid, agent: Uuid, kind: &'static str, state: &'static str, days| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO sessions (account_id, agent_id, kind, state, last_activity_at)
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(account)
+            .bind(agent)
+            .bind(kind)
+            .bind(state)
+            .bind(days_before_pass(days))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let policy = |account: Uuid, enabled: bool, task_days: Option<i32>| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO session_retention_policies (account_id, enabled, task_days)
+                 VALUES ($1, $2, $3)",
+            )
+            .bind(account)
+            .bind(enabled)
+            .bind(task_days)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    // Counted: an idle main session 100 days old against the fallback 60 (40 days past).
+    let counted = fixture::account(&pool, Some(30)).await;
+    let agent = fixture::agent(&pool, counted).await;
+    policy(counted, true, None).await;
+    session(counted, agent, "main", "idle", 100.0).await;
+    // Not counted: a protected (running) session, older.
+    session(counted, agent, "main", "running", 200.0).await;
+    // Not counted: a disabled policy's, an age of 0 or less's (SS-1).
+    let disabled = fixture::account(&pool, Some(30)).await;
+    let agent = fixture::agent(&pool, disabled).await;
+    policy(disabled, false, None).await;
+    session(disabled, agent, "main", "idle", 300.0).await;
+    let absurd = fixture::account(&pool, Some(30)).await;
+    let agent = fixture::agent(&pool, absurd).await;
+    policy(absurd, true, Some(-3)).await;
+    session(absurd, agent, "task", "completed", 400.0).await;
+
+    let backlog = job::backlog_seconds(&pool, pass_start()).await.unwrap();
+    assert!(
+        (backlog - 40.0 * 86_400.0).abs() < 1.0,
+        "only the session that would go counts: {backlog}"
+    );
+}
