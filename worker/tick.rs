@@ -100,9 +100,10 @@ pub enum TickError {
 
 /// Starts the passes of every job kind for a slot: one for a global kind; for a per-account
 /// kind, one for each account its discovery finds something due for (FL-8), walking the
-/// accounts in batches of `queue.fan_out_batch` — each batch's ledger rows and first hops in one transaction,
-/// every hop under a key derived from the slot, so that a retried slot job adds nothing twice
-/// and misses nothing. Passes older than the queue's retention are forgotten on the way (FL-7).
+/// accounts in batches of `queue.fan_out_batch` — each batch's ledger rows and first hops in
+/// one transaction, every hop under a key derived from the slot, so that a retried slot job
+/// adds nothing twice and misses nothing. Passes older than the queue's retention are
+/// forgotten on the way (FL-7).
 ///
 /// # Errors
 /// A database or queue error; the slot job is then retried.
