@@ -318,6 +318,14 @@ async fn fl8_a_slot_job_killed_mid_fan_out_and_retried_starts_every_due_pass_onc
     .fetch_all(&pool)
     .await
     .unwrap();
+    // The control: a young run beside the old ones, which must keep its detail.
+    let conversation = fixture::conversation(&pool, due[0]).await;
+    let young = fixture::run(
+        &pool,
+        &settings.paths.output_root,
+        RunSpec::conversation(due[0], conversation, 5.0),
+    )
+    .await;
     sexton::tick::tick(&pool, &settings, pass_start())
         .await
         .unwrap();
@@ -384,12 +392,17 @@ async fn fl8_a_slot_job_killed_mid_fan_out_and_retried_starts_every_due_pass_onc
     .unwrap();
     assert_eq!(hops.len(), total, "every due account's pass started");
     assert!(hops.iter().all(|(_, n)| *n == 1), "none started twice");
-    let unpruned: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM runs WHERE details_pruned_at IS NULL")
-            .fetch_one(&pool)
+    let unpruned: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM runs WHERE details_pruned_at IS NULL")
+            .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(unpruned, 0);
+    assert_eq!(
+        unpruned,
+        [young.id],
+        "every old run pruned, the young one kept"
+    );
+    assert!(fixture::has_detail(&pool, young.id).await);
     let finished: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM sexton.passes
          WHERE job = 'prune_execution_details' AND slot = $1 AND finished_at IS NOT NULL",
