@@ -28,6 +28,17 @@ pub fn days_before(reference: DateTime<Utc>, days: i32) -> Option<DateTime<Utc>>
         .filter(|cutoff| *cutoff > EARLIEST)
 }
 
+/// [`days_before`] in SQL, for set-based statements: the cutoff `days` (an SQL expression)
+/// before `reference`, NULL where [`days_before`] gives `None` — the window is not a valid one,
+/// or it reaches back to `earliest` (the parameter bound to [`EARLIEST`]). A CASE, so that
+/// nothing is ever computed out of range.
+pub fn days_before_sql(reference: &str, days: &str, earliest: &str) -> String {
+    format!(
+        "(CASE WHEN {days} > 0 AND make_interval(days => {days}) < {reference} - {earliest} \
+         THEN {reference} - make_interval(days => {days}) END)"
+    )
+}
+
 /// What a pass measures its windows back from: its start, or the database's now if that is
 /// earlier, so that a slot, a payload or a clock in the future prunes nothing early (EX-1).
 pub fn reference(pass_started_at: DateTime<Utc>, database_now: DateTime<Utc>) -> DateTime<Utc> {

@@ -947,14 +947,10 @@ static DUE: LazyLock<String> = LazyLock::new(|| {
                 OR EXISTS (
                     SELECT 1 FROM runs r
                     WHERE r.account_id = a.id AND {UNPRUNED_OWNER} AND {AGE} >= $4
-                      AND {AGE} < CASE
-                          WHEN a.execution_details_retention_days > 0
-                               AND make_interval(days => a.execution_details_retention_days)
-                                   < $3 - $4
-                          THEN $3 - make_interval(days => a.execution_details_retention_days)
-                          END)
+                      AND {AGE} < {})
                 OR {})
          ORDER BY a.id",
+        crate::cutoff::days_before_sql("$3", "a.execution_details_retention_days", "$4"),
         files::waiting_sql(files::Root::Outputs, "a.id")
     )
 });

@@ -756,9 +756,8 @@ static DUE: LazyLock<String> = LazyLock::new(|| {
             "EXISTS (SELECT 1 FROM sessions s
                      WHERE s.account_id = a.id AND s.kind = '{kind}'
                        AND s.last_activity_at >= $4
-                       AND s.last_activity_at < CASE
-                           WHEN {days} > 0 AND make_interval(days => {days}) < $3 - $4
-                           THEN $3 - make_interval(days => {days}) END)"
+                       AND s.last_activity_at < {})",
+            crate::cutoff::days_before_sql("$3", days, "$4")
         )
     };
     format!(
@@ -785,7 +784,7 @@ static DUE: LazyLock<String> = LazyLock::new(|| {
 /// # Errors
 /// [`Error::Database`] on a database error.
 pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
-    let seconds: Option<f64> = sqlx::query_scalar(BACKLOG)
+    let seconds: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(&**BACKLOG))
         .bind(now)
         .bind(EARLIEST)
         .bind(Ages::FALLBACK.main_days)
@@ -800,15 +799,16 @@ pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, E
 /// cost 60,000 round trips at 20,000 accounts): `$1` now, `$2` the earliest finite age,
 /// `$3`..`$5` the fallback ages; per enabled policy and kind with a cutoff, the oldest session
 /// that would go, through `sessions_retention_window`.
-const BACKLOG: &str = "
+static BACKLOG: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
     SELECT max(EXTRACT(EPOCH FROM (k.cutoff - o.age)))::float8
     FROM session_retention_policies p
     CROSS JOIN LATERAL (VALUES ('main', COALESCE(p.main_days, $3)),
                                ('task', COALESCE(p.task_days, $4)),
                                ('subagent', COALESCE(p.subagent_days, $5))) AS d (kind, days)
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN d.days > 0 AND make_interval(days => d.days) < $1 - $2
-                    THEN $1 - make_interval(days => d.days) END AS cutoff) k
+        SELECT {} AS cutoff) k
     CROSS JOIN LATERAL (
         SELECT s.last_activity_at AS age FROM sessions s
         WHERE s.account_id = p.account_id AND s.kind = d.kind
@@ -816,7 +816,10 @@ const BACKLOG: &str = "
           AND sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
                                      s.last_activity_at, k.cutoff) IS NULL
         ORDER BY s.last_activity_at, s.id LIMIT 1) o
-    WHERE p.enabled AND k.cutoff IS NOT NULL";
+    WHERE p.enabled AND k.cutoff IS NOT NULL",
+        crate::cutoff::days_before_sql("$1", "d.days", "$2")
+    )
+});
 
 /// One session a pass would delete now, with the evidence it goes on (`sexton sessions prune`).
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
