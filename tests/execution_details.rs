@@ -1372,7 +1372,7 @@ async fn ex1_a_window_of_zero_or_less_means_nothing_is_old(pool: PgPool) {
         assert_eq!((p.cutoff, p.eligible_owners), (None, 0), "{p:?}");
         assert_eq!(p.retained.get(&RetainReason::InvalidWindow), Some(&1));
     }
-    let backlog = job::backlog_seconds(&env.pool, pass_start()).await.unwrap();
+    let backlog = fixture::execution_backlog(&env.pool, pass_start()).await;
     assert!(
         (backlog - 10.0 * 86_400.0).abs() < 1.0,
         "only the normal account's backlog counts: {backlog}"

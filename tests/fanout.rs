@@ -238,6 +238,9 @@ async fn fl8_the_fan_out_starts_exactly_the_accounts_a_full_scan_finds_something
     for _ in 0..70 {
         accounts.push(random_account(&pool, &settings.paths.output_root, &mut dice).await);
     }
+    // OP-3 on the same mix: the backlogs read per account and in one scan agree.
+    fixture::execution_backlog(&pool, pass_start()).await;
+    fixture::session_backlog(&pool, pass_start()).await;
     let ctx = context(&pool, &settings);
     tick::fan_out(&ctx, &slot()).await.unwrap();
     let started = passes(&pool, "true").await;

@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::cutoff::{EARLIEST, days_before};
+use crate::estimate::Read;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, DrainError, PathSettings, Root};
 use crate::health::{Health, Indicator};
@@ -885,17 +886,33 @@ async fn drain_files(
 /// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
 /// nothing eligible waits): the backlog an operator watches grow or shrink (OP-3). An account
 /// whose window reaches back past the calendar has nothing old enough, and infinite ages are
-/// never candidates: neither can break the gauge (EX-1, EX-2).
+/// never candidates: neither can break the gauge (EX-1, EX-2). Read per account through the
+/// window index, or in one scan of `runs` when there are fewer than about ten runs per account
+/// ([`crate::estimate`]): both give the same figure.
 ///
 /// # Errors
 /// [`Error::Database`] on a database error.
 pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
-    let seconds: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(&**BACKLOG))
+    let read = crate::estimate::cheaper_read(pool, "runs", "accounts").await?;
+    backlog_read(pool, now, read).await
+}
+
+/// The backlog, read one way or the other (both are tested to agree).
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn backlog_read(pool: &PgPool, now: DateTime<Utc>, read: Read) -> Result<f64, Error> {
+    let sql = match read {
+        Read::Probes => &BACKLOG,
+        Read::Scan => &BACKLOG_SCAN,
+    };
+    // The scan gives no row when nothing waits, the per-account read a NULL.
+    let seconds: Option<Option<f64>> = sqlx::query_scalar(sqlx::AssertSqlSafe(&***sql))
         .bind(now)
         .bind(EARLIEST)
-        .fetch_one(pool)
+        .fetch_optional(pool)
         .await?;
-    Ok(seconds.unwrap_or(0.0).max(0.0))
+    Ok(seconds.flatten().unwrap_or(0.0).max(0.0))
 }
 
 /// The backlog: `$1` now, `$2` the earliest finite age. Per account, the oldest eligible
@@ -913,6 +930,26 @@ static BACKLOG: LazyLock<String> = LazyLock::new(|| {
                AND {AGE} > $2 AND {}
              ORDER BY {AGE}, r.id LIMIT 1) o",
         blockers("r.id", |_, sql| format!("NOT {sql}"), " AND ")
+    )
+});
+
+/// The backlog in one scan of `runs`: owners older than the latest cutoff of any account, each
+/// joined to its account through the primary key and checked against that account's cutoff,
+/// then taken furthest past it first until one is not held back — what holds an owner back is
+/// asked of as few as the per-account read asks. Parameters as [`BACKLOG`]'s.
+static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
+    let cutoff = crate::cutoff::days_before_sql("$1", "a.execution_details_retention_days", "$2");
+    format!(
+        "SELECT EXTRACT(EPOCH FROM c.past)::float8
+         FROM (SELECT r.id, {cutoff} - {AGE} AS past
+               FROM runs r JOIN accounts a ON a.id = r.account_id
+               WHERE {UNPRUNED_OWNER}
+                 AND {AGE} < (SELECT max({cutoff}) FROM accounts a)
+                 AND {AGE} < {cutoff} AND {AGE} > $2
+               ORDER BY past DESC OFFSET 0) c
+         WHERE {}
+         ORDER BY c.past DESC LIMIT 1",
+        blockers("c.id", |_, sql| format!("NOT {sql}"), " AND ")
     )
 });
 
@@ -1453,6 +1490,7 @@ mod tests {
         g("prune_execution_details/prune_together", &PRUNE_LOCKED);
         g("prune_execution_details/prune_alone", &PRUNE_WAITING);
         g("prune_execution_details/backlog", &BACKLOG);
+        g("prune_execution_details/backlog_scan", &BACKLOG_SCAN);
         g("prune_execution_details/preview", &PREVIEW);
     }
 

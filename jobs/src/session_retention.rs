@@ -29,6 +29,7 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::cutoff::{EARLIEST, days_before};
+use crate::estimate::Read;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
 use crate::health::{Health, Indicator};
@@ -779,21 +780,89 @@ static DUE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// How far past its cutoff the oldest session still to go is, over every account whose policy
-/// is enabled, in seconds (0 when none waits).
+/// is enabled, in seconds (0 when none waits). Read per policy and kind through
+/// `sessions_retention_window`, or in one scan of `sessions` when there are fewer than about
+/// ten per policy ([`crate::estimate`]): both give the same figure.
 ///
 /// # Errors
 /// [`Error::Database`] on a database error.
 pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
-    let seconds: Option<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(&**BACKLOG))
+    let read =
+        crate::estimate::cheaper_read(pool, "sessions", "session_retention_policies").await?;
+    backlog_read(pool, now, read).await
+}
+
+/// The backlog, read one way or the other (both are tested to agree).
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn backlog_read(pool: &PgPool, now: DateTime<Utc>, read: Read) -> Result<f64, Error> {
+    let sql = match read {
+        Read::Probes => &BACKLOG,
+        Read::Scan => &BACKLOG_SCAN,
+    };
+    // The scan gives no row when nothing waits, the per-policy read a NULL.
+    let seconds: Option<Option<f64>> = sqlx::query_scalar(sqlx::AssertSqlSafe(&***sql))
         .bind(now)
         .bind(EARLIEST)
         .bind(Ages::FALLBACK.main_days)
         .bind(Ages::FALLBACK.task_days)
         .bind(Ages::FALLBACK.subagent_days)
-        .fetch_one(pool)
+        .fetch_optional(pool)
         .await?;
-    Ok(seconds.unwrap_or(0.0).max(0.0))
+    Ok(seconds.flatten().unwrap_or(0.0).max(0.0))
 }
+
+/// The backlog in one scan of `sessions`: the latest cutoff any enabled policy gives each kind
+/// (from its shortest age), the sessions older than that (found first and apart: the planner
+/// would otherwise join every session to its policy before filtering), each joined to its
+/// account's policy and checked against its own cutoff, then taken furthest past it first
+/// until one would go — the verdict is asked of as few as the per-policy read asks. Parameters
+/// as [`BACKLOG`]'s.
+static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
+    let days = |kind: &str, fallback: &str| format!("COALESCE(p.{kind}_days, {fallback})");
+    let shortest = |kind: &str, fallback: &str| {
+        let days = days(kind, fallback);
+        format!("min({days}) FILTER (WHERE {days} > 0) AS {kind}")
+    };
+    let latest = |kind: &str| crate::cutoff::days_before_sql("$1", &format!("d.{kind}"), "$2");
+    let own = format!(
+        "CASE s.kind WHEN 'main' THEN {} WHEN 'task' THEN {} ELSE {} END",
+        days("main", "$3"),
+        days("task", "$4"),
+        days("subagent", "$5")
+    );
+    format!(
+        "
+    WITH latest AS MATERIALIZED (
+        SELECT {} AS main, {} AS task, {} AS subagent
+        FROM (SELECT {}, {}, {}
+              FROM session_retention_policies p WHERE p.enabled) d),
+    old AS MATERIALIZED (
+        SELECT s.* FROM latest l
+        JOIN sessions s ON s.last_activity_at < CASE s.kind WHEN 'main' THEN l.main
+                                                            WHEN 'task' THEN l.task
+                                                            ELSE l.subagent END)
+    SELECT EXTRACT(EPOCH FROM c.past)::float8
+    FROM (SELECT s.id, s.account_id, s.kind, s.state, s.metadata, s.last_activity_at, k.cutoff,
+                 k.cutoff - s.last_activity_at AS past
+          FROM old s
+          JOIN session_retention_policies p ON p.account_id = s.account_id AND p.enabled
+          CROSS JOIN LATERAL (SELECT {} AS cutoff) k
+          WHERE s.last_activity_at < k.cutoff AND s.last_activity_at > $2
+          ORDER BY past DESC OFFSET 0) c
+    WHERE sexton.session_verdict(c.id, c.account_id, c.kind, c.state, c.metadata,
+                                 c.last_activity_at, c.cutoff) IS NULL
+    ORDER BY c.past DESC LIMIT 1",
+        latest("main"),
+        latest("task"),
+        latest("subagent"),
+        shortest("main", "$3"),
+        shortest("task", "$4"),
+        shortest("subagent", "$5"),
+        crate::cutoff::days_before_sql("$1", &own, "$2"),
+    )
+});
 
 /// The backlog in one statement (a query per account and kind made `status` and the gauges
 /// cost 60,000 round trips at 20,000 accounts): `$1` now, `$2` the earliest finite age,

@@ -1,0 +1,9 @@
+SELECT EXTRACT(EPOCH FROM c.past)::float8
+         FROM (SELECT r.id, (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) - (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) AS past
+               FROM runs r JOIN accounts a ON a.id = r.account_id
+               WHERE details_pruned_at IS NULL AND conversation_id IS NOT NULL AND kind IN ('conversation', 'direct_reply')
+                 AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) < (SELECT max((CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END)) FROM accounts a)
+                 AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) < (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) > $2
+               ORDER BY past DESC OFFSET 0) c
+         WHERE NOT EXISTS (SELECT 1 FROM invocation_attempts WHERE run_id = c.id AND status IN ('pending', 'running')) AND NOT EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = c.id AND status = 'pending') AND NOT EXISTS (SELECT 1 FROM delegations WHERE parent_run_id = c.id AND status = 'outstanding') AND NOT EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id WHERE s.source_run_id = c.id AND h.sealed_at IS NULL)
+         ORDER BY c.past DESC LIMIT 1
