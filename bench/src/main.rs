@@ -29,6 +29,7 @@
 
 mod attachments;
 mod disk;
+mod tenants;
 mod traces;
 
 use std::collections::{BTreeMap, HashMap};
@@ -100,6 +101,20 @@ struct Cli {
     /// Attachment bytes: accounts the rows are spread over.
     #[arg(long, default_value_t = 4)]
     attachment_accounts: u32,
+    /// Many accounts (PF-5): the account counts of the nights measured with this build (none
+    /// when given no value: the baseline's nights alone).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "10000,100000,1000000")]
+    tenant_accounts: Vec<u64>,
+    /// Many accounts: how many of them hold the same small backlog, at every size.
+    #[arg(long, default_value_t = 10_000)]
+    tenant_due: u64,
+    /// Many accounts: an earlier sexton binary (built from its own commit) to run the same
+    /// nights with, beside this build's.
+    #[arg(long)]
+    tenant_baseline: Option<PathBuf>,
+    /// Many accounts: the account counts of the earlier binary's nights.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+    tenant_baseline_accounts: Vec<u64>,
     /// Run traces and attachment bytes: start each method after a walk of its tree instead of
     /// dropping the page cache (what the file system costs, told from what the method does).
     #[arg(long)]
@@ -121,6 +136,8 @@ enum Part {
     Traces,
     /// Attachment bytes: `attachment_expiry` through the queue against a plain loop.
     Attachments,
+    /// Many accounts, the same due work: the whole night and the operator's views (PF-5).
+    Tenants,
 }
 
 /// The moment the data is seeded relative to and the pass starts at: in the past, so that the
@@ -309,6 +326,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if runs(Part::Attachments) {
         attachments::measure(&cli, &admin, &base).await?;
+    }
+    if runs(Part::Tenants) {
+        tenants::measure(&cli, &admin, &base).await?;
     }
     Ok(())
 }
@@ -1749,6 +1769,7 @@ enum Section<'a> {
     Expiry(&'a Expiry),
     Traces(&'a traces::Traces),
     Attachments(&'a attachments::Attachments),
+    Tenants(&'a tenants::Tenants),
 }
 
 /// The heading the short-lived records' section starts with, in latest.md.
@@ -1756,13 +1777,14 @@ const EXPIRY_HEADING: &str = "## Short-lived records";
 
 /// The headed sections of latest.md, in their order there, after the scales' tables (which
 /// have no heading of their own).
-const HEADINGS: [&str; 3] = [
+const HEADINGS: [&str; 4] = [
     EXPIRY_HEADING,
     traces::TRACES_HEADING,
     attachments::ATTACHMENTS_HEADING,
+    tenants::TENANTS_HEADING,
 ];
 
-/// Writes `section` into latest.json (`scales`, `expiry`, `traces` or `attachments`) and
+/// Writes `section` into latest.json (`scales`, `expiry`, `traces`, `attachments` or `tenants`) and
 /// latest.md (the tables at the top, or the section under its heading of [`HEADINGS`]), keeping
 /// what the files hold of the other parts.
 fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
@@ -1816,6 +1838,10 @@ fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
         Section::Attachments(a) => {
             set_member(&mut json, "attachments", a)?;
             parts[3] = attachments::markdown(a);
+        }
+        Section::Tenants(t) => {
+            set_member(&mut json, "tenants", t)?;
+            parts[4] = tenants::markdown(t);
         }
     }
     let members: Vec<String> = json
