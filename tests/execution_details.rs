@@ -1234,7 +1234,7 @@ async fn op1_the_preview_counts_what_the_next_pass_then_does(pool: PgPool) {
     env.run(RunSpec::conversation(other, elsewhere, 50.0)).await;
 
     let mut conn = env.pool.acquire().await.unwrap();
-    let previews = job::preview(&mut conn, pass_start(), Some(account))
+    let previews = job::preview(&mut conn, pass_start(), Some(&[account]))
         .await
         .unwrap();
     drop(conn);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sexton::context::JobContext;
+use sexton::preview::{self, Shown};
 use sexton::tick::{self, NightlySlot};
 use sexton_jobs::clock::ManualClock;
 use sexton_jobs::job::Scope;
@@ -181,6 +182,72 @@ async fn random_account(pool: &PgPool, root: &std::path::Path, dice: &mut Dice) 
     account
 }
 
+/// `sexton preview` agrees with the fan-out (FL-8, OP-1): `--all` lists exactly the accounts
+/// whose passes started, the summary counts them, and no account whose own preview shows
+/// something to remove was left out.
+async fn preview_agrees(
+    pool: &PgPool,
+    settings: &sexton::config::Settings,
+    started: &BTreeMap<String, BTreeSet<Uuid>>,
+) {
+    for root in [
+        &settings.paths.attachments_root,
+        &settings.paths.traces_root,
+    ] {
+        std::fs::create_dir_all(root).unwrap();
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    let read = |shown| {
+        let pool = pool.clone();
+        async move {
+            let mut conn = pool.acquire().await.unwrap();
+            let mut out = Vec::new();
+            preview::write(&mut conn, settings, pass_start(), shown, true, &mut out)
+                .await
+                .unwrap();
+            serde_json::from_slice::<Vec<serde_json::Value>>(&out).unwrap()
+        }
+    };
+    let all = read(Shown::All).await;
+    let summary = read(Shown::Summary).await;
+    for (job, accounts) in started {
+        let listed: BTreeSet<Uuid> = all
+            .iter()
+            .filter(|line| line["job"] == job.as_str())
+            .map(|line| line["account_id"].as_str().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(
+            &listed, accounts,
+            "{job}: preview --all lists the started passes"
+        );
+        let counted = summary
+            .iter()
+            .find(|line| line["job"] == job.as_str())
+            .unwrap();
+        assert_eq!(counted["due"], accounts.len(), "{job}: {counted}");
+        let kind = sexton::registry::KINDS
+            .iter()
+            .find(|k| k.name() == job)
+            .unwrap();
+        for line in kind
+            .preview(&mut conn, settings, pass_start(), None)
+            .await
+            .unwrap()
+        {
+            let removes = line
+                .tally
+                .iter()
+                .any(|(what, n)| *n > 0 && (what.contains("eligible") || what == "expired"));
+            let account: Uuid = line.json["account_id"].as_str().unwrap().parse().unwrap();
+            assert!(
+                !removes || accounts.contains(&account),
+                "{job}: the preview of {account} removes something, its pass did not start: {}",
+                line.text
+            );
+        }
+    }
+}
+
 /// The accounts each per-account job has a pass row for at `slot`, by job, with `filter`.
 async fn passes(pool: &PgPool, filter: &str) -> BTreeMap<String, BTreeSet<Uuid>> {
     let rows: Vec<(String, Uuid)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -244,6 +311,7 @@ async fn fl8_the_fan_out_starts_exactly_the_accounts_a_full_scan_finds_something
     let ctx = context(&pool, &settings);
     tick::fan_out(&ctx, &slot()).await.unwrap();
     let started = passes(&pool, "true").await;
+    preview_agrees(&pool, &settings, &started).await;
     let queued: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM apalis.jobs
          WHERE job_type IN ('sexton.prune_execution_details', 'sexton.session_retention',

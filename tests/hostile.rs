@@ -233,7 +233,7 @@ async fn ex2_very_old_and_infinite_timestamps_are_pruned_or_counted(pool: PgPool
         .unwrap();
 
     let mut conn = env.pool.acquire().await.unwrap();
-    let preview = job::preview(&mut conn, pass_start(), Some(account))
+    let preview = job::preview(&mut conn, pass_start(), Some(&[account]))
         .await
         .unwrap();
     assert_eq!(preview[0].eligible_owners, 1, "the year-900 run");
@@ -411,15 +411,17 @@ async fn op2_a_malformed_database_url_is_bad_configuration_and_a_refused_connect
 async fn op1_control_characters_in_account_names_are_escaped(pool: PgPool) {
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
-    sqlx::query("INSERT INTO accounts (name) VALUES ($1)")
+    let account: Uuid = sqlx::query_scalar("INSERT INTO accounts (name) VALUES ($1) RETURNING id")
         .bind("acme\u{1b}]0;PWNED\u{7}")
-        .execute(&pool)
+        .fetch_one(&pool)
         .await
         .unwrap();
     let url = common::database_url(&pool).await;
+    let account = account.to_string();
     for command in ["preview", "status"] {
         let output = common::sexton(&url, dir.path())
             .arg(command)
+            .args(["--account", &account])
             .output()
             .await
             .unwrap();
@@ -764,7 +766,7 @@ impl sexton_jobs::job::Job for Panicking {
         _: &(),
         _: &sexton_jobs::files::PathSettings,
         _: DateTime<Utc>,
-        _: Option<Uuid>,
+        _: Option<&[Uuid]>,
     ) -> Result<Vec<String>, std::io::Error> {
         Ok(Vec::new())
     }

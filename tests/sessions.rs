@@ -650,7 +650,7 @@ async fn ss2_an_infinite_last_activity_breaks_neither_the_cli_nor_the_preview(po
         targets.iter().map(|t| t.session_id).collect::<Vec<_>>(),
         [normal]
     );
-    let previews = job::preview(&mut conn, sexton_now(&env.pool).await, Some(account))
+    let previews = job::preview(&mut conn, sexton_now(&env.pool).await, Some(&[account]))
         .await
         .unwrap();
     assert_eq!(previews[0].eligible.values().sum::<i64>(), 1);

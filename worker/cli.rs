@@ -1,5 +1,6 @@
 //! The command line (OP-1): one binary, one subcommand per operation.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -42,12 +43,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// What each job would remove now, by reason and table, deleting nothing.
+    /// What each job would remove now, deleting nothing: per job, the accounts with something
+    /// due and what their passes would remove, by reason and table.
     Preview {
-        /// Only this account.
-        #[arg(long, value_name = "ID")]
+        /// Every job's lines for this account alone, whether anything is due or not.
+        #[arg(long, value_name = "ID", conflicts_with = "all")]
         account: Option<uuid::Uuid>,
-        /// Print JSON: one object per account.
+        /// A line per account with something due, for every per-account job (streamed).
+        #[arg(long)]
+        all: bool,
+        /// Print JSON: one array of objects, each naming its `job`.
         #[arg(long)]
         json: bool,
     },
@@ -210,19 +215,18 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Preview { account, json } => {
+        Command::Preview { account, all, json } => {
             let pool = db::connect(&settings.database).await?;
             let mut conn = pool.acquire().await?;
             let now = clock::database_now(&pool).await?;
-            let previews = preview::read(&mut conn, &settings, now, account).await?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&preview::json(&previews))?
-                );
-            } else {
-                print!("{}", preview::render(&previews));
-            }
+            let shown = match (account, all) {
+                (Some(account), _) => preview::Shown::Account(account),
+                (None, true) => preview::Shown::All,
+                (None, false) => preview::Shown::Summary,
+            };
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            preview::write(&mut conn, &settings, now, shown, json, &mut out).await?;
+            out.flush()?;
             Ok(())
         }
         Command::Sessions {

@@ -144,12 +144,19 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     );
 
     let before = snapshot(&pool, &settings.paths).await?;
-    println!("\nwhat the pass will do (sexton preview):");
+    println!("\nwhat the pass will do (sexton preview --all):");
     let mut conn = pool.acquire().await?;
-    print!(
-        "{}",
-        preview::render(&preview::read(&mut conn, &settings, now, None).await?)
-    );
+    let mut out = std::io::stdout().lock();
+    preview::write(
+        &mut conn,
+        &settings,
+        now,
+        preview::Shown::All,
+        false,
+        &mut out,
+    )
+    .await?;
+    drop(out);
     drop(conn);
     let ticked = tick::tick(&pool, &settings, now).await?;
     // Kinds on a cadence of their own (trace cleanup, when enabled) start their period too.

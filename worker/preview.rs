@@ -1,58 +1,171 @@
 //! `sexton preview` (OP-1): what every registered job would remove now, deleting nothing.
+//!
+//! By default a summary per job: for a per-account job, how many accounts its discovery finds
+//! something due for (the passes a slot now would start, FL-8) and what their lines add up to;
+//! a global job's lines as they are. `--account` gives one account's lines of every job, found
+//! due or not; `--all` every due account's lines. The accounts are walked in batches of
+//! `queue.fan_out_batch`, as the fan-out walks them, and each batch is written before the next
+//! is read: memory is bounded by a batch whatever the number of accounts.
+
+use std::io::Write;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
+use sexton_jobs::job::{AccountRange, Scope};
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::{registry, text};
+use crate::registry::{self, Kind, PreviewLine};
+use crate::text;
 
-/// Every job's preview lines: the job, and per line its JSON (with `"job"`) and its text.
-pub type Previews = Vec<(&'static str, Vec<(serde_json::Value, String)>)>;
+/// What `sexton preview` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    /// Per job: accounts due and what their lines add up to.
+    Summary,
+    /// Every job's lines for this account.
+    Account(Uuid),
+    /// Every due account's lines.
+    All,
+}
 
-/// Asks every registered job what a pass would do now.
+/// Writes what every registered job would do now to `out`: for people, each job then its
+/// lines indented (control characters escaped); with `json`, one array of objects, each naming
+/// its `job`.
 ///
 /// # Errors
-/// A database error of any job's preview.
-pub async fn read(
+/// A database error of any job's discovery or preview, or a failed write.
+pub async fn write(
     conn: &mut sqlx::PgConnection,
     settings: &Settings,
     now: DateTime<Utc>,
-    account: Option<Uuid>,
-) -> anyhow::Result<Previews> {
-    let mut previews = Vec::new();
+    shown: Shown,
+    json: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut sink = Sink {
+        out,
+        json,
+        first: true,
+    };
+    if json {
+        sink.out.write_all(b"[")?;
+    }
     for kind in registry::KINDS {
-        let lines = kind
-            .preview(conn, settings, now, account)
+        if !json {
+            writeln!(sink.out, "{}", kind.name())?;
+        }
+        preview_kind(conn, settings, now, shown, *kind, &mut sink)
             .await
             .with_context(|| format!("the preview of {} failed", kind.name()))?;
-        previews.push((kind.name(), lines));
     }
-    Ok(previews)
+    if json {
+        sink.out.write_all(b"\n]\n")?;
+    }
+    Ok(())
 }
 
-/// `--json`: one array of objects, each naming its `job`.
-pub fn json(previews: &Previews) -> Vec<&serde_json::Value> {
-    previews
-        .iter()
-        .flat_map(|(_, lines)| lines)
-        .map(|(json, _)| json)
-        .collect()
+/// Where the lines go, as they come.
+struct Sink<'w, W: Write> {
+    out: &'w mut W,
+    json: bool,
+    first: bool,
 }
 
-/// For people: each job, then its lines indented; control characters escaped.
-pub fn render(previews: &Previews) -> String {
-    let mut out = String::new();
-    for (job, lines) in previews {
-        out.push_str(job);
-        out.push('\n');
-        for (_, line) in lines {
-            for row in line.lines() {
-                out.push_str("  ");
-                out.push_str(row);
-                out.push('\n');
+impl<W: Write> Sink<'_, W> {
+    fn line(&mut self, json: &serde_json::Value, text: &str) -> std::io::Result<()> {
+        if self.json {
+            let separator = if self.first { "\n" } else { ",\n" };
+            self.first = false;
+            write!(self.out, "{separator}{json}")
+        } else {
+            for row in text.lines() {
+                writeln!(self.out, "  {}", text::printable(row))?;
             }
+            Ok(())
         }
     }
-    text::printable(&out)
+}
+
+async fn preview_kind<W: Write>(
+    conn: &mut sqlx::PgConnection,
+    settings: &Settings,
+    now: DateTime<Utc>,
+    shown: Shown,
+    kind: &'static dyn Kind,
+    sink: &mut Sink<'_, W>,
+) -> anyhow::Result<()> {
+    let write_all = |sink: &mut Sink<'_, W>, lines: Vec<PreviewLine>| -> std::io::Result<()> {
+        lines
+            .iter()
+            .try_for_each(|line| sink.line(&line.json, &line.text))
+    };
+    match (shown, kind.scope()) {
+        (Shown::Account(account), _) => {
+            let lines = kind.preview(conn, settings, now, Some(&[account])).await?;
+            write_all(sink, lines)?;
+        }
+        (_, Scope::Global) => {
+            let lines = kind.preview(conn, settings, now, None).await?;
+            write_all(sink, lines)?;
+        }
+        (Shown::All, Scope::Account) => {
+            walk_due(conn, settings, now, kind, |lines| {
+                write_all(sink, lines)?;
+                sink.out.flush()
+            })
+            .await?;
+        }
+        (Shown::Summary, Scope::Account) => {
+            let mut totals: Vec<(String, i64)> = Vec::new();
+            let (accounts, due) = walk_due(conn, settings, now, kind, |lines| {
+                for (what, n) in lines.into_iter().flat_map(|line| line.tally) {
+                    match totals.iter_mut().find(|(known, _)| *known == what) {
+                        Some((_, total)) => *total += n,
+                        None => totals.push((what, n)),
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+            let json = serde_json::json!({
+                "job": kind.name(),
+                "accounts": accounts,
+                "due": due,
+                "totals": totals.iter().map(|(what, n)| (what.clone(), (*n).into())).collect::<serde_json::Map<_, _>>(),
+            });
+            let mut text = format!(
+                "{due} of {accounts} accounts have something due (a pass would start for each)"
+            );
+            for (what, n) in &totals {
+                text.push_str(&format!("\n  {what:<42} {n:>12}"));
+            }
+            sink.line(&json, &text)?;
+        }
+    }
+    Ok(())
+}
+
+/// Every account in batches: discovery of `kind`, then the preview of the accounts it finds,
+/// handed to `each` before the next batch is read. Returns the accounts looked at and found.
+async fn walk_due(
+    conn: &mut sqlx::PgConnection,
+    settings: &Settings,
+    now: DateTime<Utc>,
+    kind: &'static dyn Kind,
+    mut each: impl FnMut(Vec<PreviewLine>) -> std::io::Result<()>,
+) -> anyhow::Result<(u64, u64)> {
+    let (mut accounts, mut due_count, mut after) = (0, 0, None);
+    while let Some((range, n)) =
+        AccountRange::next(conn, after, settings.queue.fan_out_batch).await?
+    {
+        accounts += n;
+        let due = kind.due(conn, settings, now, range).await?;
+        if !due.is_empty() {
+            due_count += due.len() as u64;
+            each(kind.preview(conn, settings, now, Some(&due)).await?)?;
+        }
+        after = Some(range.through);
+    }
+    Ok((accounts, due_count))
 }

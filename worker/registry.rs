@@ -99,14 +99,25 @@ pub trait Kind: Section + Send + Sync {
         settings: &'a Settings,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, anyhow::Result<Option<f64>>>;
-    /// What a pass would do now: one JSON object (with `"job"`) and one text per line.
+    /// What a pass would do now, for `accounts` or every one ([`Job::preview`]): per line
+    /// its JSON object (with `"job"`), its text and its tally.
     fn preview<'a>(
         &'a self,
         conn: &'a mut PgConnection,
         settings: &'a Settings,
         now: DateTime<Utc>,
-        account: Option<Uuid>,
-    ) -> BoxFuture<'a, anyhow::Result<Vec<(serde_json::Value, String)>>>;
+        accounts: Option<&'a [Uuid]>,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<PreviewLine>>>;
+}
+
+/// One line of a job's preview.
+pub struct PreviewLine {
+    /// The line as JSON, with `"job"`.
+    pub json: serde_json::Value,
+    /// The line for people.
+    pub text: String,
+    /// What it counts ([`Job::tally`]).
+    pub tally: Vec<(String, i64)>,
 }
 
 /// A [`Job`] registered with the worker.
@@ -247,15 +258,15 @@ impl<J: Job> Kind for Registered<J> {
         conn: &'a mut PgConnection,
         settings: &'a Settings,
         now: DateTime<Utc>,
-        account: Option<Uuid>,
-    ) -> BoxFuture<'a, anyhow::Result<Vec<(serde_json::Value, String)>>> {
+        accounts: Option<&'a [Uuid]>,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<PreviewLine>>> {
         Box::pin(async move {
             let lines = J::preview(
                 conn,
                 settings.jobs.get::<J::Settings>(J::NAME),
                 &settings.paths,
                 now,
-                account,
+                accounts,
             )
             .await?;
             Ok(lines
@@ -267,7 +278,11 @@ impl<J: Job> Kind for Registered<J> {
                     {
                         json.extend(fields);
                     }
-                    (json, line.to_string())
+                    PreviewLine {
+                        tally: J::tally(&line),
+                        text: line.to_string(),
+                        json,
+                    }
                 })
                 .collect())
         })

@@ -149,19 +149,10 @@ async fn fan_out_accounts(
     let mut conn = ctx.pool.acquire().await?;
     let mut after: Option<Uuid> = None;
     let mut accounts: u64 = 0;
-    loop {
-        let (through, n): (Option<Uuid>, i64) = sqlx::query_as(
-            "WITH batch AS (SELECT id FROM accounts WHERE ($1::uuid IS NULL OR id > $1)
-                            ORDER BY id LIMIT $2)
-             SELECT (SELECT id FROM batch ORDER BY id DESC LIMIT 1), (SELECT count(*) FROM batch)",
-        )
-        .bind(after)
-        .bind(i64::from(ctx.settings.queue.fan_out_batch))
-        .fetch_one(&mut *conn)
-        .await?;
-        let Some(through) = through else { break };
-        accounts += n as u64;
-        let range = AccountRange { after, through };
+    while let Some((range, n)) =
+        AccountRange::next(&mut conn, after, ctx.settings.queue.fan_out_batch).await?
+    {
+        accounts += n;
         let due = kind.due(&mut conn, &ctx.settings, slot, range).await?;
         if !due.is_empty() {
             let hops = kind.first_hops(&due, slot)?;
@@ -170,7 +161,7 @@ async fn fan_out_accounts(
             queue::push_many(&mut tx, kind.queue(), &ctx.settings.queue, &hops).await?;
             tx.commit().await?;
         }
-        after = Some(through);
+        after = Some(range.through);
     }
     Ok(ledger::fan_out_done(&ctx.pool, kind.name(), slot, accounts).await?)
 }

@@ -539,12 +539,12 @@ impl Job for AttachmentExpiry {
         settings: &AttachmentSettings,
         paths: &PathSettings,
         now: DateTime<Utc>,
-        account: Option<Uuid>,
+        accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
-        let accounts: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM accounts WHERE $1::uuid IS NULL OR id = $1 ORDER BY id",
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM accounts WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY id",
         )
-        .bind(account)
+        .bind(accounts)
         .fetch_all(&mut *conn)
         .await?;
         let cutoff = match settings.max_age_days {
@@ -556,42 +556,54 @@ impl Job for AttachmentExpiry {
                 path: paths.attachments_root.clone(),
                 source,
             })?;
-        let mut previews = Vec::with_capacity(accounts.len());
-        for account_id in accounts {
-            let mut preview = Preview {
-                account_id,
+        let mut previews: Vec<Preview> = ids
+            .iter()
+            .map(|account_id| Preview {
+                account_id: *account_id,
                 max_age_days: settings.max_age_days,
                 cutoff,
                 expired: 0,
                 kept: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
+            })
+            .collect();
+        // Page by page over every account asked about, through the pass's own index: an
+        // account may hold millions.
+        let mut after = (Uuid::nil(), Uuid::nil());
+        while let Some(cutoff) = cutoff {
+            let rows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
+                "SELECT account_id, id, relative_path FROM attachments
+                 WHERE ($1::uuid[] IS NULL OR account_id = ANY($1))
+                   AND bytes_expired_at IS NULL AND (account_id, id) > ($2, $3)
+                 ORDER BY account_id, id LIMIT 1000",
+            )
+            .bind(accounts)
+            .bind(after.0)
+            .bind(after.1)
+            .fetch_all(&mut *conn)
+            .await?;
+            let Some((account, last, _)) = rows.last() else {
+                break;
             };
-            // Page by page, through the pass's own index: an account may hold millions.
-            let mut after = Uuid::nil();
-            while let Some(cutoff) = cutoff {
-                let rows: Vec<(Uuid, String)> = sqlx::query_as(
-                    "SELECT id, relative_path FROM attachments
-                     WHERE account_id = $1 AND bytes_expired_at IS NULL AND id > $2
-                     ORDER BY id LIMIT 1000",
-                )
-                .bind(account_id)
-                .bind(after)
-                .fetch_all(&mut *conn)
-                .await?;
-                let Some((last, _)) = rows.last() else {
-                    break;
+            after = (*account, *last);
+            for (account, _, path) in rows {
+                let Ok(at) = ids.binary_search(&account) else {
+                    continue;
                 };
-                after = *last;
-                for (_, path) in rows {
-                    match judge(&root, &path, cutoff) {
-                        Verdict::Expired => preview.expired += 1,
-                        Verdict::Young => {}
-                        Verdict::Kept(reason) => count(&mut preview.kept, reason),
-                    }
+                let preview = &mut previews[at];
+                match judge(&root, &path, cutoff) {
+                    Verdict::Expired => preview.expired += 1,
+                    Verdict::Young => {}
+                    Verdict::Kept(reason) => count(&mut preview.kept, reason),
                 }
             }
-            previews.push(preview);
         }
         Ok(previews)
+    }
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally = vec![("expired".to_owned(), p.expired as i64)];
+        tally.extend(p.kept.iter().map(|(r, n)| (format!("kept {r}"), *n as i64)));
+        tally
     }
 }
 

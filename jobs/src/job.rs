@@ -61,6 +61,28 @@ pub struct AccountRange {
 }
 
 impl AccountRange {
+    /// The next range of at most `size` accounts after `after` (from the first when `None`),
+    /// with how many accounts it holds; `None` past the last account.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn next(
+        conn: &mut PgConnection,
+        after: Option<Uuid>,
+        size: u32,
+    ) -> Result<Option<(Self, u64)>, sqlx::Error> {
+        let (through, n): (Option<Uuid>, i64) = sqlx::query_as(
+            "WITH batch AS (SELECT id FROM accounts WHERE ($1::uuid IS NULL OR id > $1)
+                            ORDER BY id LIMIT $2)
+             SELECT (SELECT id FROM batch ORDER BY id DESC LIMIT 1), (SELECT count(*) FROM batch)",
+        )
+        .bind(after)
+        .bind(i64::from(size))
+        .fetch_one(conn)
+        .await?;
+        Ok(through.map(|through| (Self { after, through }, n as u64)))
+    }
+
     /// A discovery statement over this range: `sql` selects account ids with `$1` as `after`
     /// (null: from the first) and `$2` as `through`; the job binds its own from `$3`.
     pub fn query<'q>(
@@ -287,12 +309,20 @@ pub trait Job: Send + Sync + 'static {
             .map_err(|_| format!("expected a UUID, got {id:?}"))
     }
 
-    /// What a pass would do now, deleting nothing (`sexton preview`).
+    /// What a pass would do now, deleting nothing (`sexton preview`): a per-account job gives
+    /// a line per account of `accounts` (every account when `None`); a global job counts what
+    /// it would remove of those accounts, or of all.
     fn preview(
         conn: &mut PgConnection,
         settings: &Self::Settings,
         paths: &PathSettings,
         now: DateTime<Utc>,
-        account: Option<Uuid>,
+        accounts: Option<&[Uuid]>,
     ) -> impl Future<Output = Result<Vec<Self::Preview>, Self::Error>> + Send;
+
+    /// What a line of [`Job::preview`] counts, as (what, how many) pairs that add up over
+    /// accounts: the summary `sexton preview` prints of a per-account job.
+    fn tally(_preview: &Self::Preview) -> Vec<(String, i64)> {
+        Vec::new()
+    }
 }

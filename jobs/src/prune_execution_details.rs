@@ -1006,82 +1006,58 @@ pub struct Preview {
     pub bytes: i64,
 }
 
-/// Previews every account, or one.
+/// Previews `accounts` (every account when `None`), in name order: one statement for the
+/// accounts and one for all their owners, whatever their number.
 ///
 /// # Errors
 /// [`Error::Database`] on a database error.
 pub async fn preview(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
-    account: Option<Uuid>,
+    accounts: Option<&[Uuid]>,
 ) -> Result<Vec<Preview>, Error> {
-    let accounts: Vec<(Uuid, String, Option<i32>)> = sqlx::query_as(
+    let rows: Vec<(Uuid, String, Option<i32>)> = sqlx::query_as(
         "SELECT id, name, execution_details_retention_days FROM accounts
-         WHERE $1::uuid IS NULL OR id = $1 ORDER BY name, id",
+         WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY name, id",
     )
-    .bind(account)
+    .bind(accounts)
     .fetch_all(&mut *conn)
     .await?;
-    let mut previews = Vec::with_capacity(accounts.len());
-    for (account_id, account_name, days) in accounts {
-        let mut preview = Preview {
-            account_id,
-            account_name,
-            retention_days: days,
-            cutoff: None,
-            eligible_owners: 0,
-            retained: BTreeMap::new(),
-            rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
-            bytes: 0,
-        };
-        if let Some(cutoff) = days.and_then(|days| days_before(now, days)) {
-            preview.cutoff = Some(cutoff);
-            fill_preview(conn, &mut preview, cutoff).await?;
-        } else if days.is_some_and(|days| !crate::cutoff::valid_window(days)) {
-            // As the pass counts it: once for the account (EX-1).
-            preview.retained.insert(RetainReason::InvalidWindow, 1);
-        }
-        previews.push(preview);
-    }
-    Ok(previews)
-}
-
-/// The preview of one account: `$1` the account, `$2` the cutoff. Owners by verdict, then the
-/// detail rows and bytes of the eligible ones.
-static PREVIEW: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH candidates AS (
-             SELECT id, isfinite({AGE}) AS finite FROM runs
-             WHERE account_id = $1 AND {UNPRUNED_OWNER} AND {AGE} < $2),
-         classified AS (
-             SELECT c.id, CASE WHEN NOT c.finite THEN 'not_eligible' {} ELSE 'eligible' END AS class
-             FROM candidates c),
-         eligible AS (SELECT id FROM classified WHERE class = 'eligible')
-         SELECT class, count(*) FROM classified GROUP BY class
-         {rows}
-         UNION ALL SELECT 'bytes', COALESCE(sum(bytes), 0)::bigint FROM output_files WHERE run_id IN (SELECT id FROM eligible)",
-        blockers("c.id", |reason, sql| format!("WHEN {sql} THEN '{}'", reason.as_str()), " "),
-        rows = DETAIL_TABLES
-            .iter()
-            .map(|table| format!(
-                "UNION ALL SELECT '{table}', count(*) FROM {table} WHERE run_id IN (SELECT id FROM eligible)"
-            ))
-            .collect::<Vec<_>>()
-            .join("\n         "),
-    )
-});
-
-async fn fill_preview(
-    conn: &mut PgConnection,
-    preview: &mut Preview,
-    cutoff: DateTime<Utc>,
-) -> Result<(), Error> {
-    let counts: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
-        .bind(preview.account_id)
-        .bind(cutoff)
+    let mut previews: Vec<Preview> = rows
+        .into_iter()
+        .map(|(account_id, account_name, days)| {
+            let mut preview = Preview {
+                account_id,
+                account_name,
+                retention_days: days,
+                cutoff: days.and_then(|days| days_before(now, days)),
+                eligible_owners: 0,
+                retained: BTreeMap::new(),
+                rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
+                bytes: 0,
+            };
+            if days.is_some_and(|days| !crate::cutoff::valid_window(days)) {
+                // As the pass counts it: once for the account (EX-1).
+                preview.retained.insert(RetainReason::InvalidWindow, 1);
+            }
+            preview
+        })
+        .collect();
+    let counts: Vec<(Uuid, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
+        .bind(accounts)
+        .bind(now)
+        .bind(EARLIEST)
         .fetch_all(&mut *conn)
         .await?;
-    for (key, n) in counts {
+    let at: BTreeMap<Uuid, usize> = previews
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.account_id, i))
+        .collect();
+    for (account, key, n) in counts {
+        let Some(preview) = at.get(&account).map(|i| &mut previews[*i]) else {
+            continue;
+        };
         if key == "eligible" {
             preview.eligible_owners = n;
         } else if key == "bytes" {
@@ -1092,8 +1068,38 @@ async fn fill_preview(
             preview.rows.insert(table, n);
         }
     }
-    Ok(())
+    Ok(previews)
 }
+
+/// The preview of some accounts: `$1` their ids (every account when NULL), `$2` now, `$3` the
+/// earliest finite age. Per account, owners by verdict, then the detail rows and bytes of the
+/// eligible ones.
+static PREVIEW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH candidates AS (
+             SELECT r.account_id, r.id, isfinite({AGE}) AS finite
+             FROM accounts a JOIN runs r ON r.account_id = a.id
+             WHERE ($1::uuid[] IS NULL OR a.id = ANY($1)) AND {UNPRUNED_OWNER} AND {AGE} < {}),
+         classified AS (
+             SELECT c.account_id, c.id,
+                    CASE WHEN NOT c.finite THEN 'not_eligible' {} ELSE 'eligible' END AS class
+             FROM candidates c),
+         eligible AS (SELECT account_id, id FROM classified WHERE class = 'eligible')
+         SELECT account_id, class, count(*) FROM classified GROUP BY account_id, class
+         {rows}
+         UNION ALL SELECT e.account_id, 'bytes', COALESCE(sum(f.bytes), 0)::bigint
+                   FROM output_files f JOIN eligible e ON f.run_id = e.id GROUP BY e.account_id",
+        crate::cutoff::days_before_sql("$2", "a.execution_details_retention_days", "$3"),
+        blockers("c.id", |reason, sql| format!("WHEN {sql} THEN '{}'", reason.as_str()), " "),
+        rows = DETAIL_TABLES
+            .iter()
+            .map(|table| format!(
+                "UNION ALL SELECT e.account_id, '{table}', count(*) FROM {table} t JOIN eligible e ON t.run_id = e.id GROUP BY e.account_id"
+            ))
+            .collect::<Vec<_>>()
+            .join("\n         "),
+    )
+});
 
 /// One run as the job's own re-check judges it (`sexton explain`, issue #17): `$1` the run,
 /// `$2` its account, `$3` the cutoff, `$4` what it is measured back from — the owner
@@ -1433,9 +1439,21 @@ impl Job for PruneExecutionDetails {
         _settings: &HopSettings,
         _paths: &PathSettings,
         now: DateTime<Utc>,
-        account: Option<Uuid>,
+        accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
-        preview(conn, now, account).await
+        preview(conn, now, accounts).await
+    }
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally = vec![("owners eligible".to_owned(), p.eligible_owners)];
+        tally.extend(
+            p.retained
+                .iter()
+                .map(|(r, n)| (format!("retained {}", r.as_str()), *n)),
+        );
+        tally.extend(p.rows.iter().map(|(t, n)| (format!("rows {t}"), *n)));
+        tally.push(("bytes of output files".to_owned(), p.bytes));
+        tally
     }
 }
 

@@ -222,7 +222,7 @@ impl Job for QueueRetention {
         settings: &QueueRetentionSettings,
         _paths: &PathSettings,
         now: DateTime<Utc>,
-        _account: Option<Uuid>,
+        _accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
         let finished_before = now - settings.retention;
         let (jobs, workers): (i64, i64) = sqlx::query_as(

@@ -63,7 +63,7 @@ pub trait Record: Send + Sync + 'static {
     /// The oldest expired age. `$1` the cutoff, `$2` the earliest finite age.
     const OLDEST: &'static str;
     /// Expired rows, of one account or all. `$1` the cutoff, `$2` the earliest finite age,
-    /// `$3` the account or NULL.
+    /// `$3` the accounts or NULL (every account).
     const COUNT: &'static str;
 
     /// What `sexton explain` calls one record (`handoff`, …).
@@ -113,7 +113,7 @@ impl Record for Handoffs {
         "SELECT min(created_at) FROM handoffs WHERE created_at < $1 AND created_at > $2";
     const COUNT: &'static str = "
         SELECT count(*) FROM handoffs
-        WHERE created_at < $1 AND created_at > $2 AND ($3::uuid IS NULL OR account_id = $3)";
+        WHERE created_at < $1 AND created_at > $2 AND ($3::uuid[] IS NULL OR account_id = ANY($3))";
 
     fn days(settings: &ExpirySettings) -> i32 {
         settings.handoffs_days
@@ -156,7 +156,7 @@ impl Record for DreamPreloads {
         "SELECT min(created_at) FROM dream_preloads WHERE created_at < $1 AND created_at > $2";
     const COUNT: &'static str = "
         SELECT count(*) FROM dream_preloads
-        WHERE created_at < $1 AND created_at > $2 AND ($3::uuid IS NULL OR account_id = $3)";
+        WHERE created_at < $1 AND created_at > $2 AND ($3::uuid[] IS NULL OR account_id = ANY($3))";
 
     fn days(settings: &ExpirySettings) -> i32 {
         settings.dream_preloads_days
@@ -200,7 +200,7 @@ impl Record for WorkingRecords {
     const COUNT: &'static str = "
         SELECT count(*) FROM working_records
         WHERE NOT pinned AND updated_at < $1 AND updated_at > $2
-          AND ($3::uuid IS NULL OR account_id = $3)";
+          AND ($3::uuid[] IS NULL OR account_id = ANY($3))";
 
     fn days(settings: &ExpirySettings) -> i32 {
         settings.working_records_days
@@ -244,8 +244,8 @@ impl Record for ConversationEvents {
     const COUNT: &'static str = "
         SELECT count(*) FROM conversation_events
         WHERE created_at < $1 AND created_at > $2
-          AND ($3::uuid IS NULL
-               OR conversation_id IN (SELECT id FROM conversations WHERE account_id = $3))";
+          AND ($3::uuid[] IS NULL
+               OR conversation_id IN (SELECT id FROM conversations WHERE account_id = ANY($3)))";
 
     fn days(settings: &ExpirySettings) -> i32 {
         settings.conversation_events_days
@@ -674,7 +674,7 @@ impl<R: Record> Job for Expire<R> {
         settings: &ExpirySettings,
         _paths: &PathSettings,
         now: DateTime<Utc>,
-        account: Option<Uuid>,
+        accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
         let days = R::days(settings);
         let cutoff = enabled_cutoff::<R>(settings, now);
@@ -683,7 +683,7 @@ impl<R: Record> Job for Expire<R> {
                 sqlx::query_scalar(R::COUNT)
                     .bind(cutoff)
                     .bind(EARLIEST)
-                    .bind(account)
+                    .bind(accounts)
                     .fetch_one(&mut *conn)
                     .await?
             }
@@ -694,7 +694,10 @@ impl<R: Record> Job for Expire<R> {
             rule: R::RULE,
             days,
             cutoff,
-            account_id: account,
+            account_id: match accounts {
+                Some([account]) => Some(*account),
+                _ => None,
+            },
             expired,
         }])
     }

@@ -964,14 +964,15 @@ pub struct Preview {
     pub rows: BTreeMap<&'static str, i64>,
 }
 
-/// Previews every account, or one.
+/// Previews `accounts` (every account when `None`), in name order: one statement for the
+/// accounts and their policies and one for all their sessions, whatever their number.
 ///
 /// # Errors
 /// [`Error::Database`] on a database error.
 pub async fn preview(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
-    account: Option<Uuid>,
+    accounts: Option<&[Uuid]>,
 ) -> Result<Vec<Preview>, Error> {
     type Row = (
         Uuid,
@@ -981,82 +982,63 @@ pub async fn preview(
         Option<i32>,
         Option<i32>,
     );
-    let accounts: Vec<Row> = sqlx::query_as(
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT a.id, a.name, p.enabled, p.main_days, p.task_days, p.subagent_days
          FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
-         WHERE $1::uuid IS NULL OR a.id = $1 ORDER BY a.name, a.id",
+         WHERE $1::uuid[] IS NULL OR a.id = ANY($1) ORDER BY a.name, a.id",
     )
-    .bind(account)
+    .bind(accounts)
     .fetch_all(&mut *conn)
     .await?;
-    let mut previews = Vec::with_capacity(accounts.len());
-    for (account_id, account_name, enabled, main, task, subagent) in accounts {
-        let mut preview = Preview {
-            account_id,
-            account_name,
-            ages: None,
-            cutoffs: None,
-            eligible: BTreeMap::new(),
-            retained: BTreeMap::new(),
-            rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+    let mut previews: Vec<Preview> = rows
+        .into_iter()
+        .map(
+            |(account_id, account_name, enabled, main, task, subagent)| {
+                let mut preview = Preview {
+                    account_id,
+                    account_name,
+                    ages: None,
+                    cutoffs: None,
+                    eligible: BTreeMap::new(),
+                    retained: BTreeMap::new(),
+                    rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+                };
+                if enabled == Some(true) {
+                    let ages = Ages {
+                        main_days: main.unwrap_or(Ages::FALLBACK.main_days),
+                        task_days: task.unwrap_or(Ages::FALLBACK.task_days),
+                        subagent_days: subagent.unwrap_or(Ages::FALLBACK.subagent_days),
+                    };
+                    preview.ages = Some(ages);
+                    preview.cutoffs = Some(ages.cutoffs(now));
+                    // As the pass counts it: once per kind (SS-1).
+                    let invalid = ages.invalid().count() as i64;
+                    if invalid > 0 {
+                        preview.retained.insert(INVALID_POLICY.to_owned(), invalid);
+                    }
+                }
+                preview
+            },
+        )
+        .collect();
+    let counts: Vec<(Uuid, String, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
+        .bind(accounts)
+        .bind(now)
+        .bind(EARLIEST)
+        .bind(Ages::FALLBACK.main_days)
+        .bind(Ages::FALLBACK.task_days)
+        .bind(Ages::FALLBACK.subagent_days)
+        .fetch_all(&mut *conn)
+        .await?;
+    let at: BTreeMap<Uuid, usize> = previews
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.account_id, i))
+        .collect();
+    for (account, class, key, n) in counts {
+        let Some(preview) = at.get(&account).map(|i| &mut previews[*i]) else {
+            continue;
         };
-        if enabled == Some(true) {
-            let ages = Ages {
-                main_days: main.unwrap_or(Ages::FALLBACK.main_days),
-                task_days: task.unwrap_or(Ages::FALLBACK.task_days),
-                subagent_days: subagent.unwrap_or(Ages::FALLBACK.subagent_days),
-            };
-            let cutoffs = ages.cutoffs(now);
-            preview.ages = Some(ages);
-            preview.cutoffs = Some(cutoffs);
-            fill_preview(conn, &mut preview, &cutoffs).await?;
-            // As the pass counts it: once per kind (SS-1).
-            let invalid = ages.invalid().count() as i64;
-            if invalid > 0 {
-                preview.retained.insert(INVALID_POLICY.to_owned(), invalid);
-            }
-        }
-        previews.push(preview);
-    }
-    Ok(previews)
-}
-
-async fn fill_preview(
-    conn: &mut PgConnection,
-    preview: &mut Preview,
-    cutoffs: &Cutoffs,
-) -> Result<(), Error> {
-    let counts: Vec<(String, String, i64)> = sqlx::query_as(
-        "WITH judged AS (
-             SELECT s.id, s.kind,
-                    sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
-                                           s.last_activity_at, c.cutoff) AS verdict
-             FROM sessions s
-             CROSS JOIN LATERAL (SELECT CASE s.kind WHEN 'main' THEN $2::timestamptz
-                                                    WHEN 'task' THEN $3::timestamptz
-                                                    WHEN 'subagent' THEN $4::timestamptz END AS cutoff) c
-             WHERE s.account_id = $1 AND s.last_activity_at < c.cutoff
-               AND s.last_activity_at > $5),
-         doomed AS (SELECT id FROM judged WHERE verdict IS NULL)
-         SELECT 'eligible', kind, count(*) FROM judged WHERE verdict IS NULL GROUP BY kind
-         UNION ALL SELECT 'retained', verdict, count(*) FROM judged WHERE verdict IS NOT NULL GROUP BY verdict
-         UNION ALL SELECT 'rows', 'conversation_entries', count(*) FROM conversation_entries
-                   WHERE session_id IN (SELECT id FROM doomed)
-         UNION ALL SELECT 'rows', 'conversation_archives', count(*) FROM conversation_archives
-                   WHERE session_id IN (SELECT id FROM doomed)
-         UNION ALL SELECT 'rows', 'conversation_archive_entries', count(*)
-                   FROM conversation_archive_entries e JOIN conversation_archives a ON a.id = e.archive_id
-                   WHERE a.session_id IN (SELECT id FROM doomed)
-         UNION ALL SELECT 'rows', 'sessions', count(*) FROM doomed",
-    )
-    .bind(preview.account_id)
-    .bind(cutoffs.main)
-    .bind(cutoffs.task)
-    .bind(cutoffs.subagent)
-    .bind(EARLIEST)
-    .fetch_all(&mut *conn)
-    .await?;
-    for (class, key, n) in counts {
         match class.as_str() {
             "eligible" => {
                 if let Some(kind) = SessionKind::ALL.iter().find(|k| k.as_str() == key) {
@@ -1073,8 +1055,47 @@ async fn fill_preview(
             }
         }
     }
-    Ok(())
+    Ok(previews)
 }
+
+/// The preview of some accounts' sessions under their enabled policies: `$1` the accounts
+/// (every account when NULL), `$2` now, `$3` the earliest finite age, `$4`..`$6` the fallback
+/// ages. Per account, sessions past their kind's cutoff by verdict, then the history rows of
+/// those that would go.
+static PREVIEW: LazyLock<String> = LazyLock::new(|| {
+    let days = "CASE s.kind WHEN 'main' THEN COALESCE(p.main_days, $4) \
+                WHEN 'task' THEN COALESCE(p.task_days, $5) \
+                ELSE COALESCE(p.subagent_days, $6) END";
+    format!(
+        "WITH judged AS (
+             SELECT s.account_id, s.id, s.kind,
+                    sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                           s.last_activity_at, c.cutoff) AS verdict
+             FROM session_retention_policies p
+             JOIN sessions s ON s.account_id = p.account_id
+             CROSS JOIN LATERAL (SELECT {} AS cutoff) c
+             WHERE p.enabled AND ($1::uuid[] IS NULL OR p.account_id = ANY($1))
+               AND s.last_activity_at < c.cutoff AND s.last_activity_at > $3),
+         doomed AS (SELECT account_id, id FROM judged WHERE verdict IS NULL)
+         SELECT account_id, 'eligible', kind, count(*) FROM judged WHERE verdict IS NULL
+                GROUP BY account_id, kind
+         UNION ALL SELECT account_id, 'retained', verdict, count(*) FROM judged
+                   WHERE verdict IS NOT NULL GROUP BY account_id, verdict
+         UNION ALL SELECT d.account_id, 'rows', 'conversation_entries', count(*)
+                   FROM conversation_entries e JOIN doomed d ON d.id = e.session_id
+                   GROUP BY d.account_id
+         UNION ALL SELECT d.account_id, 'rows', 'conversation_archives', count(*)
+                   FROM conversation_archives a JOIN doomed d ON d.id = a.session_id
+                   GROUP BY d.account_id
+         UNION ALL SELECT d.account_id, 'rows', 'conversation_archive_entries', count(*)
+                   FROM conversation_archive_entries e
+                   JOIN conversation_archives a ON a.id = e.archive_id
+                   JOIN doomed d ON d.id = a.session_id
+                   GROUP BY d.account_id
+         UNION ALL SELECT account_id, 'rows', 'sessions', count(*) FROM doomed GROUP BY account_id",
+        crate::cutoff::days_before_sql("$2", days, "$3")
+    )
+});
 
 impl std::fmt::Display for Preview {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1376,9 +1397,26 @@ impl Job for SessionRetention {
         _settings: &HopSettings,
         _paths: &PathSettings,
         now: DateTime<Utc>,
-        account: Option<Uuid>,
+        accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
-        preview(conn, now, account).await
+        preview(conn, now, accounts).await
+    }
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally: Vec<(String, i64)> = SessionKind::ALL
+            .iter()
+            .map(|k| {
+                let n = p.eligible.get(k.as_str()).copied().unwrap_or(0);
+                (format!("sessions eligible {}", k.as_str()), n)
+            })
+            .collect();
+        tally.extend(
+            p.retained
+                .iter()
+                .map(|(r, n)| (format!("retained {r}"), *n)),
+        );
+        tally.extend(p.rows.iter().map(|(t, n)| (format!("rows {t}"), *n)));
+        tally
     }
 }
 

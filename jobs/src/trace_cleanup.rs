@@ -1348,7 +1348,7 @@ impl Job for TraceCleanup {
         settings: &TraceSettings,
         paths: &PathSettings,
         now: DateTime<Utc>,
-        _account: Option<Uuid>,
+        _accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
         let report = clean(
             conn,
