@@ -6,7 +6,7 @@
 //! it, at the sizes `--tenant-baseline-accounts` names.
 //!
 //! Every account has a window of 30 days, an enabled session policy, one conversation with a
-//! young run (2 days old) and one agent with a young session. A due account also has three old
+//! young run (3 days old) and one agent with a young session. A due account also has three old
 //! runs (60 days) with detail and an output file each, one of them held back by a pending
 //! settlement (EX-5), an old main session (100 days, past the fallback 60) with its history row and archive
 //! directory, and an attachment whose file is 60 days old. Each night is checked to end in
@@ -137,9 +137,12 @@ async fn night(
         bail!("migrating {db} failed");
     }
     let pool = connect(base, &db, "bench").await?;
-    fill(&pool, &roots, accounts, cli.tenant_due).await?;
+    // Tonight, not the other parts' fixed pass start: `status` after the night then sees the
+    // steady state an operator does, young runs and sessions still inside their windows.
+    let now = Utc::now();
+    fill(&pool, &roots, now, accounts, cli.tenant_due).await?;
     let fill_seconds = started.elapsed().as_secs_f64();
-    if !run(&["tick", "--at", &pass_start().to_rfc3339()])
+    if !run(&["tick", "--at", &now.to_rfc3339()])
         .status()
         .await?
         .success()
@@ -152,7 +155,7 @@ async fn night(
             .env("SEXTON_LOG__LEVEL", "warn");
     })
     .await?;
-    check(&pool, &roots, cli.tenant_due).await?;
+    check(&pool, &roots, now, cli.tenant_due).await?;
     let (pass_seconds, fan_out_seconds, queue_jobs, ledger_rows, apalis_jobs_bytes): (
         f64,
         f64,
@@ -234,15 +237,22 @@ async fn view(
     })
 }
 
-/// The accounts and their rows (plain SQL over `generate_series`), then the due accounts' files.
-async fn fill(pool: &PgPool, roots: &Path, accounts: u64, due: u64) -> anyhow::Result<()> {
+/// The accounts and their rows (plain SQL over `generate_series`), aged from `now` (the night's
+/// slot is at most a day earlier), then the due accounts' files.
+async fn fill(
+    pool: &PgPool,
+    roots: &Path,
+    now: DateTime<Utc>,
+    accounts: u64,
+    due: u64,
+) -> anyhow::Result<()> {
     let at = |days: i64| {
         format!(
             "'{}'::timestamptz",
-            (pass_start() - chrono::Duration::days(days)).to_rfc3339()
+            (now - chrono::Duration::days(days)).to_rfc3339()
         )
     };
-    let (young, old, stale) = (at(2), at(60), at(100));
+    let (young, old, stale) = (at(3), at(60), at(100));
     let mut conn = pool.acquire().await?;
     for statement in [
         format!(
@@ -319,7 +329,7 @@ async fn fill(pool: &PgPool, roots: &Path, accounts: u64, due: u64) -> anyhow::R
         .await?;
     let old_mtime = std::time::UNIX_EPOCH
         + Duration::from_secs(u64::try_from(
-            (pass_start() - chrono::Duration::days(60)).timestamp(),
+            (now - chrono::Duration::days(60)).timestamp(),
         )?);
     for (root, relative) in outputs
         .iter()
@@ -343,7 +353,7 @@ async fn fill(pool: &PgPool, roots: &Path, accounts: u64, due: u64) -> anyhow::R
 /// The end state the rules give: the two free old runs of each due account pruned and their
 /// files gone, the held one and every young run untouched; each old session and its directory
 /// gone, every young one kept; each old attachment expired and its file gone.
-async fn check(pool: &PgPool, roots: &Path, due: u64) -> anyhow::Result<()> {
+async fn check(pool: &PgPool, roots: &Path, now: DateTime<Utc>, due: u64) -> anyhow::Result<()> {
     let due = i64::try_from(due)?;
     let (pruned, unpruned_old, old_sessions, young_sessions, expired, pending): (
         i64,
@@ -361,7 +371,7 @@ async fn check(pool: &PgPool, roots: &Path, due: u64) -> anyhow::Result<()> {
                 (SELECT count(*) FROM attachments WHERE bytes_expired_at IS NOT NULL),
                 (SELECT count(*) FROM sexton.pending_file_deletions)",
     )
-    .bind(pass_start() - chrono::Duration::days(30))
+    .bind(now - chrono::Duration::days(30))
     .fetch_one(pool)
     .await?;
     let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
@@ -419,7 +429,7 @@ async fn check(pool: &PgPool, roots: &Path, due: u64) -> anyhow::Result<()> {
 /// The tenants' section of latest.md.
 pub fn markdown(t: &Tenants) -> String {
     let mut md = format!(
-        "{TENANTS_HEADING}\n\nMeasured {} on {} (`bash bench/run.sh --only tenants`; each night's time is in the table: nights of other runs are kept). Every account has a 30-day window, an enabled session policy, a young run and a young session; {} of them also hold a small backlog each: three old runs with detail and an output file (one held back by a pending settlement, EX-5), an old main session with its history and directory, and an expired attachment. One night each: `sexton tick`, then one worker (`--exit-when-idle`, default settings, every job kind) until the queue is idle; each night is checked to end in the state the rules give. pass: from the worker taking the nightly slot to the last job done; fan-out: the slot job alone (discovery, ledger rows, first hops); both from the queue's own times. Queue jobs and ledger rows (`sexton.passes` and `sexton.fan_outs`) are counted after the night, `apalis.jobs` with its indexes. `baseline` is the code before FL-8 (commit 985f33e), on databases migrated by it. `status`, `status --json` and `preview` run once each after the night: seconds, peak RSS, lines printed.\n\n| code | measured | accounts | pass s | fan-out s | worker s | queue jobs | ledger rows | apalis.jobs MB | worker RSS MB | status s / MB RSS / lines | status --json s / MB | preview s / MB RSS / lines |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "{TENANTS_HEADING}\n\nMeasured {} on {} (`bash bench/run.sh --only tenants`; each night's time is in the table: nights of other runs are kept). Every account has a 30-day window, an enabled session policy, a young run and a young session (3 days old at the tick); {} of them also hold a small backlog each: three old runs with detail and an output file (one held back by a pending settlement, EX-5), an old main session with its history and directory, and an expired attachment. One night each: `sexton tick`, then one worker (`--exit-when-idle`, default settings, every job kind) until the queue is idle; each night is checked to end in the state the rules give. pass: from the worker taking the nightly slot to the last job done; fan-out: the slot job alone (discovery, ledger rows, first hops); both from the queue's own times. Queue jobs and ledger rows (`sexton.passes` and `sexton.fan_outs`) are counted after the night, `apalis.jobs` with its indexes. `baseline` is the code before FL-8 (commit 985f33e), on databases migrated by it. `status`, `status --json` and `preview` run once each after the night: seconds, peak RSS, lines printed.\n\n| code | measured | accounts | pass s | fan-out s | worker s | queue jobs | ledger rows | apalis.jobs MB | worker RSS MB | status s / MB RSS / lines | status --json s / MB | preview s / MB RSS / lines |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         t.measured_at.format("%Y-%m-%d"),
         t.machine,
         t.due_accounts,
