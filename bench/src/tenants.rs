@@ -64,14 +64,16 @@ struct View {
 pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::Result<()> {
     // Nights of other runs are kept, each with its date, unless this run measures them again.
     let mut nights = earlier(cli)?;
-    let mut plan: Vec<(&'static str, &Path, u64)> = Vec::new();
+    // This build's nights first: the baseline's take the longest.
+    let mut plan: Vec<(&'static str, &Path, u64)> = cli
+        .tenant_accounts
+        .iter()
+        .map(|&n| ("sexton", cli.sexton.as_path(), n))
+        .collect();
     if let Some(baseline) = &cli.tenant_baseline {
         for &n in &cli.tenant_baseline_accounts {
             plan.push(("baseline", baseline.as_path(), n));
         }
-    }
-    for &n in &cli.tenant_accounts {
-        plan.push(("sexton", cli.sexton.as_path(), n));
     }
     for (code, binary, accounts) in plan {
         eprintln!("tenants: {code}, {accounts} accounts");
