@@ -119,8 +119,8 @@ fn write_tree(root: &Path, rows: &[Row]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Files left under `root`.
-fn files_left(root: &Path) -> anyhow::Result<u64> {
+/// Files left under `root` (its subdirectories walked).
+pub fn files_left(root: &Path) -> anyhow::Result<u64> {
     let mut n = 0;
     let mut dirs = vec![root.to_owned()];
     while let Some(dir) = dirs.pop() {

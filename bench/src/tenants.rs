@@ -379,21 +379,7 @@ async fn check(pool: &PgPool, roots: &Path, now: DateTime<Utc>, due: u64) -> any
     let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
         .fetch_one(pool)
         .await?;
-    let files = |root: &str| -> anyhow::Result<u64> {
-        let mut n = 0;
-        let mut dirs = vec![roots.join(root)];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir)? {
-                let entry = entry?;
-                if entry.file_type()?.is_dir() {
-                    dirs.push(entry.path());
-                } else {
-                    n += 1;
-                }
-            }
-        }
-        Ok(n)
-    };
+    let files = |root: &str| crate::attachments::files_left(&roots.join(root));
     let (outputs, session_files, attachment_files) =
         (files("outputs")?, files("sessions")?, files("attachments")?);
     let expected = (
