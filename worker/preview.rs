@@ -128,11 +128,15 @@ async fn preview_kind<W: Write>(
                 Ok(())
             })
             .await?;
+            let counts: serde_json::Map<_, _> = totals
+                .iter()
+                .map(|(what, n)| (what.clone(), (*n).into()))
+                .collect();
             let json = serde_json::json!({
                 "job": kind.name(),
                 "accounts": accounts,
                 "due": due,
-                "totals": totals.iter().map(|(what, n)| (what.clone(), (*n).into())).collect::<serde_json::Map<_, _>>(),
+                "totals": counts,
             });
             let mut text = format!(
                 "{due} of {accounts} accounts have something due (a pass would start for each)"

@@ -8,9 +8,9 @@
 //! Every account has a window of 30 days, an enabled session policy, one conversation with a
 //! young run (3 days old) and one agent with a young session. A due account also has three old
 //! runs (60 days) with detail and an output file each, one of them held back by a pending
-//! settlement (EX-5), an old main session (100 days, past the fallback 60) with its history row and archive
-//! directory, and an attachment whose file is 60 days old. Each night is checked to end in
-//! exactly the state the rules give before its figures count.
+//! settlement (EX-5), an old main session (100 days, past the fallback 60) with its history row
+//! and archive directory, and an attachment whose file is 60 days old. Each night is checked to
+//! end in exactly the state the rules give before its figures count.
 
 use super::*;
 
