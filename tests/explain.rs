@@ -1,4 +1,4 @@
-//! `sexton explain` (issue #17): for each job kind and verdict, what `explain` says is what the
+//! `sexton explain`: for each job kind and verdict, what `explain` says is what the
 //! next pass then does to the same row or file — eligible → removed, each reason → kept.
 
 use std::path::Path;

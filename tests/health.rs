@@ -1,4 +1,4 @@
-//! Health-aware pruning (issue #16) on a real PostgreSQL: a replication slot that holds WAL
+//! Health-aware pruning on a real PostgreSQL: a replication slot that holds WAL
 //! back, a vacuum running on `runs`, a WAL budget — and each indicator turned off, ignored.
 
 use std::time::{Duration, Instant};

@@ -24,7 +24,7 @@ pub struct JobContext {
     /// Hops of every queue together: at most `queue.concurrency` run at once, so that the pool
     /// (checked against it at start) always has their connections (FL-6).
     pub hops: Arc<Semaphore>,
-    /// The database's health, read by every hop between owner transactions (issue #16).
+    /// The database's health, read by every hop between owner transactions.
     pub health: Arc<Health>,
     /// Jobs this process is handling now, from fetch to settlement: a worker run until idle
     /// waits for them even when their queue rows are gone (deleted by hand), since each may

@@ -1,4 +1,4 @@
-//! `sexton explain <subject> <id> [--json]` (issue #17): the verdict of the job that owns a row
+//! `sexton explain <subject> <id> [--json]`: the verdict of the job that owns a row
 //! or file — eligible, retained with every reason and its rule id, or removed — from the job's
 //! own code, through the registry. Read-only.
 

@@ -280,7 +280,7 @@ async fn run_locked<J: Job>(
     }
     let seconds = started.elapsed().as_secs_f64();
     // The hop's work is done and counted whatever happens to the hand-over.
-    // A throttled pass waits before its next hop (issue #16).
+    // A throttled pass waits before its next hop.
     let delay = report.throttled.map(|_| ctx.settings.health.backoff);
     let pushed = match &report.next {
         Some(next) => push_after::<J>(ctx, next, delay).await.map(|_| ()),

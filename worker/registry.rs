@@ -54,7 +54,7 @@ pub trait Kind: Section + Send + Sync {
     fn subjects(&self) -> &'static [&'static str];
     /// Whether `id` is well formed for `subject`.
     fn parse_id(&self, subject: &str, id: &str) -> Result<(), String>;
-    /// Its verdict on one subject (issue #17).
+    /// Its verdict on one subject.
     fn explain<'a>(
         &'a self,
         conn: &'a mut PgConnection,

@@ -189,7 +189,7 @@ async fn delete(
             deleted.bytes_reclaimed += bytes;
             deleted.file_errors += errors;
             if let Some(indicator) = report.throttled {
-                // As a nightly pass would (issue #16): wait, then go on where it stopped.
+                // As a nightly pass would: wait, then go on where it stopped.
                 progress.println(format!(
                     "the database is unhealthy ({}); waiting {} s",
                     indicator.as_str(),

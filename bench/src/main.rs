@@ -283,7 +283,7 @@ fn budget_scale(scales: &[u64]) -> Option<u64> {
     small.or_else(|| scales.iter().copied().min())
 }
 
-/// A performance target of SPEC §8 (issue #15), held against this run's figures.
+/// A performance target of SPEC §8, held against this run's figures.
 #[derive(Debug, Clone, Serialize)]
 struct Target {
     /// PF-1, PF-2 or PF-3.
@@ -1230,7 +1230,7 @@ fn method(name: &'static str) -> Method {
 fn sexton_env(db: &str, files: &Path) -> Vec<(String, std::ffi::OsString)> {
     let mut env = vec![
         ("PGDATABASE".to_owned(), db.into()),
-        // Health throttling (issue #16) off: autovacuum on the freshly loaded copies would pause
+        // Health throttling off: autovacuum on the freshly loaded copies would pause
         // the pass, and the comparison is of the work itself.
         ("SEXTON_HEALTH__PAUSE_ON_VACUUM".to_owned(), "false".into()),
         (
@@ -2043,7 +2043,7 @@ fn markdown(results: &[Scale]) -> String {
         ));
     }
     let targets = targets(results);
-    md.push_str("\nTargets (SPEC §8, issue #15), from this run's figures:\n\n");
+    md.push_str("\nTargets (SPEC §8), from this run's figures:\n\n");
     for t in &targets {
         let at = match t.from_scale {
             Some(from) => format!("from scale {from} to {}", t.scale),
@@ -2099,7 +2099,7 @@ fn wal_per_owner(m: &Method) -> String {
         .map_or("—".into(), |bytes| format!("{bytes:.0}"))
 }
 
-/// The targets of SPEC §8 (issue #15) held against a run's figures, sexton's at its default
+/// The targets of SPEC §8 held against a run's figures, sexton's at its default
 /// concurrency: PF-1 and PF-2 at each scale, PF-3 from scale 10 (or the smallest scale above
 /// it) to the largest.
 fn targets(results: &[Scale]) -> Vec<Target> {

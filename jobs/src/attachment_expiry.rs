@@ -178,7 +178,7 @@ pub async fn hop(
             out_of_budget = true;
             break;
         }
-        // Between marking transactions only (issue #16).
+        // Between marking transactions only.
         if let Some(pace) = pace.as_mut() {
             pace.wait(conn, env.stop).await?;
         }
@@ -274,7 +274,7 @@ const MARK_EXPIRED: &str = "
         SELECT 'attachments', $3, relative_path FROM marked)
     SELECT id FROM marked";
 
-/// The job's verdict on one attachment (issue #17), from the same judgement of its file.
+/// The job's verdict on one attachment, from the same judgement of its file.
 async fn explain_attachment(
     conn: &mut PgConnection,
     settings: &AttachmentSettings,

@@ -1,4 +1,4 @@
-//! "Why is this still here?" (issue #17): a job's verdict on one row or file, with every reason
+//! "Why is this still here?": a job's verdict on one row or file, with every reason
 //! that applies and its rule id, computed by the same code as the job's own decision.
 
 use std::fmt;

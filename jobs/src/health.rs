@@ -1,4 +1,4 @@
-//! Database health (issue #16): between owner transactions, a hop asks whether the database
+//! Database health: between owner transactions, a hop asks whether the database
 //! can take more. Two indicators are red lights — replication lag past its limit, and a vacuum
 //! running on a table the job writes — and a hop that sees one stops taking owners and hands
 //! over to a later hop (outcome `throttled`, never a failure). The third, a WAL budget, is a

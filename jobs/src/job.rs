@@ -121,7 +121,7 @@ pub struct Env<'a> {
     /// Raised on shutdown (FL-5): finish the owner in hand, take no more, hand over.
     pub stop: &'a AtomicBool,
     pub paths: &'a PathSettings,
-    /// The database's health, checked between owner transactions (issue #16).
+    /// The database's health, checked between owner transactions.
     pub health: &'a Health,
 }
 
@@ -214,9 +214,9 @@ pub trait Job: Send + Sync + 'static {
     const SECTION: &'static str;
     /// Connections one hop holds at once, the one carrying its scope lock included.
     const CONNECTIONS: u32 = 1;
-    /// The tables a hop writes: a vacuum on one of them pauses its hops (issue #16).
+    /// The tables a hop writes: a vacuum on one of them pauses its hops.
     const TABLES: &'static [&'static str] = &[];
-    /// What `sexton explain <subject> <id>` asks this job about (issue #17).
+    /// What `sexton explain <subject> <id>` asks this job about.
     const SUBJECTS: &'static [&'static str] = &[];
     /// Every reason an owner may be retained for: metric label values, reported as 0 until
     /// they happen.

@@ -244,7 +244,7 @@ pub struct HopReport {
     pub next: Option<Args>,
     /// Time spent inside owners' transactions, from begin to commit or rollback.
     pub owner_seconds: f64,
-    /// The red indicator that stopped the hop early, if one did (issue #16).
+    /// The red indicator that stopped the hop early, if one did.
     pub throttled: Option<Indicator>,
 }
 
@@ -465,7 +465,7 @@ async fn hop_into(
             out_of_budget = true;
             break;
         }
-        // Between owner transactions only: nothing is ever half-done (issue #16).
+        // Between owner transactions only: nothing is ever half-done.
         if let Some(pace) = pace.as_mut() {
             pace.wait(conn, stop).await?;
         }
@@ -1101,7 +1101,7 @@ static PREVIEW: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// One run as the job's own re-check judges it (`sexton explain`, issue #17): `$1` the run,
+/// One run as the job's own re-check judges it (`sexton explain`): `$1` the run,
 /// `$2` its account, `$3` the cutoff, `$4` what it is measured back from — the owner
 /// statement's `locked` columns, without a lock.
 static EXPLAIN: LazyLock<String> = LazyLock::new(|| {
@@ -1157,7 +1157,7 @@ async fn blocker_detail(
     Ok(rows.join("; "))
 }
 
-/// The job's verdict on one run (issue #17).
+/// The job's verdict on one run.
 async fn explain_run(
     conn: &mut PgConnection,
     now: DateTime<Utc>,

@@ -356,7 +356,7 @@ pub async fn hop<R: Record>(
         if batches > 0 && (started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed)) {
             break;
         }
-        // Between batches only, each its own transaction (issue #16).
+        // Between batches only, each its own transaction.
         if let Some(pace) = pace.as_mut() {
             pace.wait(conn, stop).await?;
         }
@@ -478,7 +478,7 @@ impl std::fmt::Display for Preview {
     }
 }
 
-/// The job's verdict on one record (issue #17): past its age (the batches' `< cutoff`, finite
+/// The job's verdict on one record: past its age (the batches' `< cutoff`, finite
 /// ages only) and not pinned.
 async fn explain_record<R: Record>(
     conn: &mut PgConnection,

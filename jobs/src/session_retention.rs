@@ -263,7 +263,7 @@ pub struct HopReport {
     pub files: FileCounts,
     pub owner_seconds: f64,
     pub next: Option<Args>,
-    /// The red indicator that stopped the hop early, if one did (issue #16).
+    /// The red indicator that stopped the hop early, if one did.
     pub throttled: Option<Indicator>,
 }
 
@@ -417,7 +417,7 @@ async fn hop_into(
                 out_of_budget = true;
                 break;
             }
-            // Between deletion transactions only: nothing is ever half-done (issue #16).
+            // Between deletion transactions only: nothing is ever half-done.
             if let Some(pace) = pace.as_mut() {
                 pace.wait(conn, stop).await?;
             }
@@ -1129,7 +1129,7 @@ impl std::fmt::Display for Preview {
     }
 }
 
-/// The job's verdict on one session (issue #17), from the SQL functions the job itself judges
+/// The job's verdict on one session, from the SQL functions the job itself judges
 /// by: `sexton.session_verdict` decides, `session_protection` and `session_evidence` give every
 /// reason that applies.
 async fn explain_session(

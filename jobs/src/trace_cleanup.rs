@@ -1076,7 +1076,7 @@ impl Observer for Watch<'_> {
     }
 }
 
-/// The cleaner's verdict on one file (issue #17): a dry run of the cleaner itself — the same
+/// The cleaner's verdict on one file: a dry run of the cleaner itself — the same
 /// walk, signature check, live-session check, age and quota — watching that path. `path` is
 /// relative to the traces root, or absolute under it.
 async fn explain_trace(

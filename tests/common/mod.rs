@@ -27,7 +27,7 @@ pub fn settings(dir: &Path) -> Settings {
     };
     settings.queue.poll_interval = Duration::from_millis(100);
     settings.queue.retry_backoff = Duration::from_millis(50);
-    // Health throttling (issue #16) is proven by its own tests; elsewhere an autovacuum the
+    // Health throttling is proven by its own tests; elsewhere an autovacuum the
     // test's bulk inserts start, or another test's replication slot, must not pause a pass.
     settings.health = sexton_jobs::health::HealthSettings::OFF;
     settings

@@ -145,7 +145,7 @@ pub fn backlog(job: &'static str, seconds: f64) {
     gauge!("sexton_backlog_seconds", "job" => job).set(seconds);
 }
 
-/// A hop that stopped early on a red health indicator (issue #16).
+/// A hop that stopped early on a red health indicator.
 pub fn throttled(job: &'static str, indicator: &'static str) {
     counter!("sexton_throttled_total", "job" => job, "indicator" => indicator).increment(1);
 }
