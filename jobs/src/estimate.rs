@@ -20,6 +20,29 @@ pub enum Read {
     Scan,
 }
 
+impl Read {
+    /// The statement of this read: `probes` or `scan`.
+    pub fn pick<'s>(self, probes: &'s str, scan: &'s str) -> &'s str {
+        match self {
+            Read::Probes => probes,
+            Read::Scan => scan,
+        }
+    }
+}
+
+/// A backlog in seconds, from the one value of its statement: no row (a scan that found
+/// nothing) or NULL (a per-account read that found nothing) is 0, and it is never below 0.
+///
+/// # Errors
+/// A database error.
+pub async fn backlog_seconds(
+    pool: &sqlx::PgPool,
+    query: sqlx::query::QueryScalar<'_, sqlx::Postgres, Option<f64>, sqlx::postgres::PgArguments>,
+) -> Result<f64, sqlx::Error> {
+    let seconds = query.fetch_optional(pool).await?.flatten();
+    Ok(seconds.unwrap_or(0.0).max(0.0))
+}
+
 /// [`Read::Scan`] when one scan of `table` costs less than a probe per row of `accounts` (both
 /// relations as `pg_class` names them), by the planner's row estimates; [`Read::Probes`] when
 /// either has never been analysed, so that a fresh database reads by probes.

@@ -902,17 +902,11 @@ pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, E
 /// # Errors
 /// [`Error::Database`] on a database error.
 pub async fn backlog_read(pool: &PgPool, now: DateTime<Utc>, read: Read) -> Result<f64, Error> {
-    let sql = match read {
-        Read::Probes => &BACKLOG,
-        Read::Scan => &BACKLOG_SCAN,
-    };
-    // The scan gives no row when nothing waits, the per-account read a NULL.
-    let seconds: Option<Option<f64>> = sqlx::query_scalar(sqlx::AssertSqlSafe(&***sql))
+    let sql = read.pick(&BACKLOG, &BACKLOG_SCAN);
+    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind(now)
-        .bind(EARLIEST)
-        .fetch_optional(pool)
-        .await?;
-    Ok(seconds.flatten().unwrap_or(0.0).max(0.0))
+        .bind(EARLIEST);
+    Ok(crate::estimate::backlog_seconds(pool, query).await?)
 }
 
 /// The backlog: `$1` now, `$2` the earliest finite age. Per account, the oldest eligible
