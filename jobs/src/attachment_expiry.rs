@@ -13,8 +13,7 @@
 //! the shared mechanism (`files::drain`), which keeps a file another live attachment still
 //! names. The artifacts root is never touched.
 
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rustix::fs::FileType;
@@ -24,8 +23,9 @@ use uuid::Uuid;
 
 use crate::cutoff::{self, days_before};
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
+use crate::files::{self, DrainError, PathSettings, Root};
 use crate::job::{AccountRange, Env, HopOutcome, Job, Position, Report, Scope};
+use crate::owner_loop::{Bounds, Candidates, Chunks, Files, Hop, Taken, Window, Windowed};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -102,7 +102,7 @@ fn judge(root: &std::os::fd::OwnedFd, relative: &str, cutoff: DateTime<Utc>) -> 
     }
 }
 
-/// One hop over one window of an account's live attachments.
+/// One hop over one window of an account's live attachments (the owner loop, [`Hop::run`]).
 ///
 /// # Errors
 /// [`Error`]; what was committed stays, and the hop can be run again.
@@ -112,29 +112,25 @@ pub async fn hop(
     args: &Args,
     report: &mut Report<Args>,
 ) -> Result<(), Error> {
-    let started = Instant::now();
     let root_path = &env.paths.attachments_root;
-    let conn = env.conn;
-    *report = Report {
-        outcome: HopOutcome::Finished.as_str(),
-        window: settings.window_size,
-        candidates: 0,
-        pruned: 0,
-        retained: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
-        // Rows are marked, never deleted: what expired is counted in `pruned` and the files.
-        rows: Vec::new(),
-        files: FileCounts::default(),
-        owner_seconds: 0.0,
-        next: None,
-        throttled: None,
+    *report = Report::new(&RETAIN_REASONS);
+    // Rows are marked, never deleted: what expired is counted in `pruned` and the files.
+    report.window = settings.window_size;
+    let bounds = Bounds {
+        window: Some(settings.window_size),
+        budget: settings.budget,
     };
-    report
-        .files
-        .add(files::drain(conn, Root::Attachments, root_path, Some(args.account_id)).await?);
+    let files = Files {
+        root: Root::Attachments,
+        path: root_path,
+        scope: Some(args.account_id),
+        beside: None,
+    };
+    let hop = Hop::start(env.conn, env.health, env.stop, bounds, Some(files), report).await?;
     let (database_now, exists): (DateTime<Utc>, bool) =
         sqlx::query_as("SELECT now(), EXISTS (SELECT 1 FROM accounts WHERE id = $1)")
             .bind(args.account_id)
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut *hop.conn)
             .await?;
     if !exists {
         report.outcome = HopOutcome::AccountGone.as_str();
@@ -155,41 +151,84 @@ pub async fn hop(
     let Some(cutoff) = cutoff else {
         return Ok(());
     };
-    let window: Vec<(Uuid, String)> = sqlx::query_as(
-        "SELECT id, relative_path FROM attachments
-         WHERE account_id = $1 AND bytes_expired_at IS NULL AND id > $2
-         ORDER BY id LIMIT $3",
-    )
-    .bind(args.account_id)
-    .bind(args.after.unwrap_or_default())
-    .bind(i64::from(settings.window_size))
-    .fetch_all(&mut *conn)
-    .await?;
     let root = files::open_root(root_path).map_err(|source| DrainError::Root {
         path: root_path.clone(),
         source,
     })?;
+    let mut live = Windowed::new(
+        Live {
+            account_id: args.account_id,
+            cutoff,
+            root,
+        },
+        Chunks::Fixed(CHUNK),
+    );
+    let end = hop.run(&mut live, args.after, report).await?;
+    report.outcome = end.outcome().as_str();
+    report.next = end.next().map(|after| Args {
+        version: V1,
+        account_id: args.account_id,
+        pass_started_at: args.pass_started_at,
+        cutoff: Some(cutoff),
+        after,
+        hop: args.hop + 1,
+    });
+    Ok(())
+}
 
-    let mut last = args.after;
-    let mut out_of_budget = false;
-    let mut pace = env.health.pace();
-    for (n, chunk) in window.chunks(CHUNK).enumerate() {
-        if n > 0 && (started.elapsed() >= settings.budget || env.stop.load(Ordering::Relaxed)) {
-            out_of_budget = true;
-            break;
-        }
-        // Between marking transactions only.
-        if let Some(pace) = pace.as_mut() {
-            pace.wait(conn, env.stop).await?;
-        }
-        if let Some(red) = env.health.red(conn, &["attachments"]).await? {
-            report.throttled = Some(red);
-            out_of_budget = true;
-            break;
-        }
+/// An account's live attachments, in id order, as the owner loop takes them.
+struct Live {
+    account_id: Uuid,
+    cutoff: DateTime<Utc>,
+    root: std::os::fd::OwnedFd,
+}
+
+impl Window for Live {
+    /// An attachment and the path it names.
+    type Candidate = (Uuid, String);
+    /// The last attachment looked at.
+    type Cursor = Uuid;
+    type Report = Report<Args>;
+    type Error = Error;
+
+    const TABLES: &'static [&'static str] = &["attachments", "pending_file_deletions"];
+
+    async fn read(
+        &mut self,
+        conn: &mut PgConnection,
+        at: Option<&Uuid>,
+        room: u32,
+        _report: &mut Report<Args>,
+    ) -> Result<Candidates<(Uuid, String), Uuid>, Error> {
+        let candidates = sqlx::query_as(
+            "SELECT id, relative_path FROM attachments
+             WHERE account_id = $1 AND bytes_expired_at IS NULL AND id > $2
+             ORDER BY id LIMIT $3",
+        )
+        .bind(self.account_id)
+        .bind(at.copied().unwrap_or_default())
+        .bind(i64::from(room))
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(Candidates {
+            candidates,
+            tail: None,
+        })
+    }
+
+    fn cursor(&self, (id, _): &(Uuid, String)) -> Uuid {
+        *id
+    }
+
+    async fn take(
+        &mut self,
+        conn: &mut PgConnection,
+        chunk: &[(Uuid, String)],
+        report: &mut Report<Args>,
+    ) -> Result<Taken, Error> {
         let (mut expired, mut judged) = (Vec::new(), Vec::new());
         for (id, path) in chunk {
-            match judge(&root, path, cutoff) {
+            match judge(&self.root, path, self.cutoff) {
                 Verdict::Expired => {
                     expired.push(*id);
                     judged.push(path.clone());
@@ -198,47 +237,24 @@ pub async fn hop(
                 Verdict::Kept(reason) => retain(report, reason),
             }
         }
-        report.candidates += chunk.len() as u64;
-        last = chunk.last().map(|(id, _)| *id);
         if expired.is_empty() {
-            continue;
+            return Ok(Taken::default());
         }
-        let chunk_started = Instant::now();
         let marked: Vec<Uuid> = sqlx::query_scalar(MARK_EXPIRED)
             .bind(&expired)
             .bind(&judged)
-            .bind(args.account_id)
+            .bind(self.account_id)
             .fetch_all(&mut *conn)
             .await?;
-        report.owner_seconds += chunk_started.elapsed().as_secs_f64();
         for _ in marked.len()..expired.len() {
             retain(report, "busy");
         }
         report.pruned += marked.len() as u64;
-        report
-            .files
-            .add(files::drain(conn, Root::Attachments, root_path, Some(args.account_id)).await?);
+        Ok(Taken {
+            recorded: marked.len() as u64,
+            sized_by: None,
+        })
     }
-    // The last transaction's WAL counts too: the rate holds across hops.
-    if let Some(pace) = pace.as_mut() {
-        pace.wait(conn, env.stop).await?;
-    }
-    if window.len() == settings.window_size as usize || out_of_budget {
-        report.outcome = if report.throttled.is_some() {
-            HopOutcome::Throttled.as_str()
-        } else {
-            HopOutcome::Continued.as_str()
-        };
-        report.next = Some(Args {
-            version: V1,
-            account_id: args.account_id,
-            pass_started_at: args.pass_started_at,
-            cutoff: Some(cutoff),
-            after: last,
-            hop: args.hop + 1,
-        });
-    }
-    Ok(())
 }
 
 fn retain(report: &mut Report<Args>, reason: &'static str) {
@@ -424,7 +440,6 @@ impl Job for AttachmentExpiry {
     const QUEUE: &'static str = "sexton.attachment_expiry";
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "attachments";
-    const TABLES: &'static [&'static str] = &["attachments", "pending_file_deletions"];
     const SUBJECTS: &'static [&'static str] = &["attachment"];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 

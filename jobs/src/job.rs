@@ -214,8 +214,6 @@ pub trait Job: Send + Sync + 'static {
     const SECTION: &'static str;
     /// Connections one hop holds at once, the one carrying its scope lock included.
     const CONNECTIONS: u32 = 1;
-    /// The tables a hop writes: a vacuum on one of them pauses its hops.
-    const TABLES: &'static [&'static str] = &[];
     /// What `sexton explain <subject> <id>` asks this job about.
     const SUBJECTS: &'static [&'static str] = &[];
     /// Every reason an owner may be retained for: metric label values, reported as 0 until

@@ -13,6 +13,7 @@ pub mod files;
 mod golden;
 pub mod health;
 pub mod job;
+pub mod owner_loop;
 pub mod payload;
 pub mod prune_execution_details;
 pub mod queue_retention;

@@ -1319,7 +1319,6 @@ impl Job for PruneExecutionDetails {
     const SECTION: &'static str = "execution_details";
     /// The owner transactions' and the files' drain beside them ([`files::Beside`]).
     const CONNECTIONS: u32 = 2;
-    const TABLES: &'static [&'static str] = &WRITTEN;
     const RETAIN_REASONS: &'static [&'static str] = &RetainReason::NAMES;
     const SUBJECTS: &'static [&'static str] = &["run"];
 

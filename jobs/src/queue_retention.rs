@@ -8,7 +8,7 @@
 //! The slot keys that make a nightly slot exactly-once live in these rows, which is why the
 //! configuration refuses a catch-up window reaching past the retention.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -17,9 +17,11 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::cutoff;
-use crate::files::{FileCounts, PathSettings};
+use crate::files::PathSettings;
+use crate::health::Health;
 pub use crate::job::HopOutcome;
 use crate::job::{Env, Job, Position, Report, Scope};
+use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -54,6 +56,9 @@ pub struct Args {
 pub enum Error {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// Never for this job, which owns no files: the owner loop's drain can fail so.
+    #[error(transparent)]
+    Files(#[from] crate::files::DrainError),
 }
 
 /// The tables this job deletes from, in the order reports list them.
@@ -79,63 +84,43 @@ const DELETE_STALE_WORKERS: &str = "
                    LIMIT $2)
       AND NOT EXISTS (SELECT 1 FROM apalis.jobs j WHERE j.lock_by = w.id)";
 
-/// One hop: batches of finished jobs until none is old enough (or the budget is spent), then
-/// the stale registrations.
+/// One hop: batches of finished jobs until none is old enough (or the budget is spent: the
+/// owner loop, [`owner_loop::run`]), then the stale registrations.
 ///
 /// # Errors
 /// [`Error::Database`]; what was deleted stays deleted and the hop can be run again.
 pub async fn hop(
     conn: &mut PgConnection,
+    health: &Health,
     settings: &QueueRetentionSettings,
     args: &Args,
     stop: &AtomicBool,
     report: &mut Report<Args>,
 ) -> Result<(), Error> {
-    let started = Instant::now();
-    *report = Report {
-        outcome: HopOutcome::Finished.as_str(),
-        window: BATCH_SIZE,
-        candidates: 0,
-        pruned: 0,
-        retained: Vec::new(),
-        rows: TABLES.iter().map(|t| (*t, 0)).collect(),
-        files: FileCounts::default(),
-        owner_seconds: 0.0,
-        next: None,
-        throttled: None,
+    *report = Report::new(&[]);
+    report.window = BATCH_SIZE;
+    report.rows = TABLES.iter().map(|t| (*t, 0)).collect();
+    let bounds = Bounds {
+        window: None,
+        budget: HOP_BUDGET,
     };
+    let hop = Hop::start(&mut *conn, health, stop, bounds, None, report).await?;
     let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *hop.conn)
         .await?;
     let reference = cutoff::reference(args.pass_started_at, database_now);
-    let finished_before = reference - settings.retention;
-
-    let mut batches = 0;
-    loop {
-        if batches > 0 && (started.elapsed() >= HOP_BUDGET || stop.load(Ordering::Relaxed)) {
-            report.outcome = HopOutcome::Continued.as_str();
-            report.next = Some(Args {
-                version: V1,
-                pass_started_at: args.pass_started_at,
-                hop: args.hop + 1,
-            });
-            return Ok(());
-        }
-        let batch_started = Instant::now();
-        let deleted = sqlx::query(DELETE_FINISHED)
-            .bind(finished_before)
-            .bind(i64::from(BATCH_SIZE))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-        report.owner_seconds += batch_started.elapsed().as_secs_f64();
-        batches += 1;
-        report.candidates += deleted;
-        report.pruned += deleted;
-        report.rows[0].1 += deleted;
-        if deleted < u64::from(BATCH_SIZE) {
-            break;
-        }
+    let mut finished = Finished {
+        before: reference - settings.retention,
+    };
+    let end = hop.run(&mut finished, None, report).await?;
+    report.outcome = end.outcome().as_str();
+    if end.next().is_some() {
+        report.next = Some(Args {
+            version: V1,
+            pass_started_at: args.pass_started_at,
+            hop: args.hop + 1,
+        });
+        return Ok(());
     }
 
     let workers = sqlx::query(DELETE_STALE_WORKERS)
@@ -150,6 +135,49 @@ pub async fn hop(
         Err(err) => return Err(err.into()),
     }
     Ok(())
+}
+
+/// Finished jobs as the owner loop takes them: each step one batch, deleted by one statement.
+struct Finished {
+    before: DateTime<Utc>,
+}
+
+impl Owners for Finished {
+    /// None: each batch takes the oldest left.
+    type Cursor = ();
+    type Report = Report<Args>;
+    type Error = Error;
+
+    const TABLES: &'static [&'static str] = &TABLES;
+
+    async fn step(
+        &mut self,
+        conn: &mut PgConnection,
+        _at: Option<&()>,
+        _room: Option<u32>,
+        report: &mut Report<Args>,
+    ) -> Result<Took<()>, Error> {
+        let started = Instant::now();
+        let deleted = sqlx::query(DELETE_FINISHED)
+            .bind(self.before)
+            .bind(i64::from(BATCH_SIZE))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        report.pruned += deleted;
+        report.rows[0].1 += deleted;
+        Ok(Took {
+            read: deleted,
+            at: None,
+            recorded: 0,
+            seconds: started.elapsed().as_secs_f64(),
+            then: if deleted < u64::from(BATCH_SIZE) {
+                Then::End(None)
+            } else {
+                Then::More
+            },
+        })
+    }
 }
 
 /// The `[queue]` section, of which this job reads one setting.
@@ -206,7 +234,7 @@ impl Job for QueueRetention {
         args: &Args,
         report: &mut Report<Args>,
     ) -> Result<(), Error> {
-        hop(env.conn, settings, args, env.stop, report).await
+        hop(env.conn, env.health, settings, args, env.stop, report).await
     }
 
     async fn backlog_seconds(

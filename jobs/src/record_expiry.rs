@@ -14,7 +14,6 @@
 //! `brain_memories` (TTL-5).
 
 use std::marker::PhantomData;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -24,10 +23,11 @@ use uuid::Uuid;
 
 use crate::cutoff::{self, EARLIEST, days_before};
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{FileCounts, PathSettings};
+use crate::files::PathSettings;
 use crate::health::Health;
 pub use crate::job::HopOutcome;
 use crate::job::{Env, Job, Position, Report, Scope};
+use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -290,6 +290,9 @@ pub const RETAIN_REASONS: [&str; 1] = [
 pub enum Error {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// Never for these kinds, which own no files: the owner loop's drain can fail so.
+    #[error(transparent)]
+    Files(#[from] crate::files::DrainError),
 }
 
 /// What one batch read and did.
@@ -304,7 +307,8 @@ struct Batch {
 /// A short-lived record kind as a job.
 pub struct Expire<R>(PhantomData<R>);
 
-/// One hop: batches until the expired rows run out, the budget is spent or the worker stops.
+/// One hop: batches until the expired rows run out, the budget is spent or the worker stops
+/// (the owner loop, [`Hop::run`]).
 ///
 /// # Errors
 /// [`Error::Database`]; every batch before the failing one is committed, and the hop can be
@@ -317,26 +321,21 @@ pub async fn hop<R: Record>(
     stop: &std::sync::atomic::AtomicBool,
     report: &mut Report<Args>,
 ) -> Result<(), Error> {
-    let started = Instant::now();
-    *report = Report {
-        outcome: HopOutcome::Finished.as_str(),
-        window: settings.batch_size,
-        candidates: 0,
-        pruned: 0,
-        retained: vec![("busy", 0)],
-        rows: vec![(R::TABLE, 0)],
-        files: FileCounts::default(),
-        owner_seconds: 0.0,
-        next: None,
-        throttled: None,
+    *report = Report::new(&RETAIN_REASONS);
+    report.window = settings.batch_size;
+    report.rows = vec![(R::TABLE, 0)];
+    let bounds = Bounds {
+        window: None,
+        budget: settings.budget,
     };
+    let hop = Hop::start(conn, health, stop, bounds, None, report).await?;
     let days = R::days(settings);
     if days == 0 {
         report.outcome = HopOutcome::Disabled.as_str();
         return Ok(());
     }
     let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *hop.conn)
         .await?;
     let current = days_before(cutoff::reference(args.pass_started_at, database_now), days);
     let cutoff = match args.cutoff {
@@ -346,66 +345,74 @@ pub async fn hop<R: Record>(
     let Some(cutoff) = cutoff else {
         return Ok(());
     };
+    let mut batches = Batches::<R> {
+        cutoff,
+        size: settings.batch_size,
+        kind: PhantomData,
+    };
+    let end = hop.run(&mut batches, args.after.clone(), report).await?;
+    report.outcome = end.outcome().as_str();
+    report.next = end.next().map(|after| Args {
+        version: V1,
+        pass_started_at: args.pass_started_at,
+        cutoff: Some(cutoff),
+        after,
+        hop: args.hop + 1,
+    });
+    Ok(())
+}
 
-    let mut after = args.after.clone();
-    let mut more = true;
-    let mut batches = 0u32;
-    let mut pace = health.pace();
-    while more {
-        // The first batch is always taken, so that every hop moves the pass forward.
-        if batches > 0 && (started.elapsed() >= settings.budget || stop.load(Ordering::Relaxed)) {
-            break;
-        }
-        // Between batches only, each its own transaction.
-        if let Some(pace) = pace.as_mut() {
-            pace.wait(conn, stop).await?;
-        }
-        if let Some(red) = health.red(conn, &[R::TABLE]).await? {
-            report.throttled = Some(red);
-            break;
-        }
-        let (after_at, after_id) = after
-            .clone()
+/// A pass over one record kind as the owner loop takes it: each step one batch, read, locked,
+/// re-checked and deleted by one statement.
+struct Batches<R> {
+    cutoff: DateTime<Utc>,
+    size: u32,
+    kind: PhantomData<R>,
+}
+
+impl<R: Record> Owners for Batches<R> {
+    /// The last row visited: its age and id as text.
+    type Cursor = (DateTime<Utc>, String);
+    type Report = Report<Args>;
+    type Error = Error;
+
+    const TABLES: &'static [&'static str] = &[R::TABLE];
+
+    async fn step(
+        &mut self,
+        conn: &mut PgConnection,
+        at: Option<&Self::Cursor>,
+        _room: Option<u32>,
+        report: &mut Report<Args>,
+    ) -> Result<Took<Self::Cursor>, Error> {
+        let (after_at, after_id) = at
+            .cloned()
             .unwrap_or_else(|| (EARLIEST, R::FIRST_ID.to_owned()));
-        let batch_started = Instant::now();
+        let started = Instant::now();
         let batch: Batch = sqlx::query_as(R::BATCH)
-            .bind(cutoff)
+            .bind(self.cutoff)
             .bind(after_at.max(EARLIEST))
             .bind(after_id)
-            .bind(i64::from(settings.batch_size))
+            .bind(i64::from(self.size))
             .fetch_one(&mut *conn)
             .await?;
-        report.owner_seconds += batch_started.elapsed().as_secs_f64();
-        batches += 1;
+        let seconds = started.elapsed().as_secs_f64();
         let (read, deleted) = (batch.read.max(0) as u64, batch.deleted.max(0) as u64);
-        report.candidates += read;
         report.pruned += deleted;
         report.rows[0].1 += deleted;
         report.retained[0].1 += read.saturating_sub(deleted);
-        if let (Some(at), Some(id)) = (batch.last_at, batch.last_id) {
-            after = Some((at, id));
-        }
-        more = read == u64::from(settings.batch_size);
+        Ok(Took {
+            read,
+            at: batch.last_at.zip(batch.last_id),
+            recorded: 0,
+            seconds,
+            then: if read == u64::from(self.size) {
+                Then::More
+            } else {
+                Then::End(None)
+            },
+        })
     }
-    // The last batch's WAL counts too: the rate holds across hops.
-    if let Some(pace) = pace.as_mut() {
-        pace.wait(conn, stop).await?;
-    }
-    if more {
-        report.outcome = if report.throttled.is_some() {
-            HopOutcome::Throttled.as_str()
-        } else {
-            HopOutcome::Continued.as_str()
-        };
-        report.next = Some(Args {
-            version: V1,
-            pass_started_at: args.pass_started_at,
-            cutoff: Some(cutoff),
-            after,
-            hop: args.hop + 1,
-        });
-    }
-    Ok(())
 }
 
 /// How far past its cutoff the oldest expired row is, in seconds (0 when none is).
@@ -593,7 +600,6 @@ impl<R: Record> Job for Expire<R> {
     const QUEUE: &'static str = R::QUEUE;
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "expiry";
-    const TABLES: &'static [&'static str] = &[R::TABLE];
     const SUBJECTS: &'static [&'static str] = &[R::SUBJECT];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 

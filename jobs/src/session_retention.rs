@@ -1277,7 +1277,6 @@ impl Job for SessionRetention {
     const QUEUE: &'static str = "sexton.session_retention";
     const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "sessions";
-    const TABLES: &'static [&'static str] = &TABLES;
     const SUBJECTS: &'static [&'static str] = &["session"];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
