@@ -20,8 +20,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -35,6 +35,9 @@ use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
 use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
+use crate::owner_loop::{
+    Bounds, Candidates, Chunks, Files, Hop, Progress, Taken, Window, Windowed,
+};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -248,6 +251,16 @@ pub const TABLES: [&str; 4] = [
     "sessions",
 ];
 
+/// Every table a hop writes: the history, the handoffs it unlinks, the file records.
+const WRITTEN: [&str; 6] = [
+    TABLES[0],
+    TABLES[1],
+    TABLES[2],
+    TABLES[3],
+    "handoffs",
+    "pending_file_deletions",
+];
+
 /// What one hop did.
 #[derive(Debug, Clone, Serialize)]
 pub struct HopReport {
@@ -293,6 +306,21 @@ impl HopReport {
     }
 }
 
+impl Progress for HopReport {
+    fn took(&mut self, candidates: u64, seconds: f64) {
+        self.candidates += candidates;
+        self.owner_seconds += seconds;
+    }
+
+    fn files(&mut self, counts: FileCounts) {
+        self.files.add(counts);
+    }
+
+    fn throttled(&mut self, red: Indicator) {
+        self.throttled = Some(red);
+    }
+}
+
 /// Why a hop failed; it is retried.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -334,7 +362,8 @@ pub async fn hop(
     Ok(report)
 }
 
-/// [`hop`] into `report`, which holds what was committed when it fails.
+/// [`hop`] into `report`, which holds what was committed when it fails: the owner loop
+/// ([`Hop::run`]) over the account's sessions, kind after kind.
 async fn hop_into(
     conn: &mut PgConnection,
     health: &Health,
@@ -343,168 +372,180 @@ async fn hop_into(
     stop: &AtomicBool,
     report: &mut HopReport,
 ) -> Result<(), Error> {
-    let started = Instant::now();
-    report
-        .files
-        .add(drain(conn, settings, args.account_id).await?);
-
-    let Some((ages, database_now)) = ages(conn, args.account_id, args.policy, report).await? else {
+    let bounds = Bounds {
+        window: Some(settings.window_size),
+        budget: settings.budget,
+    };
+    let files = Files {
+        root: Root::Sessions,
+        path: &settings.sessions_root,
+        scope: Some(args.account_id),
+        beside: None,
+    };
+    let hop = Hop::start(conn, health, stop, bounds, Some(files), report).await?;
+    let Some((ages, database_now)) = ages(hop.conn, args.account_id, args.policy, report).await?
+    else {
         return Ok(());
     };
     let current = ages.cutoffs(crate::cutoff::reference(args.pass_started_at, database_now));
     let cutoffs = args.cutoffs.unwrap_or(current);
-    let bound = cutoffs.min(&current);
-    let mut cursor = args.cursor.unwrap_or(Cursor {
-        kind: SessionKind::Main,
-        after: None,
-    });
     // The kinds share the hop and its chain: it hands over only when its window or its budget
     // is spent, not when a kind runs out (FL-8).
-    let mut room = settings.window_size;
-    let mut taken = false;
-    let mut pace = health.pace();
-    let next_cursor = loop {
+    let mut sessions = Windowed::new(
+        Sessions {
+            account_id: args.account_id,
+            ages,
+            bound: cutoffs.min(&current),
+            kind: SessionKind::Main,
+            settings,
+        },
+        Chunks::Fixed(settings.sessions_per_transaction as usize),
+    );
+    let end = hop.run(&mut sessions, args.cursor, report).await?;
+    report.outcome = end.outcome();
+    report.next = end.next().map(|cursor| Args {
+        version: V1,
+        account_id: args.account_id,
+        pass_started_at: args.pass_started_at,
+        policy: args.policy,
+        cutoffs: Some(cutoffs),
+        cursor,
+        hop: args.hop + 1,
+    });
+    Ok(())
+}
+
+/// An account's sessions as the owner loop takes them: kind after kind, each in (last
+/// activity, id) order through `sessions_retention_window`.
+struct Sessions<'a> {
+    account_id: Uuid,
+    ages: Ages,
+    /// The stricter of the carried cutoffs and the current ones, kind by kind.
+    bound: Cutoffs,
+    /// The kind of the window in hand.
+    kind: SessionKind,
+    settings: &'a HopSettings,
+}
+
+/// A session as the window read it: its id, its agent, its last activity and its verdict
+/// (`None`: it goes).
+type Candidate = (Uuid, Uuid, DateTime<Utc>, Option<String>);
+
+impl Window for Sessions<'_> {
+    type Candidate = Candidate;
+    type Cursor = Cursor;
+    type Report = HopReport;
+    type Error = Error;
+
+    const TABLES: &'static [&'static str] = &WRITTEN;
+
+    async fn read(
+        &mut self,
+        conn: &mut PgConnection,
+        at: Option<&Cursor>,
+        room: u32,
+        report: &mut HopReport,
+    ) -> Result<Candidates<Candidate, Cursor>, Error> {
+        let cursor = at.copied().unwrap_or(Cursor {
+            kind: SessionKind::Main,
+            after: None,
+        });
         let kind = cursor.kind;
-        let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
-        if cursor.after.is_none() && ages.invalid().any(|invalid| invalid == kind) {
+        self.kind = kind;
+        if cursor.after.is_none() && self.ages.invalid().any(|invalid| invalid == kind) {
             // Never "every session is old": none of this kind is (SS-1).
             tracing::warn!(
-                account = %args.account_id,
+                account = %self.account_id,
                 kind = kind.as_str(),
-                days = ages.days(kind),
+                days = self.ages.days(kind),
                 "the account's session retention policy gives this kind an age of 0 or less \
                  (must be > 0): none of its sessions is pruned"
             );
             report.retain(INVALID_POLICY);
         }
-
+        let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
         // The verdict is taken first without locks, so that only sessions that would go are
-        // locked: a retained session (protected, lacking evidence) is never held from the platform.
-        let window: Vec<(Uuid, Uuid, DateTime<Utc>, Option<String>)> = match bound.of(kind) {
+        // locked: a retained session (protected, lacking evidence) is never held from the
+        // platform.
+        let candidates = match self.bound.of(kind) {
             None => Vec::new(),
             Some(cutoff) => {
-                sqlx::query_as(
-                    "SELECT s.id, s.agent_id, s.last_activity_at,
-                        sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
-                                               s.last_activity_at, $3)
-                 FROM sessions s
-                 WHERE s.account_id = $1 AND s.kind = $2 AND s.last_activity_at < $3
-                   AND (s.last_activity_at, s.id) > ($4, $5)
-                 ORDER BY s.last_activity_at, s.id
-                 LIMIT $6",
-                )
-                .bind(args.account_id)
-                .bind(kind.as_str())
-                .bind(cutoff)
-                .bind(after_at.max(EARLIEST))
-                .bind(after_id)
-                .bind(i64::from(room))
-                .fetch_all(&mut *conn)
-                .await?
+                sqlx::query_as(WINDOW)
+                    .bind(self.account_id)
+                    .bind(kind.as_str())
+                    .bind(cutoff)
+                    .bind(after_at.max(EARLIEST))
+                    .bind(after_id)
+                    .bind(i64::from(room))
+                    .fetch_all(&mut *conn)
+                    .await?
             }
         };
+        Ok(Candidates {
+            candidates,
+            tail: kind.next().map(|kind| Cursor { kind, after: None }),
+        })
+    }
 
-        let mut last = cursor.after;
-        let mut out_of_budget = false;
-        for (n, chunk) in window
-            .chunks(settings.sessions_per_transaction.max(1) as usize)
-            .enumerate()
-        {
-            // The first chunk is always taken, however slow what came before (see EX-7's rule).
-            if ((n > 0 || taken) && started.elapsed() >= settings.budget)
-                || stop.load(Ordering::Relaxed)
-            {
-                out_of_budget = true;
-                break;
+    fn cursor(&self, (id, _, at, _): &Candidate) -> Cursor {
+        Cursor {
+            kind: self.kind,
+            after: Some((*at, *id)),
+        }
+    }
+
+    async fn take(
+        &mut self,
+        conn: &mut PgConnection,
+        chunk: &[Candidate],
+        report: &mut HopReport,
+    ) -> Result<Taken, Error> {
+        let deleted_before = report.deleted;
+        let mut sessions: Vec<(Uuid, Uuid)> = Vec::with_capacity(chunk.len());
+        for (session, agent, _, verdict) in chunk {
+            match verdict {
+                None => sessions.push((*session, *agent)),
+                Some(reason) => report.retain(reason),
             }
-            // Between deletion transactions only: nothing is ever half-done.
-            if let Some(pace) = pace.as_mut() {
-                pace.wait(conn, stop).await?;
-            }
-            if let Some(red) = health.red(conn, &TABLES).await? {
-                report.throttled = Some(red);
-                out_of_budget = true;
-                break;
-            }
-            let chunk_started = Instant::now();
-            let mut sessions: Vec<(Uuid, Uuid)> = Vec::with_capacity(chunk.len());
-            for (session, agent, _, verdict) in chunk {
-                match verdict {
-                    None => sessions.push((*session, *agent)),
-                    Some(reason) => report.retain(reason),
-                }
-            }
-            let cutoff = bound.of(kind);
-            let deleted = if sessions.is_empty() {
-                Deleted::Done(Outcome::nothing())
-            } else {
-                delete_sessions(conn, settings, args.account_id, kind, cutoff, &sessions).await?
-            };
-            match deleted {
-                Deleted::Done(outcome) => report.record(&outcome),
-                // The store guard saw what the statement's snapshot did not (an agent pointed at a
-                // session just now): take them one by one, and keep the one it guards.
-                Deleted::Guarded => {
-                    for session in &sessions {
-                        match delete_sessions(
-                            conn,
-                            settings,
-                            args.account_id,
-                            kind,
-                            cutoff,
-                            &[*session],
-                        )
+        }
+        if sessions.is_empty() {
+            return Ok(Taken::default());
+        }
+        let (settings, account, kind) = (self.settings, self.account_id, self.kind);
+        let cutoff = self.bound.of(kind);
+        match delete_sessions(conn, settings, account, kind, cutoff, &sessions).await? {
+            Deleted::Done(outcome) => report.record(&outcome),
+            // The store guard saw what the statement's snapshot did not (an agent pointed at a
+            // session just now): take them one by one, and keep the one it guards.
+            Deleted::Guarded => {
+                for session in &sessions {
+                    match delete_sessions(conn, settings, account, kind, cutoff, &[*session])
                         .await?
-                        {
-                            Deleted::Done(outcome) => report.record(&outcome),
-                            Deleted::Guarded => report.retain("protected_pointer"),
-                        }
+                    {
+                        Deleted::Done(outcome) => report.record(&outcome),
+                        Deleted::Guarded => report.retain("protected_pointer"),
                     }
                 }
             }
-            report.owner_seconds += chunk_started.elapsed().as_secs_f64();
-            report.candidates += chunk.len() as u64;
-            if let Some((id, _, at, _)) = chunk.last() {
-                last = Some((*at, *id));
-            }
-            taken = true;
         }
-        let read = u32::try_from(window.len()).unwrap_or(u32::MAX);
-        if read >= room || out_of_budget {
-            break Some(Cursor { kind, after: last });
-        }
-        room -= read;
-        match kind.next() {
-            Some(kind) => cursor = Cursor { kind, after: None },
-            None => break None,
-        }
-    };
-    // The last transaction's WAL counts too: the rate holds across hops.
-    if let Some(pace) = pace.as_mut() {
-        pace.wait(conn, stop).await?;
+        Ok(Taken {
+            recorded: report.deleted - deleted_before,
+            sized_by: None,
+        })
     }
-    report
-        .files
-        .add(drain(conn, settings, args.account_id).await?);
-
-    if let Some(cursor) = next_cursor {
-        report.outcome = if report.throttled.is_some() {
-            HopOutcome::Throttled
-        } else {
-            HopOutcome::Continued
-        };
-        report.next = Some(Args {
-            version: V1,
-            account_id: args.account_id,
-            pass_started_at: args.pass_started_at,
-            policy: args.policy,
-            cutoffs: Some(cutoffs),
-            cursor: Some(cursor),
-            hop: args.hop + 1,
-        });
-    }
-    Ok(())
 }
+
+/// The window of one kind: `$1` the account, `$2` the kind, `$3` its cutoff, `$4`/`$5` the
+/// cursor (last activity, id), `$6` the room left in the hop; each session with its verdict.
+const WINDOW: &str = "
+    SELECT s.id, s.agent_id, s.last_activity_at,
+           sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                  s.last_activity_at, $3)
+    FROM sessions s
+    WHERE s.account_id = $1 AND s.kind = $2 AND s.last_activity_at < $3
+      AND (s.last_activity_at, s.id) > ($4, $5)
+    ORDER BY s.last_activity_at, s.id
+    LIMIT $6";
 
 /// The ages in force for the account and the database's now, or `None` (with the outcome set)
 /// when the account is gone or its policy prunes nothing (SS-1).
@@ -548,20 +589,6 @@ async fn ages(
     Ok(Some((ages, now)))
 }
 
-async fn drain(
-    conn: &mut PgConnection,
-    settings: &HopSettings,
-    account_id: Uuid,
-) -> Result<FileCounts, DrainError> {
-    files::drain(
-        conn,
-        Root::Sessions,
-        &settings.sessions_root,
-        Some(account_id),
-    )
-    .await
-}
-
 /// What one deletion transaction found and did.
 struct Outcome {
     /// Sessions of the chunk that could not be locked at once.
@@ -571,17 +598,6 @@ struct Outcome {
     /// Rows deleted per table of [`TABLES`].
     rows: [i64; 4],
     handoffs: i64,
-}
-
-impl Outcome {
-    fn nothing() -> Self {
-        Self {
-            busy: 0,
-            verdicts: Vec::new(),
-            rows: [0; 4],
-            handoffs: 0,
-        }
-    }
 }
 
 enum Deleted {
