@@ -521,20 +521,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn timed_chunks_scale_toward_the_target_within_bounds() {
+    fn pf2_owner_transactions_approach_their_target_and_stay_within_bounds() {
         let timed = Chunks::Timed {
             first: 50,
-            most: 1000,
-            target: Duration::from_millis(100),
+            most: 500,
+            target: Duration::from_millis(50),
         };
+        let ms = Duration::from_millis;
         assert_eq!(timed.first(), 50);
-        // Twice as fast as the target: doubled, never more.
-        assert_eq!(timed.next(50, Duration::from_millis(10)), 100);
-        // Four times slower: halved, never less.
-        assert_eq!(timed.next(50, Duration::from_millis(400)), 25);
-        assert_eq!(timed.next(1, Duration::from_secs(10)), 1);
-        assert_eq!(timed.next(800, Duration::from_millis(1)), 1000);
+        // Too slow: halved at most; far too slow: still halved, never below one.
+        assert_eq!(timed.next(100, ms(75)), 66);
+        assert_eq!(timed.next(100, ms(5000)), 50);
+        assert_eq!(timed.next(1, ms(5000)), 1);
+        // Fast: doubled at most, never past the most.
+        assert_eq!(timed.next(100, ms(40)), 125);
+        assert_eq!(timed.next(100, ms(1)), 200);
+        assert_eq!(timed.next(400, ms(1)), 500);
+        // Fixed chunks are what they say, and never empty.
         assert_eq!(Chunks::Fixed(0).first(), 1);
-        assert_eq!(Chunks::Fixed(7).next(7, Duration::from_secs(9)), 7);
+        assert_eq!(Chunks::Fixed(7).next(7, ms(9000)), 7);
     }
 }

@@ -13,12 +13,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{Connection as _, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::clock::Clock;
@@ -29,6 +29,9 @@ use crate::files::{self, DrainError, PathSettings, Root};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
 use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
+use crate::owner_loop::{
+    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Progress, Taken, Window, Windowed, busy_or,
+};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -316,6 +319,21 @@ impl HopReport {
     }
 }
 
+impl Progress for HopReport {
+    fn took(&mut self, candidates: u64, seconds: f64) {
+        self.candidates += u32::try_from(candidates).unwrap_or(u32::MAX);
+        self.owner_seconds += seconds;
+    }
+
+    fn files(&mut self, counts: files::FileCounts) {
+        self.add_files(counts);
+    }
+
+    fn throttled(&mut self, red: Indicator) {
+        self.throttled = Some(red);
+    }
+}
+
 /// Why a hop failed; every variant is transient and the hop is retried (EX-8).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -364,7 +382,8 @@ pub async fn hop(
     Ok(report)
 }
 
-/// [`hop`] into `report`, which holds what was committed when it fails.
+/// [`hop`] into `report`, which holds what was committed when it fails: the owner loop
+/// ([`Hop::run`]) over one window of the account's candidates.
 #[allow(clippy::too_many_arguments)]
 async fn hop_into(
     conn: &mut PgConnection,
@@ -376,16 +395,22 @@ async fn hop_into(
     stop: &AtomicBool,
     report: &mut HopReport,
 ) -> Result<(), Error> {
-    let started = Instant::now();
-    // Files of owners pruned by an earlier hop that died between commit and unlink.
-    let (earlier, drained) = drain_files(conn, settings, args.account_id, 0).await?;
-    report.add_files(earlier);
-
+    let bounds = Bounds {
+        window: Some(settings.window_size),
+        budget: settings.budget,
+    };
+    let files = Files {
+        root: Root::Outputs,
+        path: &settings.output_root,
+        scope: Some(args.account_id),
+        beside: Some(pool),
+    };
+    let hop = Hop::start(conn, health, stop, bounds, Some(files), report).await?;
     let account: Option<(Option<i32>, DateTime<Utc>)> = sqlx::query_as(
         "SELECT execution_details_retention_days, now() FROM accounts WHERE id = $1",
     )
     .bind(args.account_id)
-    .fetch_optional(&mut *conn)
+    .fetch_optional(&mut *hop.conn)
     .await?;
     let (days, database_now) = match account {
         None => {
@@ -417,65 +442,83 @@ async fn hop_into(
         return Ok(());
     };
     let cutoff = args.cutoff.unwrap_or(current);
-    // Never past the stricter of the carried cutoff and the current setting (EX-1, EX-7).
-    let bound = cutoff.min(current);
-    let after = args.cursor.unwrap_or(Cursor {
-        age: EARLIEST,
-        run_id: Uuid::nil(),
-    });
-    let after = Cursor {
-        age: after.age.max(EARLIEST),
-        ..after
-    };
-
-    let window: Vec<(Uuid, Uuid, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(&**WINDOW))
-        .bind(args.account_id)
-        .bind(bound)
-        .bind(after.age)
-        .bind(after.run_id)
-        .bind(i64::from(settings.window_size))
-        .fetch_all(&mut *conn)
-        .await?;
-
-    let mut cursor = args.cursor;
-    let mut out_of_budget = false;
-    let most = settings.owners_per_transaction.max(1) as usize;
-    let mut together = most.min(FIRST_TOGETHER);
     let pass = Pass {
         account_id: args.account_id,
         clock,
         settings,
-        bound,
+        // Never past the stricter of the carried cutoff and the current setting (EX-1, EX-7).
+        bound: cutoff.min(current),
         reference,
     };
-    let mut rest = window.as_slice();
-    let mut pace = health.pace();
-    let mut beside = files::Beside::new(
-        pool,
-        Root::Outputs,
-        &settings.output_root,
-        Some(args.account_id),
-        drained,
-    );
-    while !rest.is_empty() {
-        // A hop always takes its first owners, however slow what came before: a budget spent
-        // before them would hand the same cursor on forever.
-        let budget_spent = rest.len() < window.len() && started.elapsed() >= settings.budget;
-        if budget_spent || stop.load(Ordering::Relaxed) {
-            out_of_budget = true;
-            break;
+    let chunks = Chunks::Timed {
+        first: FIRST_TOGETHER,
+        most: settings.owners_per_transaction as usize,
+        target: settings.transaction_target,
+    };
+    let mut owners = Windowed::new(pass, chunks);
+    let end = hop.run(&mut owners, args.cursor, report).await?;
+    report.outcome = end.outcome();
+    report.next = end.next().map(|cursor| Args {
+        version: V1,
+        account_id: args.account_id,
+        pass_started_at: args.pass_started_at,
+        cutoff: Some(cutoff),
+        cursor,
+        hop: args.hop + 1,
+    });
+    Ok(())
+}
+
+/// Owners taken together by a hop's first transaction, before any has been measured.
+const FIRST_TOGETHER: usize = 50;
+
+impl Window for Pass<'_> {
+    /// A run, its conversation, its age.
+    type Candidate = (Uuid, Uuid, DateTime<Utc>);
+    type Cursor = Cursor;
+    type Report = HopReport;
+    type Error = Error;
+
+    const TABLES: &'static [&'static str] = &WRITTEN;
+
+    async fn read(
+        &mut self,
+        conn: &mut PgConnection,
+        at: Option<&Cursor>,
+        room: u32,
+        _report: &mut HopReport,
+    ) -> Result<Candidates<Self::Candidate, Cursor>, Error> {
+        let after = at.copied().unwrap_or(Cursor {
+            age: EARLIEST,
+            run_id: Uuid::nil(),
+        });
+        let candidates = sqlx::query_as(sqlx::AssertSqlSafe(&**WINDOW))
+            .bind(self.account_id)
+            .bind(self.bound)
+            .bind(after.age.max(EARLIEST))
+            .bind(after.run_id)
+            .bind(i64::from(room))
+            .fetch_all(&mut *conn)
+            .await?;
+        Ok(Candidates {
+            candidates,
+            tail: None,
+        })
+    }
+
+    fn cursor(&self, (run_id, _, age): &Self::Candidate) -> Cursor {
+        Cursor {
+            age: *age,
+            run_id: *run_id,
         }
-        // Between owner transactions only: nothing is ever half-done.
-        if let Some(pace) = pace.as_mut() {
-            pace.wait(conn, stop).await?;
-        }
-        if let Some(red) = health.red(conn, &WRITTEN).await? {
-            report.throttled = Some(red);
-            out_of_budget = true;
-            break;
-        }
-        let (chunk, after) = rest.split_at(together.min(rest.len()));
-        rest = after;
+    }
+
+    async fn take(
+        &mut self,
+        conn: &mut PgConnection,
+        chunk: &[Self::Candidate],
+        report: &mut HopReport,
+    ) -> Result<Taken, Error> {
         let owners: Vec<Owner> = chunk
             .iter()
             .map(|(run_id, conversation_id, _)| Owner {
@@ -483,72 +526,19 @@ async fn hop_into(
                 conversation_id: *conversation_id,
             })
             .collect();
-        let chunk_started = Instant::now();
         let files_before = report.rows["output_files"];
+        let started = Instant::now();
         // Together first; whoever could not be locked at once goes alone, with a bounded wait.
-        let alone = prune_together(conn, &pass, &owners, report).await?;
-        together = next_together(
-            together,
-            chunk_started.elapsed(),
-            settings.transaction_target,
-            most,
-        );
+        let alone = prune_together(conn, self, &owners, report).await?;
+        let together = started.elapsed();
         for owner in alone {
-            prune_owner(conn, &pass, &owner, report).await?;
+            prune_owner(conn, self, &owner, report).await?;
         }
-        report.owner_seconds += chunk_started.elapsed().as_secs_f64();
-        beside
-            .recorded(report.rows["output_files"] - files_before)
-            .await?;
-        report.candidates += chunk.len() as u32;
-        if let Some((run_id, _, age)) = chunk.last() {
-            cursor = Some(Cursor {
-                age: *age,
-                run_id: *run_id,
-            });
-        }
+        Ok(Taken {
+            recorded: report.rows["output_files"] - files_before,
+            sized_by: Some(together),
+        })
     }
-    // The last transaction's WAL counts too: the rate holds across hops.
-    if let Some(pace) = pace.as_mut() {
-        pace.wait(conn, stop).await?;
-    }
-    let (beside, drained) = beside.finish().await?;
-    report.add_files(beside);
-    report.add_files(
-        drain_files(conn, settings, args.account_id, drained)
-            .await?
-            .0,
-    );
-
-    let full = window.len() as u64 == u64::from(settings.window_size);
-    if full || out_of_budget {
-        report.outcome = if report.throttled.is_some() {
-            HopOutcome::Throttled
-        } else {
-            HopOutcome::Continued
-        };
-        report.next = Some(Args {
-            version: V1,
-            account_id: args.account_id,
-            pass_started_at: args.pass_started_at,
-            cutoff: Some(cutoff),
-            cursor,
-            hop: args.hop + 1,
-        });
-    }
-    Ok(())
-}
-
-/// Owners taken together by a hop's first transaction, before any has been measured.
-const FIRST_TOGETHER: usize = 50;
-
-/// How many owners the next transaction takes together, after `now` took `took`: scaled toward
-/// `target`, at most doubled or halved at a time, from 1 to `most`.
-fn next_together(now: usize, took: Duration, target: Duration, most: usize) -> usize {
-    let scaled = now as f64 * target.as_secs_f64() / took.as_secs_f64().max(1e-6);
-    (scaled as usize)
-        .clamp((now / 2).max(1), now.saturating_mul(2))
-        .clamp(1, most)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -730,20 +720,15 @@ fn recheck_columns(conversation: &str) -> String {
     )
 }
 
-/// Starts an owner transaction, in one round trip: bounded lock waits, and a commit that need
-/// not wait for its WAL flush — no file is unlinked before a synchronous commit made it durable
-/// (see `drain_file_deletions`), so a database crash may undo the last few prunes, rows and
-/// file records together, never half of one.
+/// Starts an owner transaction: bounded lock waits, and a commit that need not wait for its WAL
+/// flush — no file is unlinked before a synchronous commit made it durable (see
+/// [`files::drain`]), so a database crash may undo the last few prunes, rows and file records
+/// together, never half of one.
 async fn begin<'c>(
     conn: &'c mut PgConnection,
     pass: &Pass<'_>,
 ) -> Result<Transaction<'c, Postgres>, Error> {
-    Ok(conn
-        .begin_with(sqlx::AssertSqlSafe(format!(
-            "BEGIN; SET LOCAL lock_timeout = {}; SET LOCAL synchronous_commit = off",
-            pass.settings.owner_lock_timeout.as_millis().max(1)
-        )))
-        .await?)
+    Ok(owner_loop::begin(conn, pass.settings.owner_lock_timeout, false).await?)
 }
 
 /// Runs [`prune_locked`] for `runs` in the owner transaction `tx`.
@@ -779,12 +764,7 @@ async fn prune_together(
 ) -> Result<Vec<Owner>, Error> {
     let mut tx = begin(conn, pass).await?;
     let conversations: Vec<Uuid> = owners.iter().map(|o| o.conversation_id).collect();
-    let locked: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM conversations WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED",
-    )
-    .bind(&conversations)
-    .fetch_all(&mut *tx)
-    .await?;
+    let locked = owner_loop::lock(&mut tx, "conversations", Mode::Update, &conversations).await?;
     let (runs, expected): (Vec<Uuid>, Vec<Uuid>) = owners
         .iter()
         .filter(|o| locked.contains(&o.conversation_id))
@@ -853,34 +833,6 @@ async fn prune_owner(
         }
     }
     Ok(())
-}
-
-/// `Ok(None)` when the lock was not granted in time (SQLSTATE 55P03), else the result.
-fn busy_or<T>(result: Result<T, sqlx::Error>) -> Result<Option<T>, Error> {
-    match result {
-        Ok(value) => Ok(Some(value)),
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => Ok(None),
-        Err(err) => Err(err.into()),
-    }
-}
-
-/// Unlinks the output files recorded for an account after record id `after` (EX-3); returns
-/// the last id it claimed. No transaction is held meanwhile: one hop per account runs at a time
-/// (FL-3), and a file unlinked twice is simply already gone.
-async fn drain_files(
-    conn: &mut PgConnection,
-    settings: &HopSettings,
-    account_id: Uuid,
-    after: i64,
-) -> Result<(files::FileCounts, i64), DrainError> {
-    files::drain_from(
-        conn,
-        Root::Outputs,
-        &settings.output_root,
-        Some(account_id),
-        after,
-    )
-    .await
 }
 
 /// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
@@ -1513,19 +1465,5 @@ mod tests {
         let mut bad = json;
         bad["surprise"] = serde_json::json!(1);
         assert!(serde_json::from_value::<Args>(bad).is_err());
-    }
-
-    #[test]
-    fn pf2_owner_transactions_approach_their_target_and_stay_within_bounds() {
-        let target = Duration::from_millis(50);
-        let ms = Duration::from_millis;
-        // Too slow: halved at most; far too slow: still halved, never below one.
-        assert_eq!(next_together(100, ms(75), target, 500), 66);
-        assert_eq!(next_together(100, ms(5000), target, 500), 50);
-        assert_eq!(next_together(1, ms(5000), target, 500), 1);
-        // Fast: doubled at most, never past the most.
-        assert_eq!(next_together(100, ms(40), target, 500), 125);
-        assert_eq!(next_together(100, ms(1), target, 500), 200);
-        assert_eq!(next_together(400, ms(1), target, 500), 500);
     }
 }

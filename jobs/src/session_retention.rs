@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{Connection as _, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::cutoff::{EARLIEST, days_before};
@@ -36,7 +36,7 @@ use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
 use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
 use crate::owner_loop::{
-    Bounds, Candidates, Chunks, Files, Hop, Progress, Taken, Window, Windowed,
+    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Progress, Taken, Window, Windowed,
 };
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
@@ -636,21 +636,11 @@ async fn delete_sessions(
     cutoff: Option<DateTime<Utc>>,
     chunk: &[(Uuid, Uuid)],
 ) -> Result<Deleted, Error> {
-    let mut tx = conn
-        .begin_with(sqlx::AssertSqlSafe(format!(
-            "BEGIN; SET LOCAL lock_timeout = {}",
-            settings.lock_timeout.as_millis().max(1)
-        )))
-        .await?;
+    let mut tx = owner_loop::begin(conn, settings.lock_timeout, true).await?;
     let mut agents: Vec<Uuid> = chunk.iter().map(|(_, agent)| *agent).collect();
     agents.sort();
     agents.dedup();
-    let locked_agents: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR SHARE SKIP LOCKED",
-    )
-    .bind(&agents)
-    .fetch_all(&mut *tx)
-    .await?;
+    let locked_agents = owner_loop::lock(&mut tx, "agents", Mode::Share, &agents).await?;
     let sessions: Vec<Uuid> = chunk
         .iter()
         .filter(|(_, agent)| locked_agents.contains(agent))
