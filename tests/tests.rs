@@ -13,4 +13,5 @@ mod health;
 mod hostile;
 mod registry;
 mod sessions;
+mod shutdown;
 mod traces;

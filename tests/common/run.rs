@@ -19,12 +19,25 @@ pub async fn hop_with<J: Job>(
     settings: &J::Settings,
     args: &J::Args,
 ) -> Report<J::Args> {
+    hop_stopping::<J>(pool, paths, health, settings, args, false).await
+}
+
+/// One hop of `J` under `health`, with the worker stopping (FL-5) as `stopping` says from
+/// the start.
+pub async fn hop_stopping<J: Job>(
+    pool: &PgPool,
+    paths: &PathSettings,
+    health: &Health,
+    settings: &J::Settings,
+    args: &J::Args,
+    stopping: bool,
+) -> Report<J::Args> {
     let mut conn = pool.acquire().await.unwrap();
     let env = Env {
         conn: &mut conn,
         pool,
         clock: &ManualClock::new(pass_start()),
-        stop: &AtomicBool::new(false),
+        stop: &AtomicBool::new(stopping),
         paths,
         health,
     };
