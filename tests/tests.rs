@@ -6,6 +6,7 @@ mod crash;
 mod execution_details;
 mod expiry;
 mod explain;
+mod failures;
 mod fanout;
 mod fleet;
 mod foundation;

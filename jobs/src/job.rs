@@ -111,6 +111,22 @@ pub async fn every_account(
         .await
 }
 
+/// Whether `error`, or an error it comes from, is the database refusing a statement for what it
+/// says rather than for when it ran (SQLSTATE class 42: a table, column or function missing, a
+/// privilege not granted). Running the hop again meets the same refusal, so it is failed for
+/// good and the operator sees it at once; a lost connection, a lock timeout, a read-only or
+/// restarting server are tried again.
+pub fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
+            return db.code().is_some_and(|code| code.starts_with("42"));
+        }
+        next = error.source();
+    }
+    false
+}
+
 /// What a hop works with.
 pub struct Env<'a> {
     /// The hop's one connection, which also holds its scope lock: a job that needs more
@@ -274,8 +290,10 @@ pub trait Job: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Whether a failed hop is tried again; a hop that can never succeed is failed for good.
-    fn retryable(_error: &Self::Error) -> bool {
-        true
+    /// By default, every failure but the database's refusal of the statement itself
+    /// ([`refused`]) is retried.
+    fn retryable(error: &Self::Error) -> bool {
+        !refused(error)
     }
 
     /// How far past its cutoff the oldest eligible item is, in seconds (OP-3), if the job
