@@ -1,0 +1,518 @@
+//! PruneExecutionDetails (SPEC §2, seed 003): removes the execution detail of conversation runs
+//! whose account's retention window has passed, keeping the conversation itself.
+//!
+//! A nightly pass per account is a chain of hops (EX-7). Each hop reads one bounded window of
+//! candidates through `runs_execution_details_window` in (age, id) order after its cursor, and
+//! takes them through short transactions of several owners each, sized by time: conversation
+//! rows locked first, then the runs (EX-6), eligibility re-checked under those locks (EX-1,
+//! EX-2, EX-5), detail deleted and markers set together (EX-3, EX-9). Owned output files are
+//! recorded in `sexton.pending_file_deletions` inside that transaction and unlinked after it
+//! commits. The hop then reports the next hop's arguments — same cutoff, advanced cursor — if
+//! the window was full or its time budget ran out.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::LazyLock;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::cutoff::{EARLIEST, days_before};
+use crate::estimate::Read;
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::files::{self, DrainError, PathSettings, Root};
+use crate::health::{Health, Indicator};
+pub use crate::job::HopOutcome;
+use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
+use crate::owner_loop::{
+    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Progress, Taken, Window, Windowed, busy_or,
+};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+mod hop;
+mod read;
+mod sql;
+pub use hop::*;
+pub use read::*;
+use sql::*;
+
+/// `runner_effects` of a pruned run and its variant (EX-3).
+pub fn pruned_runner_effects() -> serde_json::Value {
+    serde_json::json!({"status": "unavailable", "runners": [], "reason": "execution_details_pruned"})
+}
+
+/// The seven execution-detail tables, in deletion order.
+pub const DETAIL_TABLES: [&str; 7] = [
+    "run_task_edges",
+    "run_tasks",
+    "tool_results",
+    "sealed_requests",
+    "reasoning_traces",
+    "invocation_attempts",
+    "output_files",
+];
+
+/// Every table a hop writes: the detail tables, the markers' tables, the file records.
+const WRITTEN: [&str; DETAIL_TABLES.len() + 3] = {
+    let others = ["runs", "variants", "pending_file_deletions"];
+    let mut written = [""; DETAIL_TABLES.len() + 3];
+    let mut i = 0;
+    while i < written.len() {
+        written[i] = if i < DETAIL_TABLES.len() {
+            DETAIL_TABLES[i]
+        } else {
+            others[i - DETAIL_TABLES.len()]
+        };
+        i += 1;
+    }
+    written
+};
+
+/// One hop's payload: which account, which pass, where the window starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub account_id: Uuid,
+    /// When the pass started (the nightly slot); the cutoff is measured back from it.
+    pub pass_started_at: DateTime<Utc>,
+    /// Fixed by the first hop and carried by every later one.
+    pub cutoff: Option<DateTime<Utc>>,
+    /// The last candidate a previous hop visited; the window starts after it.
+    pub cursor: Option<Cursor>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+impl Args {
+    /// The first hop of an account's pass.
+    pub fn first(account_id: Uuid, pass_started_at: DateTime<Utc>) -> Self {
+        Self {
+            version: V1,
+            account_id,
+            pass_started_at,
+            cutoff: None,
+            cursor: None,
+            hop: 0,
+        }
+    }
+}
+
+/// A position in the (age, id) order of candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    pub age: DateTime<Utc>,
+    pub run_id: Uuid,
+}
+
+/// How much one hop may do.
+#[derive(Debug, Clone)]
+pub struct HopSettings {
+    /// Candidates read per hop.
+    pub window_size: u32,
+    /// The most owners taken together through one transaction; a busy one is retried alone.
+    pub owners_per_transaction: u32,
+    /// How long one such transaction should last: the number of owners taken together is
+    /// adjusted after each transaction to approach it, which keeps a writer's wait near it.
+    pub transaction_target: Duration,
+    /// Time after which a hop stops taking new owners and hands over to the next hop.
+    pub budget: Duration,
+    /// Longest wait for an owner's conversation or run lock before it is skipped as busy.
+    pub owner_lock_timeout: Duration,
+    /// Root that `output_files.relative_path` is resolved under.
+    pub output_root: PathBuf,
+}
+
+/// Why an owner was left in place this pass (EX-5, EX-6), as counted in metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetainReason {
+    /// An invocation attempt is pending or running.
+    PendingWork,
+    /// A settlement receipt is pending.
+    PendingSettlement,
+    /// A delegation from this run is outstanding.
+    OutstandingDelegation,
+    /// The run is a source of an unsealed history request (inherited sources included).
+    ActiveHistoryRequest,
+    /// Under lock the run was no longer old enough or no longer an owner.
+    NotEligible,
+    /// The conversation or run lock was not granted in time.
+    Busy,
+    /// The account's window is 0 or less, which the platform's table allows but which means
+    /// nothing (EX-1): nothing of the account is old. Counted once per pass, not per owner.
+    InvalidWindow,
+}
+
+impl RetainReason {
+    pub const ALL: [RetainReason; 7] = [
+        RetainReason::PendingWork,
+        RetainReason::PendingSettlement,
+        RetainReason::OutstandingDelegation,
+        RetainReason::ActiveHistoryRequest,
+        RetainReason::NotEligible,
+        RetainReason::Busy,
+        RetainReason::InvalidWindow,
+    ];
+
+    /// The labels of [`RetainReason::ALL`], in that order.
+    pub const NAMES: [&'static str; 7] = {
+        let mut names = [""; 7];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = RetainReason::ALL[i].as_str();
+            i += 1;
+        }
+        names
+    };
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RetainReason::PendingWork => "pending_work",
+            RetainReason::PendingSettlement => "pending_settlement",
+            RetainReason::OutstandingDelegation => "outstanding_delegation",
+            RetainReason::ActiveHistoryRequest => "active_history_request",
+            RetainReason::NotEligible => "not_eligible",
+            RetainReason::Busy => "busy",
+            RetainReason::InvalidWindow => "invalid_window",
+        }
+    }
+}
+
+/// What one hop did.
+#[derive(Debug, Clone, Serialize)]
+pub struct HopReport {
+    pub outcome: HopOutcome,
+    pub candidates: u32,
+    pub pruned: u32,
+    pub retained: BTreeMap<RetainReason, u32>,
+    /// Detail rows deleted, per table.
+    pub rows: BTreeMap<&'static str, u64>,
+    pub files_deleted: u64,
+    pub bytes_reclaimed: u64,
+    /// Files that could not be deleted (unreadable, escaping the root): counted, not retried.
+    pub file_errors: u64,
+    /// The next hop, if the pass goes on.
+    pub next: Option<Args>,
+    /// Time spent inside owners' transactions, from begin to commit or rollback.
+    pub owner_seconds: f64,
+    /// The red indicator that stopped the hop early, if one did.
+    pub throttled: Option<Indicator>,
+}
+
+impl HopReport {
+    fn new() -> Self {
+        Self {
+            outcome: HopOutcome::Finished,
+            candidates: 0,
+            pruned: 0,
+            retained: BTreeMap::new(),
+            rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
+            files_deleted: 0,
+            bytes_reclaimed: 0,
+            file_errors: 0,
+            next: None,
+            owner_seconds: 0.0,
+            throttled: None,
+        }
+    }
+
+    /// In the terms every job shares.
+    fn shared(&self, window: u32) -> Report<Args> {
+        Report {
+            outcome: self.outcome.as_str(),
+            window,
+            candidates: self.candidates.into(),
+            pruned: self.pruned.into(),
+            retained: self
+                .retained
+                .iter()
+                .map(|(reason, n)| (reason.as_str(), u64::from(*n)))
+                .collect(),
+            rows: self.rows.iter().map(|(t, n)| (*t, *n)).collect(),
+            files: files::FileCounts {
+                deleted: self.files_deleted,
+                bytes: self.bytes_reclaimed,
+                errors: self.file_errors,
+            },
+            owner_seconds: self.owner_seconds,
+            next: self.next.clone(),
+            throttled: self.throttled,
+        }
+    }
+
+    fn retain(&mut self, reason: RetainReason) {
+        *self.retained.entry(reason).or_default() += 1;
+    }
+
+    /// Counts what one owner transaction's statement found and did.
+    fn record(&mut self, locked: &[Locked]) {
+        for owner in locked {
+            match owner.verdict() {
+                Verdict::Prune => self.pruned += 1,
+                Verdict::Retain(reason) => self.retain(reason),
+                Verdict::AlreadyPruned => {}
+            }
+        }
+        if let Some(first) = locked.first() {
+            for (table, deleted) in DETAIL_TABLES.iter().zip(&first.deleted) {
+                *self.rows.entry(table).or_default() += (*deleted).max(0) as u64;
+            }
+        }
+    }
+
+    fn add_files(&mut self, files: files::FileCounts) {
+        self.files_deleted += files.deleted;
+        self.bytes_reclaimed += files.bytes;
+        self.file_errors += files.errors;
+    }
+}
+
+impl Progress for HopReport {
+    fn took(&mut self, candidates: u64, seconds: f64) {
+        self.candidates += u32::try_from(candidates).unwrap_or(u32::MAX);
+        self.owner_seconds += seconds;
+    }
+
+    fn files(&mut self, counts: files::FileCounts) {
+        self.add_files(counts);
+    }
+
+    fn throttled(&mut self, red: Indicator) {
+        self.throttled = Some(red);
+    }
+}
+
+/// Why a hop failed; every variant is transient and the hop is retried (EX-8).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Files(#[from] DrainError),
+}
+
+/// One owner as the owner transaction's statement found it under lock, with — the same on
+/// every row — what that statement deleted.
+#[derive(sqlx::FromRow)]
+struct Locked {
+    id: Uuid,
+    pruned: bool,
+    eligible: bool,
+    /// Whether each of [`BLOCKERS`] holds it back, in that order.
+    blocked: Vec<bool>,
+    /// Detail rows deleted, per table in [`DETAIL_TABLES`] order.
+    deleted: Vec<i64>,
+}
+
+enum Verdict {
+    Prune,
+    Retain(RetainReason),
+    /// Already pruned since the window was read.
+    AlreadyPruned,
+}
+
+impl Locked {
+    /// The statement prunes exactly the owners judged [`Verdict::Prune`] here: not yet pruned,
+    /// eligible, and held back by no blocker (see [`prune_locked`]).
+    fn verdict(&self) -> Verdict {
+        if self.pruned {
+            return Verdict::AlreadyPruned;
+        }
+        if !self.eligible {
+            return Verdict::Retain(RetainReason::NotEligible);
+        }
+        match BLOCKERS
+            .iter()
+            .zip(&self.blocked)
+            .find(|(_, blocked)| **blocked)
+        {
+            Some((reason, _)) => Verdict::Retain(*reason),
+            None => Verdict::Prune,
+        }
+    }
+}
+
+/// The `[execution_details]` section as given.
+#[derive(Debug, Deserialize)]
+struct RawSettings {
+    window_size: Raw<i64>,
+    owners_per_transaction: Raw<i64>,
+    transaction_target_ms: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+    owner_lock_timeout_ms: Raw<i64>,
+}
+
+/// The job kind, as the worker registers it.
+pub struct PruneExecutionDetails;
+
+impl Job for PruneExecutionDetails {
+    const NAME: &'static str = "prune_execution_details";
+    const QUEUE: &'static str = "sexton.prune_execution_details";
+    const SCOPE: Scope = Scope::Account;
+    const SECTION: &'static str = "execution_details";
+    /// The owner transactions' and the files' drain beside them ([`files::Beside`]).
+    const CONNECTIONS: u32 = 2;
+    const RETAIN_REASONS: &'static [&'static str] = &RetainReason::NAMES;
+    const SUBJECTS: &'static [&'static str] = &["run"];
+
+    type Args = Args;
+    type Settings = HopSettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        paths: &PathSettings,
+        c: &mut Check<'_>,
+    ) -> Option<HopSettings> {
+        let e: RawSettings = c.section(Self::SECTION, section)?;
+        let window_size = c.int(
+            "execution_details.window_size",
+            &e.window_size,
+            1..=100_000,
+            "an integer from 1 to 100000",
+        );
+        let owners_per_transaction = c.int(
+            "execution_details.owners_per_transaction",
+            &e.owners_per_transaction,
+            1..=10_000,
+            "an integer from 1 to 10000",
+        );
+        let transaction_target = c.millis(
+            "execution_details.transaction_target_ms",
+            &e.transaction_target_ms,
+        );
+        let budget = c.millis("execution_details.hop_budget_ms", &e.hop_budget_ms);
+        let owner_lock_timeout = c.millis(
+            "execution_details.owner_lock_timeout_ms",
+            &e.owner_lock_timeout_ms,
+        );
+        Some(HopSettings {
+            window_size: window_size?,
+            owners_per_transaction: owners_per_transaction?,
+            transaction_target: transaction_target?,
+            budget: budget?,
+            owner_lock_timeout: owner_lock_timeout?,
+            output_root: paths.output_root.clone(),
+        })
+    }
+
+    async fn due(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        due(conn, slot, range).await
+    }
+
+    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args::first(account.unwrap_or_default(), slot)
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: Some(args.account_id),
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(
+        env: Env<'_>,
+        settings: &HopSettings,
+        args: &Args,
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
+        // The worker's roots are the ones in force, whatever the settings were loaded with.
+        let settings = &HopSettings {
+            output_root: env.paths.output_root.clone(),
+            ..settings.clone()
+        };
+        let mut done = HopReport::new();
+        let result = hop_into(
+            env.conn, env.pool, env.clock, env.health, settings, args, env.stop, &mut done,
+        )
+        .await;
+        *report = done.shared(settings.window_size);
+        result
+    }
+
+    async fn backlog_seconds(
+        pool: &PgPool,
+        _settings: &HopSettings,
+        now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        backlog_seconds(pool, now).await.map(Some)
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(run) => explain_run(conn, now, run).await,
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        preview(conn, now, accounts).await
+    }
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally = vec![("owners eligible".to_owned(), p.eligible_owners)];
+        tally.extend(
+            p.retained
+                .iter()
+                .map(|(r, n)| (format!("retained {}", r.as_str()), *n)),
+        );
+        tally.extend(p.rows.iter().map(|(t, n)| (format!("rows {t}"), *n)));
+        tally.push(("bytes of output files".to_owned(), p.bytes));
+        tally
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_matches_its_golden_file() {
+        let g = crate::golden::check;
+        g("prune_execution_details/window", &WINDOW);
+        g("prune_execution_details/prune_together", &PRUNE_LOCKED);
+        g("prune_execution_details/prune_alone", &PRUNE_WAITING);
+        g("prune_execution_details/backlog", &BACKLOG);
+        g("prune_execution_details/backlog_scan", &BACKLOG_SCAN);
+        g("prune_execution_details/preview", &PREVIEW);
+    }
+
+    #[test]
+    fn fl1_args_round_trip_and_refuse_unknown_fields() {
+        let args = Args::first(Uuid::nil(), "2026-12-01T03:00:00Z".parse().unwrap());
+        let json = serde_json::to_value(&args).unwrap();
+        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
+        let mut bad = json;
+        bad["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Args>(bad).is_err());
+    }
+}

@@ -1,0 +1,353 @@
+//! What execution-detail pruning reads without deleting: the backlog (OP-3), the accounts a
+//! slot's fan-out starts (FL-8), `sexton preview` and `sexton explain run`.
+
+use super::*;
+
+/// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
+/// nothing eligible waits): the backlog an operator watches grow or shrink (OP-3). An account
+/// whose window reaches back past the calendar has nothing old enough, and infinite ages are
+/// never candidates: neither can break the gauge (EX-1, EX-2). Read per account through the
+/// window index, or in one scan of `runs` when there are fewer than about ten runs per account
+/// ([`crate::estimate`]): both give the same figure.
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
+    let read = crate::estimate::cheaper_read(pool, "runs", "accounts").await?;
+    backlog_read(pool, now, read).await
+}
+
+/// The backlog, read one way or the other (both are tested to agree).
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn backlog_read(pool: &PgPool, now: DateTime<Utc>, read: Read) -> Result<f64, Error> {
+    let sql = read.pick(&BACKLOG, &BACKLOG_SCAN);
+    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(now)
+        .bind(EARLIEST);
+    Ok(crate::estimate::backlog_seconds(pool, query).await?)
+}
+
+/// The accounts of `range` whose pass for `slot` has something to do (FL-8): an owner past the
+/// cutoff the account's current window gives (held back or not: what holds it is looked at
+/// again), a window of 0 or less (the pass reports it, EX-1), or output files waiting to be
+/// removed. The slot bounds the cutoff from above, as it bounds every hop's: a slot ahead of the
+/// database's now names more accounts, never fewer.
+///
+/// # Errors
+/// A database error.
+pub async fn due(
+    conn: &mut PgConnection,
+    slot: DateTime<Utc>,
+    range: AccountRange,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    range
+        .query(&DUE)
+        .bind(slot)
+        .bind(EARLIEST)
+        .fetch_all(conn)
+        .await
+}
+
+/// What a pass would do for one account now, deleting nothing (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub account_id: Uuid,
+    pub account_name: String,
+    pub retention_days: Option<i32>,
+    pub cutoff: Option<DateTime<Utc>>,
+    pub eligible_owners: i64,
+    pub retained: BTreeMap<RetainReason, i64>,
+    /// Detail rows that would go, per table.
+    pub rows: BTreeMap<&'static str, i64>,
+    pub bytes: i64,
+}
+
+/// Previews `accounts` (every account when `None`), in name order: one statement for the
+/// accounts and one for all their owners, whatever their number.
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn preview(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    accounts: Option<&[Uuid]>,
+) -> Result<Vec<Preview>, Error> {
+    let rows: Vec<(Uuid, String, Option<i32>)> = sqlx::query_as(
+        "SELECT id, name, execution_details_retention_days FROM accounts
+         WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY name, id",
+    )
+    .bind(accounts)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut previews: Vec<Preview> = rows
+        .into_iter()
+        .map(|(account_id, account_name, days)| {
+            let mut preview = Preview {
+                account_id,
+                account_name,
+                retention_days: days,
+                cutoff: days.and_then(|days| days_before(now, days)),
+                eligible_owners: 0,
+                retained: BTreeMap::new(),
+                rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
+                bytes: 0,
+            };
+            if days.is_some_and(|days| !crate::cutoff::valid_window(days)) {
+                // As the pass counts it: once for the account (EX-1).
+                preview.retained.insert(RetainReason::InvalidWindow, 1);
+            }
+            preview
+        })
+        .collect();
+    let counts: Vec<(Uuid, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
+        .bind(accounts)
+        .bind(now)
+        .bind(EARLIEST)
+        .fetch_all(&mut *conn)
+        .await?;
+    let at: BTreeMap<Uuid, usize> = previews
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.account_id, i))
+        .collect();
+    for (account, key, n) in counts {
+        let Some(preview) = at.get(&account).map(|i| &mut previews[*i]) else {
+            continue;
+        };
+        if key == "eligible" {
+            preview.eligible_owners = n;
+        } else if key == "bytes" {
+            preview.bytes = n;
+        } else if let Some(reason) = RetainReason::ALL.iter().find(|r| r.as_str() == key) {
+            preview.retained.insert(*reason, n);
+        } else if let Some(table) = DETAIL_TABLES.iter().find(|t| **t == key) {
+            preview.rows.insert(table, n);
+        }
+    }
+    Ok(previews)
+}
+
+/// The rows behind a blocker, for people.
+pub(super) async fn blocker_detail(
+    conn: &mut PgConnection,
+    reason: RetainReason,
+    run: Uuid,
+) -> Result<String, sqlx::Error> {
+    let sql = match reason {
+        RetainReason::PendingWork => {
+            "SELECT 'invocation_attempts ' || id || ' ' || status || ' since '
+                    || to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM invocation_attempts WHERE run_id = $1 AND status IN ('pending', 'running')"
+        }
+        RetainReason::PendingSettlement => {
+            "SELECT 'settlement_receipts ' || id || ' status pending since '
+                    || to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM settlement_receipts WHERE run_id = $1 AND status = 'pending'"
+        }
+        RetainReason::OutstandingDelegation => {
+            "SELECT 'delegations ' || id || ' outstanding since '
+                    || to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM delegations WHERE parent_run_id = $1 AND status = 'outstanding'"
+        }
+        RetainReason::ActiveHistoryRequest => {
+            "SELECT 'history_requests ' || h.id || ' unsealed, assembling run ' || h.run_id
+             FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id
+             WHERE s.source_run_id = $1 AND h.sealed_at IS NULL"
+        }
+        RetainReason::NotEligible | RetainReason::Busy | RetainReason::InvalidWindow => {
+            return Ok(String::new());
+        }
+    };
+    let rows: Vec<String> = sqlx::query_scalar(sql).bind(run).fetch_all(conn).await?;
+    Ok(rows.join("; "))
+}
+
+/// The job's verdict on one run.
+pub(super) async fn explain_run(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    run: Uuid,
+) -> Result<Option<Explanation>, Error> {
+    type Row = (
+        Uuid,
+        Option<i32>,
+        String,
+        Option<Uuid>,
+        Option<DateTime<Utc>>,
+        Option<DateTime<Utc>>,
+        Option<String>,
+    );
+    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT r.account_id, a.execution_details_retention_days, r.kind, r.conversation_id,
+                r.details_pruned_at, {AGE},
+                CASE WHEN r.kind = 'conversation' THEN 'completed_at'
+                     ELSE 'terminal_at (settled)' END
+         FROM runs r JOIN accounts a ON a.id = r.account_id WHERE r.id = $1"
+    )))
+    .bind(run)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((account, days, kind, conversation, pruned_at, age, measured_from)) = row else {
+        return Ok(None);
+    };
+    let cutoff = days.and_then(|days| days_before(now, days));
+    let mut explanation = Explanation {
+        job: PruneExecutionDetails::NAME,
+        subject: "run",
+        id: run.to_string(),
+        account_id: Some(account),
+        policy: days.map_or_else(
+            || {
+                "execution_details_retention_days is NULL: retention disabled for the account"
+                    .into()
+            },
+            |d| format!("execution_details_retention_days = {d} (the account's row)"),
+        ),
+        measured_from,
+        age_at: age,
+        cutoff,
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    let reason = |rule, code: &str, detail: String| ExplainReason::new(rule, code, detail);
+    if let Some(at) = pruned_at {
+        explanation.verdict = ExplainVerdict::Removed;
+        explanation.removed_at = Some(at);
+        explanation.removed_by = sqlx::query_scalar(
+            "SELECT 'the pass of slot ' || to_char(slot AT TIME ZONE 'UTC',
+                                                   'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM sexton.passes
+             WHERE job = $1 AND scope = $2 AND started_at <= $3
+             ORDER BY slot DESC LIMIT 1",
+        )
+        .bind(PruneExecutionDetails::NAME)
+        .bind(account)
+        .bind(at)
+        .fetch_optional(&mut *conn)
+        .await?;
+        explanation.reasons.push(reason(
+            "EX-3",
+            "pruned",
+            "its execution detail was deleted and its markers set; its text stays".into(),
+        ));
+        return Ok(Some(explanation));
+    }
+    // Every precondition that fails is a reason; any of them keeps the run.
+    if cutoff.is_none() {
+        let (code, detail) = match days {
+            None => (
+                "disabled",
+                "the account's execution_details_retention_days is NULL".into(),
+            ),
+            Some(d) if !crate::cutoff::valid_window(d) => (
+                RetainReason::InvalidWindow.as_str(),
+                format!(
+                    "a window of {d} days is not a window (it must be more than 0): nothing of \
+                     the account is old"
+                ),
+            ),
+            Some(d) => (
+                "disabled",
+                format!("a window of {d} days reaches back past the calendar"),
+            ),
+        };
+        explanation.reasons.push(reason("EX-1", code, detail));
+    }
+    let owner = conversation.is_some() && matches!(kind.as_str(), "conversation" | "direct_reply");
+    if !owner {
+        explanation.measured_from = None;
+        explanation.reasons.push(reason(
+            "EX-2",
+            "not_an_owner",
+            format!("a {kind} run without a conversation owns no execution detail to prune"),
+        ));
+    } else if age.is_none() {
+        explanation.reasons.push(reason(
+            "EX-2",
+            "no_age",
+            "not completed yet (or, for a direct reply, not settled)".into(),
+        ));
+    }
+    let Some(cutoff) = cutoff.filter(|_| owner && age.is_some()) else {
+        return Ok(Some(explanation));
+    };
+    let judged: Option<Locked> = sqlx::query_as(sqlx::AssertSqlSafe(&**EXPLAIN))
+        .bind(run)
+        .bind(account)
+        .bind(cutoff)
+        .bind(now)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(judged) = judged else {
+        return Ok(None);
+    };
+    if !judged.eligible {
+        explanation.reasons.push(reason(
+            "EX-1",
+            RetainReason::NotEligible.as_str(),
+            "not old enough: its age is not before the cutoff (or is infinite, EX-2)".to_owned(),
+        ));
+    }
+    for (blocker, blocked) in BLOCKERS.iter().zip(&judged.blocked) {
+        if *blocked {
+            let detail = blocker_detail(conn, *blocker, run).await?;
+            explanation
+                .reasons
+                .push(reason("EX-5", blocker.as_str(), detail));
+        }
+    }
+    // The verdict is the job's own, from the same columns its owner statement reads.
+    if let Verdict::Prune = judged.verdict() {
+        explanation.verdict = ExplainVerdict::Eligible;
+        explanation.reasons.push(reason(
+            "EX-1",
+            "expired",
+            "older than the window and held back by nothing: the next pass prunes it".into(),
+        ));
+    }
+    Ok(Some(explanation))
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (Some(days), Some(cutoff)) = (self.retention_days, self.cutoff) else {
+            let why = match self.retention_days {
+                None => "retention disabled".to_owned(),
+                Some(days) if !crate::cutoff::valid_window(days) => format!(
+                    "{days} days is not a window (it must be more than 0): nothing is old \
+                     ({})",
+                    RetainReason::InvalidWindow.as_str()
+                ),
+                Some(days) => {
+                    format!("{days} days reach back past the calendar: nothing is old enough")
+                }
+            };
+            return write!(
+                f,
+                "account {} ({}): {why}",
+                self.account_name, self.account_id
+            );
+        };
+        write!(
+            f,
+            "account {} ({}), {} days, cutoff {}: {} owners eligible, {} bytes of output files",
+            self.account_name,
+            self.account_id,
+            days,
+            cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            self.eligible_owners,
+            self.bytes
+        )?;
+        for (reason, n) in &self.retained {
+            write!(f, "\n  retained {:<24} {n:>10}", reason.as_str())?;
+        }
+        for (table, n) in &self.rows {
+            write!(f, "\n  rows     {table:<24} {n:>10}")?;
+        }
+        Ok(())
+    }
+}
