@@ -1,0 +1,379 @@
+//! One hop of session retention: the account's sessions through the owner loop, kind after
+//! kind, a few sessions per transaction with their agents share-locked and the verdict
+//! re-checked under the locks (SS-5), each session's whole history with it (SS-6).
+
+use super::*;
+
+impl HopReport {
+    pub(super) fn new() -> Self {
+        Self {
+            outcome: HopOutcome::Finished,
+            candidates: 0,
+            deleted: 0,
+            retained: BTreeMap::new(),
+            rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+            handoffs_unlinked: 0,
+            files: FileCounts::default(),
+            owner_seconds: 0.0,
+            next: None,
+            throttled: None,
+        }
+    }
+
+    pub(super) fn retain(&mut self, reason: &str) {
+        let reason = RETAIN_REASONS
+            .iter()
+            .find(|r| **r == reason)
+            .copied()
+            .unwrap_or("not_eligible");
+        *self.retained.entry(reason).or_default() += 1;
+    }
+}
+
+/// Runs one hop on a connection of the pool (tests, and `sexton sessions prune`).
+///
+/// # Errors
+/// [`Error`] when the database or the file root fails; nothing is half-done and the hop can
+/// be run again.
+pub async fn run(
+    pool: &PgPool,
+    settings: &HopSettings,
+    args: &Args,
+    stop: &AtomicBool,
+) -> Result<HopReport, Error> {
+    let mut conn = pool.acquire().await?;
+    hop(&mut conn, &Health::off(), settings, args, stop).await
+}
+
+/// One hop on the caller's connection: one window of sessions, kind after kind, in short
+/// transactions.
+///
+/// # Errors
+/// As [`run`].
+pub async fn hop(
+    conn: &mut PgConnection,
+    health: &Health,
+    settings: &HopSettings,
+    args: &Args,
+    stop: &AtomicBool,
+) -> Result<HopReport, Error> {
+    let mut report = HopReport::new();
+    hop_into(conn, health, settings, args, stop, &mut report).await?;
+    Ok(report)
+}
+
+/// [`hop`] into `report`, which holds what was committed when it fails: the owner loop
+/// ([`Hop::run`]) over the account's sessions, kind after kind.
+pub(super) async fn hop_into(
+    conn: &mut PgConnection,
+    health: &Health,
+    settings: &HopSettings,
+    args: &Args,
+    stop: &AtomicBool,
+    report: &mut HopReport,
+) -> Result<(), Error> {
+    let bounds = Bounds {
+        window: Some(settings.window_size),
+        budget: settings.budget,
+    };
+    let files = Files {
+        root: Root::Sessions,
+        path: &settings.sessions_root,
+        scope: Some(args.account_id),
+        beside: None,
+    };
+    let hop = Hop::start(conn, health, stop, bounds, Some(files), report).await?;
+    let Some((ages, database_now)) = ages(hop.conn, args.account_id, args.policy, report).await?
+    else {
+        return Ok(());
+    };
+    let current = ages.cutoffs(crate::cutoff::reference(args.pass_started_at, database_now));
+    let cutoffs = args.cutoffs.unwrap_or(current);
+    // The kinds share the hop and its chain: it hands over only when its window or its budget
+    // is spent, not when a kind runs out (FL-8).
+    let mut sessions = Windowed::new(
+        Sessions {
+            account_id: args.account_id,
+            ages,
+            bound: cutoffs.min(&current),
+            kind: SessionKind::Main,
+            settings,
+        },
+        Chunks::Fixed(settings.sessions_per_transaction as usize),
+    );
+    let end = hop.run(&mut sessions, args.cursor, report).await?;
+    report.outcome = end.outcome();
+    report.next = end.next().map(|cursor| Args {
+        version: V1,
+        account_id: args.account_id,
+        pass_started_at: args.pass_started_at,
+        policy: args.policy,
+        cutoffs: Some(cutoffs),
+        cursor,
+        hop: args.hop + 1,
+    });
+    Ok(())
+}
+
+/// An account's sessions as the owner loop takes them: kind after kind, each in (last
+/// activity, id) order through `sessions_retention_window`.
+pub(super) struct Sessions<'a> {
+    account_id: Uuid,
+    ages: Ages,
+    /// The stricter of the carried cutoffs and the current ones, kind by kind.
+    bound: Cutoffs,
+    /// The kind of the window in hand.
+    kind: SessionKind,
+    settings: &'a HopSettings,
+}
+
+/// A session as the window read it: its id, its agent, its last activity and its verdict
+/// (`None`: it goes).
+pub(super) type Candidate = (Uuid, Uuid, DateTime<Utc>, Option<String>);
+
+impl Window for Sessions<'_> {
+    type Candidate = Candidate;
+    type Cursor = Cursor;
+    type Report = HopReport;
+    type Error = Error;
+
+    const TABLES: &'static [&'static str] = &WRITTEN;
+
+    async fn read(
+        &mut self,
+        conn: &mut PgConnection,
+        at: Option<&Cursor>,
+        room: u32,
+        report: &mut HopReport,
+    ) -> Result<Candidates<Candidate, Cursor>, Error> {
+        let cursor = at.copied().unwrap_or(Cursor {
+            kind: SessionKind::Main,
+            after: None,
+        });
+        let kind = cursor.kind;
+        self.kind = kind;
+        if cursor.after.is_none() && self.ages.invalid().any(|invalid| invalid == kind) {
+            // Never "every session is old": none of this kind is (SS-1).
+            tracing::warn!(
+                account = %self.account_id,
+                kind = kind.as_str(),
+                days = self.ages.days(kind),
+                "the account's session retention policy gives this kind an age of 0 or less \
+                 (must be > 0): none of its sessions is pruned"
+            );
+            report.retain(INVALID_POLICY);
+        }
+        let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
+        // The verdict is taken first without locks, so that only sessions that would go are
+        // locked: a retained session (protected, lacking evidence) is never held from the
+        // platform.
+        let candidates = match self.bound.of(kind) {
+            None => Vec::new(),
+            Some(cutoff) => {
+                sqlx::query_as(WINDOW)
+                    .bind(self.account_id)
+                    .bind(kind.as_str())
+                    .bind(cutoff)
+                    .bind(after_at.max(EARLIEST))
+                    .bind(after_id)
+                    .bind(i64::from(room))
+                    .fetch_all(&mut *conn)
+                    .await?
+            }
+        };
+        Ok(Candidates {
+            candidates,
+            tail: kind.next().map(|kind| Cursor { kind, after: None }),
+        })
+    }
+
+    fn cursor(&self, (id, _, at, _): &Candidate) -> Cursor {
+        Cursor {
+            kind: self.kind,
+            after: Some((*at, *id)),
+        }
+    }
+
+    async fn take(
+        &mut self,
+        conn: &mut PgConnection,
+        chunk: &[Candidate],
+        report: &mut HopReport,
+    ) -> Result<Taken, Error> {
+        let deleted_before = report.deleted;
+        let mut sessions: Vec<(Uuid, Uuid)> = Vec::with_capacity(chunk.len());
+        for (session, agent, _, verdict) in chunk {
+            match verdict {
+                None => sessions.push((*session, *agent)),
+                Some(reason) => report.retain(reason),
+            }
+        }
+        if sessions.is_empty() {
+            return Ok(Taken::default());
+        }
+        let (settings, account, kind) = (self.settings, self.account_id, self.kind);
+        let cutoff = self.bound.of(kind);
+        match delete_sessions(conn, settings, account, kind, cutoff, &sessions).await? {
+            Deleted::Done(outcome) => report.record(&outcome),
+            // The store guard saw what the statement's snapshot did not (an agent pointed at a
+            // session just now): take them one by one, and keep the one it guards.
+            Deleted::Guarded => {
+                for session in &sessions {
+                    match delete_sessions(conn, settings, account, kind, cutoff, &[*session])
+                        .await?
+                    {
+                        Deleted::Done(outcome) => report.record(&outcome),
+                        Deleted::Guarded => report.retain("protected_pointer"),
+                    }
+                }
+            }
+        }
+        Ok(Taken {
+            recorded: report.deleted - deleted_before,
+            sized_by: None,
+        })
+    }
+}
+
+/// The ages in force for the account and the database's now, or `None` (with the outcome set)
+/// when the account is gone or its policy prunes nothing (SS-1).
+pub(super) async fn ages(
+    conn: &mut PgConnection,
+    account_id: Uuid,
+    policy: Policy,
+    report: &mut HopReport,
+) -> Result<Option<(Ages, DateTime<Utc>)>, Error> {
+    type Row = (
+        Option<bool>,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+        DateTime<Utc>,
+    );
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT p.enabled, p.main_days, p.task_days, p.subagent_days, now()
+         FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
+         WHERE a.id = $1",
+    )
+    .bind(account_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((enabled, main, task, subagent, now)) = row else {
+        report.outcome = HopOutcome::AccountGone;
+        return Ok(None);
+    };
+    let ages = match policy {
+        Policy::Fixed(ages) => ages,
+        Policy::Persisted if enabled == Some(true) => Ages {
+            main_days: main.unwrap_or(Ages::FALLBACK.main_days),
+            task_days: task.unwrap_or(Ages::FALLBACK.task_days),
+            subagent_days: subagent.unwrap_or(Ages::FALLBACK.subagent_days),
+        },
+        Policy::Persisted => {
+            report.outcome = HopOutcome::Disabled;
+            return Ok(None);
+        }
+    };
+    Ok(Some((ages, now)))
+}
+
+/// What one deletion transaction found and did.
+pub(super) struct Outcome {
+    /// Sessions of the chunk that could not be locked at once.
+    busy: u64,
+    /// The verdict on each session locked: `None` for deleted.
+    verdicts: Vec<Option<String>>,
+    /// Rows deleted per table of [`TABLES`].
+    rows: [i64; 4],
+    handoffs: i64,
+}
+
+pub(super) enum Deleted {
+    Done(Outcome),
+    /// The store guard refused a session: nothing of the transaction happened.
+    Guarded,
+}
+
+impl HopReport {
+    fn record(&mut self, outcome: &Outcome) {
+        for _ in 0..outcome.busy {
+            self.retain("busy");
+        }
+        for verdict in &outcome.verdicts {
+            match verdict {
+                None => self.deleted += 1,
+                Some(reason) => self.retain(reason),
+            }
+        }
+        for (table, n) in TABLES.iter().zip(outcome.rows) {
+            *self.rows.entry(table).or_default() += n.max(0) as u64;
+        }
+        self.handoffs_unlinked += outcome.handoffs.max(0) as u64;
+    }
+}
+
+/// Deletes the sessions of `chunk` that are still to go, in one transaction: their agents
+/// share-locked (so no pointer to them can be set meanwhile) and the sessions locked, each
+/// only if free at once; the verdict re-checked under those locks (SS-5); history, session
+/// and frame-directory record together (SS-6).
+pub(super) async fn delete_sessions(
+    conn: &mut PgConnection,
+    settings: &HopSettings,
+    account_id: Uuid,
+    kind: SessionKind,
+    cutoff: Option<DateTime<Utc>>,
+    chunk: &[(Uuid, Uuid)],
+) -> Result<Deleted, Error> {
+    let mut tx = owner_loop::begin(conn, settings.lock_timeout, true).await?;
+    let mut agents: Vec<Uuid> = chunk.iter().map(|(_, agent)| *agent).collect();
+    agents.sort();
+    agents.dedup();
+    let locked_agents = owner_loop::lock(&mut tx, "agents", Mode::Share, &agents).await?;
+    let sessions: Vec<Uuid> = chunk
+        .iter()
+        .filter(|(_, agent)| locked_agents.contains(agent))
+        .map(|(session, _)| *session)
+        .collect();
+    let rows: Result<Vec<Judged>, sqlx::Error> = sqlx::query_as(DELETE_SESSIONS)
+        .bind(&sessions)
+        .bind(account_id)
+        .bind(kind.as_str())
+        .bind(cutoff)
+        .fetch_all(&mut *tx)
+        .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(sqlx::Error::Database(db))
+            if db.message().contains("is protected and cannot be deleted") =>
+        {
+            return Ok(Deleted::Guarded);
+        }
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+            // A child row an application holds: the chunk is busy, revisited next pass.
+            return Ok(Deleted::Done(Outcome {
+                busy: chunk.len() as u64,
+                verdicts: Vec::new(),
+                rows: [0; 4],
+                handoffs: 0,
+            }));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    tx.commit().await?;
+    let counts = rows.first().map(|r| r.counts.clone()).unwrap_or_default();
+    let count = |i: usize| counts.get(i).copied().unwrap_or_default();
+    Ok(Deleted::Done(Outcome {
+        busy: (chunk.len() - rows.len()) as u64,
+        verdicts: rows.into_iter().map(|r| r.verdict).collect(),
+        rows: [count(0), count(1), count(2), count(3)],
+        handoffs: count(4),
+    }))
+}
+
+/// One session as the deletion statement found it under lock.
+#[derive(sqlx::FromRow)]
+pub(super) struct Judged {
+    verdict: Option<String>,
+    /// The same on every row: see [`DELETE_SESSIONS`].
+    counts: Vec<i64>,
+}

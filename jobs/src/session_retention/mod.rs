@@ -1,0 +1,512 @@
+//! SessionRetention (SPEC §3, seeds 000 and 002): deletes old agent sessions with their history
+//! — live entries, archives and archive entries — and, after commit, their archive frame
+//! directories; handoffs that point at a deleted session keep their rows with the reference
+//! nulled.
+//!
+//! A nightly pass per account is one chain of hops over the account's sessions, kind by kind
+//! (main, task, subagent), each kind in (last activity, id) order through
+//! `sessions_retention_window`; the kinds share a hop's window and budget, so that a hop hands
+//! over only when one of them is spent (FL-8). The policy is the account's persisted one (SS-1: missing or
+//! disabled prunes nothing) or, for `sexton sessions prune`, ages given by the operator. The
+//! verdict on a session — old enough (SS-2), not protected (SS-3), with its evidence (SS-4) —
+//! is `sexton.session_verdict`, one SQL function used for the window, the re-check and the
+//! preview alike. Sessions go in short transactions of a few: their agents are share-locked and
+//! the sessions locked (SKIP LOCKED: a busy session is counted and revisited next pass), the
+//! verdict re-checked under those locks (SS-5), and a session's whole history deleted with its
+//! row in the same transaction, so no surviving session ever loses part of its history. The
+//! store guard (`sexton.guard_protected_session`) refuses the delete of a protected session
+//! independently of all this.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::LazyLock;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::{EARLIEST, days_before};
+use crate::estimate::Read;
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
+use crate::health::{Health, Indicator};
+pub use crate::job::HopOutcome;
+use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
+use crate::owner_loop::{
+    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Progress, Taken, Window, Windowed,
+};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+mod hop;
+mod read;
+mod sql;
+pub use hop::*;
+pub use read::*;
+use sql::*;
+
+/// A session kind, in the order a pass visits them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionKind {
+    Main,
+    Task,
+    Subagent,
+}
+
+impl SessionKind {
+    pub const ALL: [SessionKind; 3] = [SessionKind::Main, SessionKind::Task, SessionKind::Subagent];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionKind::Main => "main",
+            SessionKind::Task => "task",
+            SessionKind::Subagent => "subagent",
+        }
+    }
+
+    fn next(self) -> Option<SessionKind> {
+        match self {
+            SessionKind::Main => Some(SessionKind::Task),
+            SessionKind::Task => Some(SessionKind::Subagent),
+            SessionKind::Subagent => None,
+        }
+    }
+}
+
+/// Ages in days per kind (SS-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ages {
+    pub main_days: i32,
+    pub task_days: i32,
+    pub subagent_days: i32,
+}
+
+impl Ages {
+    /// The fallback ages of an enabled policy, and the CLI's defaults: 60, 30, 7 days.
+    pub const FALLBACK: Ages = Ages {
+        main_days: 60,
+        task_days: 30,
+        subagent_days: 7,
+    };
+
+    fn days(&self, kind: SessionKind) -> i32 {
+        match kind {
+            SessionKind::Main => self.main_days,
+            SessionKind::Task => self.task_days,
+            SessionKind::Subagent => self.subagent_days,
+        }
+    }
+
+    /// The kinds whose age is 0 or less: the platform's table allows it, but nothing of such a
+    /// kind is old (SS-1), as the CLI refuses the same value.
+    fn invalid(&self) -> impl Iterator<Item = SessionKind> + '_ {
+        SessionKind::ALL
+            .into_iter()
+            .filter(|kind| !crate::cutoff::valid_window(self.days(*kind)))
+    }
+
+    fn cutoffs(&self, reference: DateTime<Utc>) -> Cutoffs {
+        Cutoffs {
+            main: days_before(reference, self.main_days),
+            task: days_before(reference, self.task_days),
+            subagent: days_before(reference, self.subagent_days),
+        }
+    }
+}
+
+/// Where the ages come from (SS-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Policy {
+    /// The account's `session_retention_policies` row: missing or disabled prunes nothing; an
+    /// enabled one's missing ages fall back to [`Ages::FALLBACK`]. The nightly job.
+    Persisted,
+    /// Ages the operator gave (`sexton sessions prune`), whatever the persisted policy says.
+    Fixed(Ages),
+}
+
+/// An account's row of `session_retention_policies`, if it has one.
+#[derive(Debug, Clone)]
+struct PolicyRow {
+    enabled: Option<bool>,
+    main_days: Option<i32>,
+    task_days: Option<i32>,
+    subagent_days: Option<i32>,
+}
+
+impl PolicyRow {
+    /// The ages of an enabled policy, its missing ones falling back (SS-1); `None` when the
+    /// policy is missing or disabled: nothing goes.
+    fn ages(&self) -> Option<Ages> {
+        (self.enabled == Some(true)).then(|| Ages {
+            main_days: self.main_days.unwrap_or(Ages::FALLBACK.main_days),
+            task_days: self.task_days.unwrap_or(Ages::FALLBACK.task_days),
+            subagent_days: self.subagent_days.unwrap_or(Ages::FALLBACK.subagent_days),
+        })
+    }
+}
+
+/// The cutoff of each kind; `None` where the window reaches back past the calendar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cutoffs {
+    pub main: Option<DateTime<Utc>>,
+    pub task: Option<DateTime<Utc>>,
+    pub subagent: Option<DateTime<Utc>>,
+}
+
+impl Cutoffs {
+    pub fn of(&self, kind: SessionKind) -> Option<DateTime<Utc>> {
+        match kind {
+            SessionKind::Main => self.main,
+            SessionKind::Task => self.task,
+            SessionKind::Subagent => self.subagent,
+        }
+    }
+
+    /// The stricter of two cutoffs, kind by kind (EX-7's rule, for sessions).
+    fn min(&self, other: &Cutoffs) -> Cutoffs {
+        let min =
+            |a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>| a.zip(b).map(|(a, b)| a.min(b));
+        Cutoffs {
+            main: min(self.main, other.main),
+            task: min(self.task, other.task),
+            subagent: min(self.subagent, other.subagent),
+        }
+    }
+}
+
+/// A position in a pass: the kind being visited and the last session visited in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    pub kind: SessionKind,
+    /// The last session visited of that kind; `None` at the start of the kind.
+    pub after: Option<(DateTime<Utc>, Uuid)>,
+}
+
+/// One hop's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub account_id: Uuid,
+    pub pass_started_at: DateTime<Utc>,
+    pub policy: Policy,
+    /// Fixed by the first hop and carried by every later one.
+    pub cutoffs: Option<Cutoffs>,
+    pub cursor: Option<Cursor>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+impl Args {
+    /// The first hop of an account's pass under `policy`.
+    pub fn first(account_id: Uuid, pass_started_at: DateTime<Utc>, policy: Policy) -> Self {
+        Self {
+            version: V1,
+            account_id,
+            pass_started_at,
+            policy,
+            cutoffs: None,
+            cursor: None,
+            hop: 0,
+        }
+    }
+}
+
+/// How much one hop may do.
+#[derive(Debug, Clone)]
+pub struct HopSettings {
+    /// Sessions read per hop.
+    pub window_size: u32,
+    /// Sessions deleted together in one transaction (a session's whole history goes with it).
+    pub sessions_per_transaction: u32,
+    /// Time after which a hop stops taking sessions and hands over to the next hop.
+    pub budget: Duration,
+    /// Longest wait for any lock inside a deletion (child rows an application holds).
+    pub lock_timeout: Duration,
+    /// Root of the per-session archive frame directories.
+    pub sessions_root: PathBuf,
+}
+
+/// Why a session was left in place this pass, as counted in metrics. `invalid_policy` counts a
+/// kind whose policy age is 0 or less, once per pass (SS-1).
+pub const RETAIN_REASONS: [&str; 8] = [
+    "not_eligible",
+    "protected_state",
+    "protected_pointer",
+    "missing_evidence",
+    "malformed_evidence",
+    "task_not_terminal",
+    "busy",
+    INVALID_POLICY,
+];
+
+const INVALID_POLICY: &str = "invalid_policy";
+
+/// The history tables, in the order reports list them; `sessions` itself last.
+pub const TABLES: [&str; 4] = [
+    "conversation_entries",
+    "conversation_archive_entries",
+    "conversation_archives",
+    "sessions",
+];
+
+/// Every table a hop writes: the history, the handoffs it unlinks, the file records.
+const WRITTEN: [&str; 6] = [
+    TABLES[0],
+    TABLES[1],
+    TABLES[2],
+    TABLES[3],
+    "handoffs",
+    "pending_file_deletions",
+];
+
+/// What one hop did.
+#[derive(Debug, Clone, Serialize)]
+pub struct HopReport {
+    pub outcome: HopOutcome,
+    pub candidates: u64,
+    /// Sessions deleted.
+    pub deleted: u64,
+    pub retained: BTreeMap<&'static str, u64>,
+    /// Rows deleted per table of [`TABLES`].
+    pub rows: BTreeMap<&'static str, u64>,
+    /// Handoffs whose reference to a deleted session was nulled.
+    pub handoffs_unlinked: u64,
+    pub files: FileCounts,
+    pub owner_seconds: f64,
+    pub next: Option<Args>,
+    /// The red indicator that stopped the hop early, if one did.
+    pub throttled: Option<Indicator>,
+}
+
+impl Progress for HopReport {
+    fn took(&mut self, candidates: u64, seconds: f64) {
+        self.candidates += candidates;
+        self.owner_seconds += seconds;
+    }
+
+    fn files(&mut self, counts: FileCounts) {
+        self.files.add(counts);
+    }
+
+    fn throttled(&mut self, red: Indicator) {
+        self.throttled = Some(red);
+    }
+}
+
+/// Why a hop failed; it is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Files(#[from] DrainError),
+}
+
+/// The `[sessions]` section as given.
+#[derive(Debug, Deserialize)]
+struct RawSettings {
+    window_size: Raw<i64>,
+    sessions_per_transaction: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+    lock_timeout_ms: Raw<i64>,
+}
+
+/// The job kind, as the worker registers it.
+pub struct SessionRetention;
+
+impl Job for SessionRetention {
+    const NAME: &'static str = "session_retention";
+    const QUEUE: &'static str = "sexton.session_retention";
+    const SCOPE: Scope = Scope::Account;
+    const SECTION: &'static str = "sessions";
+    const SUBJECTS: &'static [&'static str] = &["session"];
+    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
+
+    type Args = Args;
+    type Settings = HopSettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        paths: &PathSettings,
+        c: &mut Check<'_>,
+    ) -> Option<HopSettings> {
+        let s: RawSettings = c.section(Self::SECTION, section)?;
+        let window_size = c.int(
+            "sessions.window_size",
+            &s.window_size,
+            1..=100_000,
+            "an integer from 1 to 100000",
+        );
+        let sessions_per_transaction = c.int(
+            "sessions.sessions_per_transaction",
+            &s.sessions_per_transaction,
+            1..=1000,
+            "an integer from 1 to 1000",
+        );
+        let budget = c.millis("sessions.hop_budget_ms", &s.hop_budget_ms);
+        let lock_timeout = c.millis("sessions.lock_timeout_ms", &s.lock_timeout_ms);
+        Some(HopSettings {
+            window_size: window_size?,
+            sessions_per_transaction: sessions_per_transaction?,
+            budget: budget?,
+            lock_timeout: lock_timeout?,
+            sessions_root: paths.sessions_root.clone(),
+        })
+    }
+
+    async fn due(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        due(conn, slot, range).await
+    }
+
+    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args::first(account.unwrap_or_default(), slot, Policy::Persisted)
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: Some(args.account_id),
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(
+        env: Env<'_>,
+        settings: &HopSettings,
+        args: &Args,
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
+        // The worker's roots are the ones in force, whatever the settings were loaded with.
+        let settings = &HopSettings {
+            sessions_root: env.paths.sessions_root.clone(),
+            ..settings.clone()
+        };
+        let mut done = HopReport::new();
+        let result = hop_into(env.conn, env.health, settings, args, env.stop, &mut done).await;
+        *report = Report {
+            outcome: done.outcome.as_str(),
+            window: settings.window_size,
+            candidates: done.candidates,
+            pruned: done.deleted,
+            retained: done.retained.iter().map(|(r, n)| (*r, *n)).collect(),
+            rows: done.rows.iter().map(|(t, n)| (*t, *n)).collect(),
+            files: done.files,
+            owner_seconds: done.owner_seconds,
+            next: done.next,
+            throttled: done.throttled,
+        };
+        result
+    }
+
+    async fn backlog_seconds(
+        pool: &PgPool,
+        _settings: &HopSettings,
+        now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        backlog_seconds(pool, now).await.map(Some)
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(session) => explain_session(conn, now, session).await,
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        _settings: &HopSettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        preview(conn, now, accounts).await
+    }
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally: Vec<(String, i64)> = SessionKind::ALL
+            .iter()
+            .map(|k| {
+                let n = p.eligible.get(k.as_str()).copied().unwrap_or(0);
+                (format!("sessions eligible {}", k.as_str()), n)
+            })
+            .collect();
+        tally.extend(
+            p.retained
+                .iter()
+                .map(|(r, n)| (format!("retained {r}"), *n)),
+        );
+        tally.extend(p.rows.iter().map(|(t, n)| (format!("rows {t}"), *n)));
+        tally
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_matches_its_golden_file() {
+        crate::golden::check("session_retention/delete_sessions", DELETE_SESSIONS);
+    }
+
+    #[test]
+    fn fl1_args_round_trip_and_refuse_unknown_fields() {
+        let args = Args::first(
+            Uuid::nil(),
+            "2026-12-01T03:00:00Z".parse().unwrap(),
+            Policy::Fixed(Ages::FALLBACK),
+        );
+        let json = serde_json::to_value(&args).unwrap();
+        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
+        let mut bad = json;
+        bad["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Args>(bad).is_err());
+    }
+
+    #[test]
+    fn ss1_cutoffs_take_the_stricter_of_carried_and_current_kind_by_kind() {
+        let at = |s: &str| Some(s.parse::<DateTime<Utc>>().unwrap());
+        let carried = Cutoffs {
+            main: at("2026-10-01T00:00:00Z"),
+            task: at("2026-11-01T00:00:00Z"),
+            subagent: None,
+        };
+        let current = Cutoffs {
+            main: at("2026-10-15T00:00:00Z"),
+            task: at("2026-10-20T00:00:00Z"),
+            subagent: at("2026-11-20T00:00:00Z"),
+        };
+        assert_eq!(
+            carried.min(&current),
+            Cutoffs {
+                main: at("2026-10-01T00:00:00Z"),
+                task: at("2026-10-20T00:00:00Z"),
+                subagent: None,
+            }
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! What session retention reads without deleting: the accounts a slot's fan-out starts
+//! (FL-8), the backlog (OP-3), `sexton sessions prune --dry-run`'s targets, `sexton preview`
+//! and `sexton explain session`.
+
+use super::*;
+
+/// The accounts of `range` whose nightly pass for `slot` has something to do (FL-8): with an
+/// enabled persisted policy, a session of some kind past that kind's cutoff (protected or not:
+/// what protects it is looked at again) or a kind whose age is 0 or less (the pass reports it,
+/// SS-1); whatever the policy, archive directories waiting to be removed. The slot bounds the
+/// cutoffs from above, as it bounds every hop's.
+///
+/// # Errors
+/// A database error.
+pub async fn due(
+    conn: &mut PgConnection,
+    slot: DateTime<Utc>,
+    range: AccountRange,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    range
+        .query(&DUE)
+        .bind(slot)
+        .bind(EARLIEST)
+        .bind(Ages::FALLBACK.main_days)
+        .bind(Ages::FALLBACK.task_days)
+        .bind(Ages::FALLBACK.subagent_days)
+        .fetch_all(conn)
+        .await
+}
+
+/// How far past its cutoff the oldest session still to go is, over every account whose policy
+/// is enabled, in seconds (0 when none waits). Read per policy and kind through
+/// `sessions_retention_window`, or in one scan of `sessions` when there are fewer than about
+/// ten per policy ([`crate::estimate`]): both give the same figure.
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
+    let read =
+        crate::estimate::cheaper_read(pool, "sessions", "session_retention_policies").await?;
+    backlog_read(pool, now, read).await
+}
+
+/// The backlog, read one way or the other (both are tested to agree).
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn backlog_read(pool: &PgPool, now: DateTime<Utc>, read: Read) -> Result<f64, Error> {
+    let sql = read.pick(&BACKLOG, &BACKLOG_SCAN);
+    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(now)
+        .bind(EARLIEST)
+        .bind(Ages::FALLBACK.main_days)
+        .bind(Ages::FALLBACK.task_days)
+        .bind(Ages::FALLBACK.subagent_days);
+    Ok(crate::estimate::backlog_seconds(pool, query).await?)
+}
+
+/// One session a pass would delete now, with the evidence it goes on (`sexton sessions prune`).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Target {
+    pub session_id: Uuid,
+    pub agent_id: Uuid,
+    pub account_id: Uuid,
+    pub kind: String,
+    pub last_activity_at: DateTime<Utc>,
+    pub evidence: String,
+}
+
+/// Every session that `ages` would delete now, for every account or one, oldest first. The
+/// persisted policies are not consulted: these are the CLI's targets (SS-1).
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn targets(
+    conn: &mut PgConnection,
+    ages: Ages,
+    now: DateTime<Utc>,
+    account: Option<Uuid>,
+) -> Result<Vec<Target>, Error> {
+    let cutoffs = ages.cutoffs(now);
+    Ok(sqlx::query_as(
+        "SELECT s.id AS session_id, s.agent_id, s.account_id, s.kind, s.last_activity_at,
+                CASE s.kind
+                    WHEN 'main' THEN 'main session: age alone'
+                    WHEN 'task' THEN 'board task ' || b.id || ' ' || b.status || ' at '
+                                     || to_char(b.terminal_at AT TIME ZONE 'UTC',
+                                                'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+                    ELSE 'completed at ' || to_char(
+                        COALESCE(sexton.jsonb_timestamptz(s.metadata -> 'completed_at'),
+                                 sexton.jsonb_timestamptz(s.metadata -> 'completion' -> 'completed_at'))
+                        AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+                END AS evidence
+         FROM sessions s
+         CROSS JOIN LATERAL (SELECT CASE s.kind WHEN 'main' THEN $2::timestamptz
+                                                WHEN 'task' THEN $3::timestamptz
+                                                WHEN 'subagent' THEN $4::timestamptz END AS cutoff) c
+         LEFT JOIN board_tasks b
+                ON s.kind = 'task'
+               AND b.id = COALESCE(sexton.jsonb_uuid(s.metadata -> 'board_task_id'),
+                                   sexton.jsonb_uuid(s.metadata -> 'board_task' -> 'id'))
+         WHERE ($1::uuid IS NULL OR s.account_id = $1)
+           AND s.last_activity_at < c.cutoff AND s.last_activity_at > $5
+           AND sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                      s.last_activity_at, c.cutoff) IS NULL
+         ORDER BY s.last_activity_at, s.id",
+    )
+    .bind(account)
+    .bind(cutoffs.main)
+    .bind(cutoffs.task)
+    .bind(cutoffs.subagent)
+    .bind(EARLIEST)
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+/// What a nightly pass would do for one account now (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub account_id: Uuid,
+    pub account_name: String,
+    /// `None` when the account has no policy or it is disabled: nothing goes.
+    pub ages: Option<Ages>,
+    pub cutoffs: Option<Cutoffs>,
+    /// Sessions that would go, per kind.
+    pub eligible: BTreeMap<&'static str, i64>,
+    /// Old enough but kept, by reason.
+    pub retained: BTreeMap<String, i64>,
+    /// History rows that would go with them, per table.
+    pub rows: BTreeMap<&'static str, i64>,
+}
+
+/// Previews `accounts` (every account when `None`), in name order: one statement for the
+/// accounts and their policies and one for all their sessions, whatever their number.
+///
+/// # Errors
+/// [`Error::Database`] on a database error.
+pub async fn preview(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    accounts: Option<&[Uuid]>,
+) -> Result<Vec<Preview>, Error> {
+    type Row = (
+        Uuid,
+        String,
+        Option<bool>,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT a.id, a.name, p.enabled, p.main_days, p.task_days, p.subagent_days
+         FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
+         WHERE $1::uuid[] IS NULL OR a.id = ANY($1) ORDER BY a.name, a.id",
+    )
+    .bind(accounts)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut previews: Vec<Preview> = rows
+        .into_iter()
+        .map(
+            |(account_id, account_name, enabled, main, task, subagent)| {
+                let mut preview = Preview {
+                    account_id,
+                    account_name,
+                    ages: None,
+                    cutoffs: None,
+                    eligible: BTreeMap::new(),
+                    retained: BTreeMap::new(),
+                    rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+                };
+                if enabled == Some(true) {
+                    let ages = Ages {
+                        main_days: main.unwrap_or(Ages::FALLBACK.main_days),
+                        task_days: task.unwrap_or(Ages::FALLBACK.task_days),
+                        subagent_days: subagent.unwrap_or(Ages::FALLBACK.subagent_days),
+                    };
+                    preview.ages = Some(ages);
+                    preview.cutoffs = Some(ages.cutoffs(now));
+                    // As the pass counts it: once per kind (SS-1).
+                    let invalid = ages.invalid().count() as i64;
+                    if invalid > 0 {
+                        preview.retained.insert(INVALID_POLICY.to_owned(), invalid);
+                    }
+                }
+                preview
+            },
+        )
+        .collect();
+    let counts: Vec<(Uuid, String, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
+        .bind(accounts)
+        .bind(now)
+        .bind(EARLIEST)
+        .bind(Ages::FALLBACK.main_days)
+        .bind(Ages::FALLBACK.task_days)
+        .bind(Ages::FALLBACK.subagent_days)
+        .fetch_all(&mut *conn)
+        .await?;
+    let at: BTreeMap<Uuid, usize> = previews
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.account_id, i))
+        .collect();
+    for (account, class, key, n) in counts {
+        let Some(preview) = at.get(&account).map(|i| &mut previews[*i]) else {
+            continue;
+        };
+        match class.as_str() {
+            "eligible" => {
+                if let Some(kind) = SessionKind::ALL.iter().find(|k| k.as_str() == key) {
+                    preview.eligible.insert(kind.as_str(), n);
+                }
+            }
+            "retained" => {
+                preview.retained.insert(key, n);
+            }
+            _ => {
+                if let Some(table) = TABLES.iter().find(|t| **t == key) {
+                    preview.rows.insert(table, n);
+                }
+            }
+        }
+    }
+    Ok(previews)
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(ages) = self.ages else {
+            return write!(
+                f,
+                "account {} ({}): no enabled session retention policy, nothing goes",
+                self.account_name, self.account_id
+            );
+        };
+        write!(
+            f,
+            "account {} ({}), main {} / task {} / subagent {} days: {} sessions eligible",
+            self.account_name,
+            self.account_id,
+            ages.main_days,
+            ages.task_days,
+            ages.subagent_days,
+            self.eligible.values().sum::<i64>()
+        )?;
+        for (kind, n) in &self.eligible {
+            write!(f, "\n  eligible {kind:<24} {n:>10}")?;
+        }
+        for (reason, n) in &self.retained {
+            write!(f, "\n  retained {reason:<24} {n:>10}")?;
+        }
+        for (table, n) in &self.rows {
+            write!(f, "\n  rows     {table:<28} {n:>10}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The job's verdict on one session, from the SQL functions the job itself judges
+/// by: `sexton.session_verdict` decides, `session_protection` and `session_evidence` give every
+/// reason that applies.
+pub(super) async fn explain_session(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    session: Uuid,
+) -> Result<Option<Explanation>, Error> {
+    type Row = (
+        Uuid,
+        String,
+        DateTime<Utc>,
+        Option<bool>,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+    );
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT s.account_id, s.kind, s.last_activity_at,
+                p.enabled, p.main_days, p.task_days, p.subagent_days
+         FROM sessions s LEFT JOIN session_retention_policies p ON p.account_id = s.account_id
+         WHERE s.id = $1",
+    )
+    .bind(session)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((account, kind, last_activity, enabled, main, task, subagent)) = row else {
+        return Ok(None);
+    };
+    let policy = PolicyRow {
+        enabled,
+        main_days: main,
+        task_days: task,
+        subagent_days: subagent,
+    };
+    let kind_of = SessionKind::ALL
+        .iter()
+        .copied()
+        .find(|k| k.as_str() == kind);
+    let ages = policy.ages();
+    let cutoff = ages
+        .zip(kind_of)
+        .and_then(|(ages, kind)| days_before(now, ages.days(kind)));
+    let mut explanation = Explanation {
+        job: SessionRetention::NAME,
+        subject: "session",
+        id: session.to_string(),
+        account_id: Some(account),
+        policy: match (enabled, ages) {
+            (None, _) => "no session_retention_policies row: nothing goes (SS-1)".into(),
+            (Some(_), None) => "the account's policy is disabled: nothing goes (SS-1)".into(),
+            (_, Some(a)) => format!(
+                "enabled: main {} / task {} / subagent {} days (the account's policy, missing \
+                 ages falling back to 60 / 30 / 7)",
+                a.main_days, a.task_days, a.subagent_days
+            ),
+        },
+        measured_from: Some(format!("last_activity_at of a {kind} session")),
+        age_at: Some(last_activity),
+        cutoff,
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    if ages.is_none() {
+        explanation.reasons.push(ExplainReason::new(
+            "SS-1",
+            "no_policy",
+            "no enabled session retention policy for the account",
+        ));
+        return Ok(Some(explanation));
+    }
+    let (verdict, protection, evidence): (Option<String>, Option<String>, Option<String>) =
+        sqlx::query_as(
+            "SELECT sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                           s.last_activity_at, $2),
+                    sexton.session_protection(s.id, s.state),
+                    sexton.session_evidence(s.kind, s.metadata, s.account_id)
+             FROM sessions s WHERE s.id = $1",
+        )
+        .bind(session)
+        .bind(cutoff)
+        .fetch_one(&mut *conn)
+        .await?;
+    let invalid = ages
+        .zip(kind_of)
+        .map(|(ages, kind)| ages.days(kind))
+        .filter(|days| !crate::cutoff::valid_window(*days));
+    if let Some(days) = invalid {
+        explanation.reasons.push(ExplainReason::new(
+            "SS-1",
+            INVALID_POLICY,
+            format!(
+                "the policy's age for a {kind} session is {days} days, which is not an age \
+                 (it must be more than 0): none of its kind is old"
+            ),
+        ));
+    } else if !cutoff.is_some_and(|c| last_activity < c && last_activity > EARLIEST) {
+        explanation.reasons.push(ExplainReason::new(
+            "SS-2",
+            "not_eligible",
+            "its last activity is not before the cutoff",
+        ));
+    }
+    if let Some(protection) = protection {
+        let code = if protection.starts_with("its state") {
+            "protected_state"
+        } else {
+            "protected_pointer"
+        };
+        explanation.reasons.push(ExplainReason::new(
+            "SS-3",
+            code,
+            format!("protected: {protection}"),
+        ));
+    }
+    if let Some(evidence) = evidence {
+        explanation.reasons.push(ExplainReason::new(
+            "SS-4",
+            evidence.clone(),
+            format!("its metadata does not prove it finished ({evidence})"),
+        ));
+    }
+    // The verdict is the job's own.
+    if verdict.is_none() {
+        explanation.verdict = ExplainVerdict::Eligible;
+        explanation.reasons.push(ExplainReason::new(
+            "SS-2",
+            "expired",
+            "idle longer than its kind's age, unprotected, with its evidence: the next pass \
+             deletes it with its history",
+        ));
+    }
+    Ok(Some(explanation))
+}

@@ -1,0 +1,203 @@
+//! The statements of session retention. Every one of them judges a session by
+//! `sexton.session_verdict`, the one SQL function of SS-2 … SS-4.
+
+use super::*;
+
+/// The window of one kind: `$1` the account, `$2` the kind, `$3` its cutoff, `$4`/`$5` the
+/// cursor (last activity, id), `$6` the room left in the hop; each session with its verdict.
+pub(super) const WINDOW: &str = "
+    SELECT s.id, s.agent_id, s.last_activity_at,
+           sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                  s.last_activity_at, $3)
+    FROM sessions s
+    WHERE s.account_id = $1 AND s.kind = $2 AND s.last_activity_at < $3
+      AND (s.last_activity_at, s.id) > ($4, $5)
+    ORDER BY s.last_activity_at, s.id
+    LIMIT $6";
+
+/// The deletion statement: `$1` the sessions whose agents are locked, `$2` the account, `$3`
+/// the kind, `$4` its cutoff. One row per session locked, with its verdict (NULL: deleted) and,
+/// the same on every row, the rows deleted per table of [`TABLES`] and the handoffs unlinked.
+/// The frame directory of each deleted session is recorded for removal after commit.
+pub(super) const DELETE_SESSIONS: &str = "
+    WITH locked AS (
+        SELECT s.id, sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                            s.last_activity_at, $4) AS verdict
+        FROM sessions s
+        WHERE s.id = ANY($1) AND s.account_id = $2 AND s.kind = $3
+        ORDER BY s.id
+        FOR UPDATE OF s SKIP LOCKED),
+    doomed AS (SELECT COALESCE(array_agg(id), '{}') AS ids FROM locked WHERE verdict IS NULL),
+    archive_entries_gone AS (
+        DELETE FROM conversation_archive_entries
+        WHERE archive_id IN (SELECT id FROM conversation_archives
+                             WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[]))
+        RETURNING 1),
+    archives_gone AS (
+        DELETE FROM conversation_archives WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[])
+        RETURNING 1),
+    entries_gone AS (
+        DELETE FROM conversation_entries WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[])
+        RETURNING 1),
+    unlinked AS (
+        SELECT count(*) AS n FROM handoffs
+        WHERE from_session_id = ANY((SELECT ids FROM doomed)::uuid[])
+           OR to_session_id = ANY((SELECT ids FROM doomed)::uuid[])),
+    sessions_gone AS (
+        DELETE FROM sessions WHERE id = ANY((SELECT ids FROM doomed)::uuid[]) RETURNING id),
+    frames AS (
+        INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+        SELECT 'sessions', $2, id::text FROM sessions_gone)
+    SELECT verdict,
+           ARRAY[(SELECT count(*) FROM entries_gone),
+                 (SELECT count(*) FROM archive_entries_gone),
+                 (SELECT count(*) FROM archives_gone),
+                 (SELECT count(*) FROM sessions_gone),
+                 (SELECT n FROM unlinked)]::bigint[] AS counts
+    FROM locked";
+
+/// Discovery: `$1`/`$2` the range, `$3` the slot, `$4` the earliest finite age, `$5`..`$7` the
+/// fallback ages. A cutoff is computed only where the age leaves one (never "out of range").
+pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
+    let kind = |kind: &str, days: &str| {
+        format!(
+            "EXISTS (SELECT 1 FROM sessions s
+                     WHERE s.account_id = a.id AND s.kind = '{kind}'
+                       AND s.last_activity_at >= $4
+                       AND s.last_activity_at < {})",
+            crate::cutoff::days_before_sql("$3", days, "$4")
+        )
+    };
+    format!(
+        "SELECT a.id FROM accounts a
+         LEFT JOIN session_retention_policies p ON p.account_id = a.id AND p.enabled
+         CROSS JOIN LATERAL (SELECT COALESCE(p.main_days, $5) AS main,
+                                    COALESCE(p.task_days, $6) AS task,
+                                    COALESCE(p.subagent_days, $7) AS subagent) d
+         WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
+           AND ((p.account_id IS NOT NULL
+                 AND (d.main <= 0 OR d.task <= 0 OR d.subagent <= 0 OR {} OR {} OR {}))
+                OR {})
+         ORDER BY a.id",
+        kind("main", "d.main"),
+        kind("task", "d.task"),
+        kind("subagent", "d.subagent"),
+        files::waiting_sql(Root::Sessions, "a.id")
+    )
+});
+
+/// The backlog in one scan of `sessions`: the latest cutoff any enabled policy gives each kind
+/// (from its shortest age), the sessions older than that (found first and apart: the planner
+/// would otherwise join every session to its policy before filtering), each joined to its
+/// account's policy and checked against its own cutoff, then taken furthest past it first
+/// until one would go — the verdict is asked of as few as the per-policy read asks. Parameters
+/// as [`BACKLOG`]'s.
+pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
+    let days = |kind: &str, fallback: &str| format!("COALESCE(p.{kind}_days, {fallback})");
+    let shortest = |kind: &str, fallback: &str| {
+        let days = days(kind, fallback);
+        format!("min({days}) FILTER (WHERE {days} > 0) AS {kind}")
+    };
+    let latest = |kind: &str| crate::cutoff::days_before_sql("$1", &format!("d.{kind}"), "$2");
+    let own = format!(
+        "CASE s.kind WHEN 'main' THEN {} WHEN 'task' THEN {} ELSE {} END",
+        days("main", "$3"),
+        days("task", "$4"),
+        days("subagent", "$5")
+    );
+    format!(
+        "
+    WITH latest AS MATERIALIZED (
+        SELECT {} AS main, {} AS task, {} AS subagent
+        FROM (SELECT {}, {}, {}
+              FROM session_retention_policies p WHERE p.enabled) d),
+    old AS MATERIALIZED (
+        SELECT s.* FROM latest l
+        JOIN sessions s ON s.last_activity_at < CASE s.kind WHEN 'main' THEN l.main
+                                                            WHEN 'task' THEN l.task
+                                                            ELSE l.subagent END)
+    SELECT EXTRACT(EPOCH FROM c.past)::float8
+    FROM (SELECT s.id, s.account_id, s.kind, s.state, s.metadata, s.last_activity_at, k.cutoff,
+                 k.cutoff - s.last_activity_at AS past
+          FROM old s
+          JOIN session_retention_policies p ON p.account_id = s.account_id AND p.enabled
+          CROSS JOIN LATERAL (SELECT {} AS cutoff) k
+          WHERE s.last_activity_at < k.cutoff AND s.last_activity_at > $2
+          ORDER BY past DESC OFFSET 0) c
+    WHERE sexton.session_verdict(c.id, c.account_id, c.kind, c.state, c.metadata,
+                                 c.last_activity_at, c.cutoff) IS NULL
+    ORDER BY c.past DESC LIMIT 1",
+        latest("main"),
+        latest("task"),
+        latest("subagent"),
+        shortest("main", "$3"),
+        shortest("task", "$4"),
+        shortest("subagent", "$5"),
+        crate::cutoff::days_before_sql("$1", &own, "$2"),
+    )
+});
+
+/// The backlog in one statement (a query per account and kind made `status` and the gauges
+/// cost 60,000 round trips at 20,000 accounts): `$1` now, `$2` the earliest finite age,
+/// `$3`..`$5` the fallback ages; per enabled policy and kind with a cutoff, the oldest session
+/// that would go, through `sessions_retention_window`.
+pub(super) static BACKLOG: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
+    SELECT max(EXTRACT(EPOCH FROM (k.cutoff - o.age)))::float8
+    FROM session_retention_policies p
+    CROSS JOIN LATERAL (VALUES ('main', COALESCE(p.main_days, $3)),
+                               ('task', COALESCE(p.task_days, $4)),
+                               ('subagent', COALESCE(p.subagent_days, $5))) AS d (kind, days)
+    CROSS JOIN LATERAL (
+        SELECT {} AS cutoff) k
+    CROSS JOIN LATERAL (
+        SELECT s.last_activity_at AS age FROM sessions s
+        WHERE s.account_id = p.account_id AND s.kind = d.kind
+          AND s.last_activity_at < k.cutoff AND s.last_activity_at > $2
+          AND sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                     s.last_activity_at, k.cutoff) IS NULL
+        ORDER BY s.last_activity_at, s.id LIMIT 1) o
+    WHERE p.enabled AND k.cutoff IS NOT NULL",
+        crate::cutoff::days_before_sql("$1", "d.days", "$2")
+    )
+});
+
+/// The preview of some accounts' sessions under their enabled policies: `$1` the accounts
+/// (every account when NULL), `$2` now, `$3` the earliest finite age, `$4`..`$6` the fallback
+/// ages. Per account, sessions past their kind's cutoff by verdict, then the history rows of
+/// those that would go.
+pub(super) static PREVIEW: LazyLock<String> = LazyLock::new(|| {
+    let days = "CASE s.kind WHEN 'main' THEN COALESCE(p.main_days, $4) \
+                WHEN 'task' THEN COALESCE(p.task_days, $5) \
+                ELSE COALESCE(p.subagent_days, $6) END";
+    format!(
+        "WITH judged AS (
+             SELECT s.account_id, s.id, s.kind,
+                    sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                                           s.last_activity_at, c.cutoff) AS verdict
+             FROM session_retention_policies p
+             JOIN sessions s ON s.account_id = p.account_id
+             CROSS JOIN LATERAL (SELECT {} AS cutoff) c
+             WHERE p.enabled AND ($1::uuid[] IS NULL OR p.account_id = ANY($1))
+               AND s.last_activity_at < c.cutoff AND s.last_activity_at > $3),
+         doomed AS (SELECT account_id, id FROM judged WHERE verdict IS NULL)
+         SELECT account_id, 'eligible', kind, count(*) FROM judged WHERE verdict IS NULL
+                GROUP BY account_id, kind
+         UNION ALL SELECT account_id, 'retained', verdict, count(*) FROM judged
+                   WHERE verdict IS NOT NULL GROUP BY account_id, verdict
+         UNION ALL SELECT d.account_id, 'rows', 'conversation_entries', count(*)
+                   FROM conversation_entries e JOIN doomed d ON d.id = e.session_id
+                   GROUP BY d.account_id
+         UNION ALL SELECT d.account_id, 'rows', 'conversation_archives', count(*)
+                   FROM conversation_archives a JOIN doomed d ON d.id = a.session_id
+                   GROUP BY d.account_id
+         UNION ALL SELECT d.account_id, 'rows', 'conversation_archive_entries', count(*)
+                   FROM conversation_archive_entries e
+                   JOIN conversation_archives a ON a.id = e.archive_id
+                   JOIN doomed d ON d.id = a.session_id
+                   GROUP BY d.account_id
+         UNION ALL SELECT account_id, 'rows', 'sessions', count(*) FROM doomed GROUP BY account_id",
+        crate::cutoff::days_before_sql("$2", days, "$3")
+    )
+});
