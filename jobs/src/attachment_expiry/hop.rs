@@ -1,0 +1,219 @@
+//! One hop over an account's live attachments: each chunk's files judged by their mtime under
+//! the root, the expired rows marked and their files recorded in one statement.
+
+use super::*;
+
+/// What a row's file is, as far as expiry goes.
+pub(super) enum Verdict {
+    Expired,
+    Young,
+    Kept(&'static str),
+}
+
+pub(super) fn judge(root: &std::os::fd::OwnedFd, relative: &str, cutoff: DateTime<Utc>) -> Verdict {
+    match files::stat_under(root, relative) {
+        Ok(Some(stat)) => match FileType::from_raw_mode(stat.st_mode) {
+            FileType::RegularFile => {
+                let mtime = DateTime::from_timestamp(stat.st_mtime, 0).unwrap_or(cutoff);
+                if mtime < cutoff {
+                    Verdict::Expired
+                } else {
+                    Verdict::Young
+                }
+            }
+            FileType::Symlink => Verdict::Kept("outside_root"),
+            _ => Verdict::Kept("not_regular"),
+        },
+        Ok(None) => Verdict::Kept("missing"),
+        Err(err) if err.kind() == std::io::ErrorKind::InvalidInput => Verdict::Kept("outside_root"),
+        Err(_) => Verdict::Kept("unreadable"),
+    }
+}
+
+/// One hop over one window of an account's live attachments (the owner loop, [`Hop::run`]).
+///
+/// # Errors
+/// [`Error`]; what was committed stays, and the hop can be run again.
+pub async fn hop(
+    env: Env<'_>,
+    settings: &AttachmentSettings,
+    args: &Args,
+    report: &mut Report<Args>,
+) -> Result<(), Error> {
+    let root_path = &env.paths.attachments_root;
+    *report = Report::new(&RETAIN_REASONS);
+    // Rows are marked, never deleted: what expired is counted in `pruned` and the files.
+    report.window = settings.window_size;
+    let bounds = Bounds {
+        window: Some(settings.window_size),
+        budget: settings.budget,
+    };
+    let files = Files {
+        root: Root::Attachments,
+        path: root_path,
+        scope: Some(args.account_id),
+        beside: None,
+    };
+    let hop = Hop::start(env.conn, env.health, env.stop, bounds, Some(files), report).await?;
+    let (database_now, exists): (DateTime<Utc>, bool) =
+        sqlx::query_as("SELECT now(), EXISTS (SELECT 1 FROM accounts WHERE id = $1)")
+            .bind(args.account_id)
+            .fetch_one(&mut *hop.conn)
+            .await?;
+    if !exists {
+        report.outcome = HopOutcome::AccountGone.as_str();
+        return Ok(());
+    }
+    if settings.max_age_days == 0 {
+        report.outcome = HopOutcome::Disabled.as_str();
+        return Ok(());
+    }
+    let current = days_before(
+        cutoff::reference(args.pass_started_at, database_now),
+        settings.max_age_days,
+    );
+    let cutoff = match args.cutoff {
+        Some(carried) => current.map(|c| c.min(carried)),
+        None => current,
+    };
+    let Some(cutoff) = cutoff else {
+        return Ok(());
+    };
+    let root = files::open_root(root_path).map_err(|source| DrainError::Root {
+        path: root_path.clone(),
+        source,
+    })?;
+    let mut live = Windowed::new(
+        Live {
+            account_id: args.account_id,
+            cutoff,
+            root,
+        },
+        Chunks::Fixed(CHUNK),
+    );
+    let end = hop.run(&mut live, args.after, report).await?;
+    report.outcome = end.outcome().as_str();
+    report.next = end.next().map(|after| Args {
+        version: V1,
+        account_id: args.account_id,
+        pass_started_at: args.pass_started_at,
+        cutoff: Some(cutoff),
+        after,
+        hop: args.hop + 1,
+    });
+    Ok(())
+}
+
+/// An account's live attachments, in id order, as the owner loop takes them.
+pub(super) struct Live {
+    account_id: Uuid,
+    cutoff: DateTime<Utc>,
+    root: std::os::fd::OwnedFd,
+}
+
+impl Window for Live {
+    /// An attachment and the path it names.
+    type Candidate = (Uuid, String);
+    /// The last attachment looked at.
+    type Cursor = Uuid;
+    type Report = Report<Args>;
+    type Error = Error;
+
+    const TABLES: &'static [&'static str] = &["attachments", "pending_file_deletions"];
+
+    async fn read(
+        &mut self,
+        conn: &mut PgConnection,
+        at: Option<&Uuid>,
+        room: u32,
+        _report: &mut Report<Args>,
+    ) -> Result<Candidates<(Uuid, String), Uuid>, Error> {
+        let candidates = sqlx::query_as(
+            "SELECT id, relative_path FROM attachments
+             WHERE account_id = $1 AND bytes_expired_at IS NULL AND id > $2
+             ORDER BY id LIMIT $3",
+        )
+        .bind(self.account_id)
+        .bind(at.copied().unwrap_or_default())
+        .bind(i64::from(room))
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(Candidates {
+            candidates,
+            tail: None,
+        })
+    }
+
+    fn cursor(&self, (id, _): &(Uuid, String)) -> Uuid {
+        *id
+    }
+
+    async fn take(
+        &mut self,
+        conn: &mut PgConnection,
+        chunk: &[(Uuid, String)],
+        report: &mut Report<Args>,
+    ) -> Result<Taken, Error> {
+        let (mut expired, mut judged) = (Vec::new(), Vec::new());
+        for (id, path) in chunk {
+            match judge(&self.root, path, self.cutoff) {
+                Verdict::Expired => {
+                    expired.push(*id);
+                    judged.push(path.clone());
+                }
+                Verdict::Young => {}
+                Verdict::Kept(reason) => retain(report, reason),
+            }
+        }
+        if expired.is_empty() {
+            return Ok(Taken::default());
+        }
+        let marked: Vec<Uuid> = sqlx::query_scalar(MARK_EXPIRED)
+            .bind(&expired)
+            .bind(&judged)
+            .bind(self.account_id)
+            .fetch_all(&mut *conn)
+            .await?;
+        for _ in marked.len()..expired.len() {
+            retain(report, "busy");
+        }
+        report.pruned += marked.len() as u64;
+        Ok(Taken {
+            recorded: marked.len() as u64,
+            sized_by: None,
+        })
+    }
+}
+
+pub(super) fn retain(report: &mut Report<Args>, reason: &'static str) {
+    count(&mut report.retained, reason);
+}
+
+/// Adds one to `reason`'s count in a list of [`RETAIN_REASONS`] counts.
+pub(super) fn count(counts: &mut [(&'static str, u64)], reason: &'static str) {
+    if let Some((_, n)) = counts.iter_mut().find(|(r, _)| *r == reason) {
+        *n += 1;
+    }
+}
+
+/// Marks the attachments `$1` of account `$3` expired — each only if still live and still
+/// naming the path `$2` it was judged by, so that a row repointed at a fresh file meanwhile is
+/// left for the next pass — and records their files for removal, in one statement and so one
+/// short transaction; a row an application holds is skipped. Returns the rows marked.
+pub(super) const MARK_EXPIRED: &str = "
+    WITH judged AS (
+        SELECT * FROM unnest($1::uuid[], $2::text[]) AS j (id, relative_path)),
+    locked AS (
+        SELECT a.id FROM attachments a JOIN judged j ON j.id = a.id
+        WHERE a.account_id = $3 AND a.bytes_expired_at IS NULL
+          AND a.relative_path = j.relative_path
+        ORDER BY a.id
+        FOR UPDATE OF a SKIP LOCKED),
+    marked AS (
+        UPDATE attachments a SET bytes_expired_at = now()
+        FROM locked WHERE a.id = locked.id
+        RETURNING a.id, a.relative_path),
+    recorded AS (
+        INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+        SELECT 'attachments', $3, relative_path FROM marked)
+    SELECT id FROM marked";

@@ -1,0 +1,290 @@
+//! Attachment bytes (SPEC §4, AT-1): per account, in the nightly fan-out, an attachment whose
+//! file was last modified more than `[attachments] max_age_days` ago loses its file and gets
+//! `attachments.bytes_expired_at` set; the row stays. The file's mtime decides, not the row's
+//! `created_at`.
+//!
+//! A pass is a chain of hops over the account's live attachments (`bytes_expired_at IS NULL`)
+//! in id order. Each row's path is resolved under the attachments root one component at a time
+//! without following a symlink: an absolute path, `..`, or a symlink anywhere on the way is
+//! never followed — counted `outside_root`. A row whose file is missing is counted `missing`
+//! and left unmarked (nothing says how old its bytes were; a restored file is judged next
+//! night). Expired rows are marked, and their files recorded for removal, in one short
+//! transaction that skips rows an application holds (`busy`); the files go after commit through
+//! the shared mechanism (`files::drain`), which keeps a file another live attachment still
+//! names. The artifacts root is never touched.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rustix::fs::FileType;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::{self, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::files::{self, DrainError, PathSettings, Root};
+use crate::job::{AccountRange, Env, HopOutcome, Job, Position, Report, Scope};
+use crate::owner_loop::{Bounds, Candidates, Chunks, Files, Hop, Taken, Window, Windowed};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+mod hop;
+mod read;
+pub use hop::*;
+pub use read::*;
+
+/// `[attachments]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachmentSettings {
+    /// Files older than this many days (by mtime) expire; 0 disables.
+    pub max_age_days: i32,
+    /// Rows looked at per hop.
+    pub window_size: u32,
+    /// A hop stops after this long and hands the rest to the next hop.
+    pub budget: Duration,
+}
+
+/// Why an attachment kept its bytes this pass.
+pub const RETAIN_REASONS: [&str; 5] = [
+    "outside_root",
+    "not_regular",
+    "missing",
+    "unreadable",
+    "busy",
+];
+
+/// Rows marked together in one transaction.
+const CHUNK: usize = 200;
+
+/// One hop's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub account_id: Uuid,
+    pub pass_started_at: DateTime<Utc>,
+    /// Fixed by the first hop and carried.
+    pub cutoff: Option<DateTime<Utc>>,
+    /// The last attachment looked at.
+    pub after: Option<Uuid>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Files(#[from] DrainError),
+}
+
+/// The `[attachments]` section as given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    max_age_days: Raw<i64>,
+    window_size: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+}
+
+/// The job kind, as the worker registers it.
+pub struct AttachmentExpiry;
+
+impl Job for AttachmentExpiry {
+    const NAME: &'static str = "attachment_expiry";
+    const QUEUE: &'static str = "sexton.attachment_expiry";
+    const SCOPE: Scope = Scope::Account;
+    const SECTION: &'static str = "attachments";
+    const SUBJECTS: &'static [&'static str] = &["attachment"];
+    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
+
+    type Args = Args;
+    type Settings = AttachmentSettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        _paths: &PathSettings,
+        c: &mut Check<'_>,
+    ) -> Option<AttachmentSettings> {
+        let s: RawSettings = c.section(Self::SECTION, section)?;
+        let max_age_days = c.int(
+            "attachments.max_age_days",
+            &s.max_age_days,
+            0..=36_500,
+            "a number of days from 0 (never expire) to 36500",
+        );
+        let window_size = c.int(
+            "attachments.window_size",
+            &s.window_size,
+            1..=100_000,
+            "an integer from 1 to 100000",
+        );
+        let budget = c.millis("attachments.hop_budget_ms", &s.hop_budget_ms);
+        Some(AttachmentSettings {
+            max_age_days: max_age_days?,
+            window_size: window_size?,
+            budget: budget?,
+        })
+    }
+
+    /// The file's mtime decides (AT-1), not a column: an account with any live attachment is
+    /// due while the job is on, and one with attachment files waiting to be removed always.
+    async fn due(
+        conn: &mut PgConnection,
+        settings: &AttachmentSettings,
+        _slot: DateTime<Utc>,
+        range: AccountRange,
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        let sql = format!(
+            "SELECT a.id FROM accounts a
+             WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
+               AND (($3 AND EXISTS (SELECT 1 FROM attachments t
+                                    WHERE t.account_id = a.id AND t.bytes_expired_at IS NULL))
+                    OR {})
+             ORDER BY a.id",
+            files::waiting_sql(Root::Attachments, "a.id")
+        );
+        range
+            .query(&sql)
+            .bind(settings.max_age_days != 0)
+            .fetch_all(conn)
+            .await
+    }
+
+    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args {
+            version: V1,
+            account_id: account.unwrap_or_default(),
+            pass_started_at: slot,
+            cutoff: None,
+            after: None,
+            hop: 0,
+        }
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: Some(args.account_id),
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(
+        env: Env<'_>,
+        settings: &AttachmentSettings,
+        args: &Args,
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
+        hop(env, settings, args, report).await
+    }
+
+    async fn backlog_seconds(
+        _pool: &PgPool,
+        _settings: &AttachmentSettings,
+        _now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        // The mtime decides: measuring it means a stat per live attachment, not every refresh.
+        Ok(None)
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        settings: &AttachmentSettings,
+        paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(id) => explain_attachment(conn, settings, paths, now, id).await,
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        settings: &AttachmentSettings,
+        paths: &PathSettings,
+        now: DateTime<Utc>,
+        accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM accounts WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY id",
+        )
+        .bind(accounts)
+        .fetch_all(&mut *conn)
+        .await?;
+        let cutoff = match settings.max_age_days {
+            0 => None,
+            days => days_before(now, days),
+        };
+        let root =
+            files::open_root(&paths.attachments_root).map_err(|source| DrainError::Root {
+                path: paths.attachments_root.clone(),
+                source,
+            })?;
+        let mut previews: Vec<Preview> = ids
+            .iter()
+            .map(|account_id| Preview {
+                account_id: *account_id,
+                max_age_days: settings.max_age_days,
+                cutoff,
+                expired: 0,
+                kept: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
+            })
+            .collect();
+        // Page by page over every account asked about, through the pass's own index: an
+        // account may hold millions.
+        let mut after = (Uuid::nil(), Uuid::nil());
+        while let Some(cutoff) = cutoff {
+            let rows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
+                "SELECT account_id, id, relative_path FROM attachments
+                 WHERE ($1::uuid[] IS NULL OR account_id = ANY($1))
+                   AND bytes_expired_at IS NULL AND (account_id, id) > ($2, $3)
+                 ORDER BY account_id, id LIMIT 1000",
+            )
+            .bind(accounts)
+            .bind(after.0)
+            .bind(after.1)
+            .fetch_all(&mut *conn)
+            .await?;
+            let Some((account, last, _)) = rows.last() else {
+                break;
+            };
+            after = (*account, *last);
+            for (account, _, path) in rows {
+                let Ok(at) = ids.binary_search(&account) else {
+                    continue;
+                };
+                let preview = &mut previews[at];
+                match judge(&root, &path, cutoff) {
+                    Verdict::Expired => preview.expired += 1,
+                    Verdict::Young => {}
+                    Verdict::Kept(reason) => count(&mut preview.kept, reason),
+                }
+            }
+        }
+        Ok(previews)
+    }
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally = vec![("expired".to_owned(), p.expired as i64)];
+        tally.extend(p.kept.iter().map(|(r, n)| (format!("kept {r}"), *n as i64)));
+        tally
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_matches_its_golden_file() {
+        crate::golden::check("attachment_expiry/mark_expired", MARK_EXPIRED);
+    }
+}

@@ -1,0 +1,137 @@
+//! What attachment expiry reads without deleting: `sexton explain attachment` and
+//! `sexton preview`.
+
+use super::*;
+
+/// The job's verdict on one attachment, from the same judgement of its file.
+pub(super) async fn explain_attachment(
+    conn: &mut PgConnection,
+    settings: &AttachmentSettings,
+    paths: &PathSettings,
+    now: DateTime<Utc>,
+    id: Uuid,
+) -> Result<Option<Explanation>, Error> {
+    type Row = (Uuid, String, Option<DateTime<Utc>>);
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT account_id, relative_path, bytes_expired_at FROM attachments WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((account, path, expired_at)) = row else {
+        return Ok(None);
+    };
+    let cutoff = match settings.max_age_days {
+        0 => None,
+        days => days_before(now, days),
+    };
+    let root = files::open_root(&paths.attachments_root).map_err(|source| DrainError::Root {
+        path: paths.attachments_root.clone(),
+        source,
+    })?;
+    let mtime = files::stat_under(&root, &path)
+        .ok()
+        .flatten()
+        .and_then(|stat| DateTime::from_timestamp(stat.st_mtime, 0));
+    let mut explanation = Explanation {
+        job: AttachmentExpiry::NAME,
+        subject: "attachment",
+        id: id.to_string(),
+        account_id: Some(account),
+        policy: match settings.max_age_days {
+            0 => "[attachments] max_age_days = 0: attachment expiry is off".into(),
+            days => format!("[attachments] max_age_days = {days}"),
+        },
+        measured_from: Some(format!("the modification time of {path}")),
+        age_at: mtime,
+        cutoff,
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    if let Some(at) = expired_at {
+        explanation.verdict = ExplainVerdict::Removed;
+        explanation.removed_at = Some(at);
+        explanation.reasons.push(ExplainReason::new(
+            "AT-1",
+            "bytes_expired",
+            "its file was deleted and bytes_expired_at set; the row stays",
+        ));
+        return Ok(Some(explanation));
+    }
+    let Some(cutoff) = cutoff else {
+        explanation.reasons.push(ExplainReason::new(
+            "AT-1",
+            "disabled",
+            "attachment expiry is off, or its age reaches back past the calendar",
+        ));
+        return Ok(Some(explanation));
+    };
+    match judge(&root, &path, cutoff) {
+        Verdict::Expired => {
+            explanation.verdict = ExplainVerdict::Eligible;
+            explanation.reasons.push(ExplainReason::new(
+                "AT-1",
+                "expired",
+                "its file is older than the age: the next pass deletes it and marks the row",
+            ));
+        }
+        Verdict::Young => explanation.reasons.push(ExplainReason::new(
+            "AT-1",
+            "not_expired",
+            "its file was modified after the cutoff",
+        )),
+        Verdict::Kept(reason) => explanation.reasons.push(ExplainReason::new(
+            "AT-1",
+            reason,
+            match reason {
+                "outside_root" => format!(
+                    "{path:?} leaves the attachments root (absolute, `..` or a symlink): never followed"
+                ),
+                "missing" => format!("no file at {path:?}: counted, the row left unmarked"),
+                "not_regular" => format!("{path:?} is not a regular file"),
+                _ => format!("{path:?} cannot be read"),
+            },
+        )),
+    }
+    Ok(Some(explanation))
+}
+
+/// What a pass would do for one account now (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub account_id: Uuid,
+    pub max_age_days: i32,
+    pub cutoff: Option<DateTime<Utc>>,
+    /// Live attachments whose file is past the age.
+    pub expired: u64,
+    /// Live attachments left, by reason.
+    pub kept: Vec<(&'static str, u64)>,
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cutoff {
+            None => write!(
+                f,
+                "account {}: attachment expiry disabled, nothing goes",
+                self.account_id
+            ),
+            Some(cutoff) => {
+                write!(
+                    f,
+                    "account {}: {} attachments' bytes older than {} days (mtime before {}) expire",
+                    self.account_id,
+                    self.expired,
+                    self.max_age_days,
+                    cutoff.format("%Y-%m-%dT%H:%M:%SZ")
+                )?;
+                for (reason, n) in self.kept.iter().filter(|(_, n)| *n > 0) {
+                    write!(f, "\n  kept {reason:<18} {n:>10}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The drain: the removals recorded in `sexton.pending_file_deletions`, made durable, unlinked
+//! under their root and written down, after the transactions that recorded them; and the
+//! drain beside a hop ([`Beside`]).
+
+use super::*;
+
+/// Removes the paths recorded under `root` (found at `root_path`) for `scope` (an account, or
+/// `None` for a global job). Before anything is unlinked, a synchronous commit that writes
+/// (counting the attempt) makes durable every commit that recorded these paths; a path a
+/// surviving row still references (under any spelling of it) stays. A record is forgotten once
+/// its path is gone, refused (outside the root, not of the root's kind) or still referenced; a
+/// removal that failed otherwise is tried again by later drains, [`MAX_ATTEMPTS`] times in all,
+/// and then quarantined — as is a record claimed that often whose removal never reported back
+/// (its process died during it), without trying it again. The
+/// caller guarantees that no other drain of the same root and scope runs at the same time
+/// (the scope lock). Dropped midway (its hop failed or was cancelled), a drain also stops its
+/// unlinks, which run on a thread of their own, after the one in progress.
+///
+/// # Errors
+/// [`DrainError`] when the database fails or the root cannot be opened; what was not yet
+/// removed stays recorded.
+pub async fn drain(
+    conn: &mut PgConnection,
+    root: Root,
+    root_path: &Path,
+    scope: Option<Uuid>,
+) -> Result<FileCounts, DrainError> {
+    Ok(drain_from(conn, root, root_path, scope, 0).await?.0)
+}
+
+/// [`drain`] of the records after id `after` only, for a hop that drains more than once: with
+/// it, each of its drains takes up where the last left off, and a removal that keeps failing is
+/// tried once per hop, not once per drain. Returns the last id claimed (`after` if none).
+///
+/// # Errors
+/// As [`drain`].
+pub async fn drain_from(
+    conn: &mut PgConnection,
+    root: Root,
+    root_path: &Path,
+    scope: Option<Uuid>,
+    after: i64,
+) -> Result<(FileCounts, i64), DrainError> {
+    drain_until(conn, root, root_path, scope, after, &Arc::default()).await
+}
+
+/// [`drain_from`] that also ends, after the unlink in progress, once `stop` is raised; it
+/// raises `stop` itself when dropped or done.
+pub(super) async fn drain_until(
+    conn: &mut PgConnection,
+    root: Root,
+    root_path: &Path,
+    scope: Option<Uuid>,
+    mut after: i64,
+    stop: &Arc<AtomicBool>,
+) -> Result<(FileCounts, i64), DrainError> {
+    let _stop = RaiseOnDrop(stop.clone());
+    let mut counts = FileCounts::default();
+    loop {
+        let batch: Vec<(i64, String, i32)> = {
+            let mut tx = conn
+                .begin_with("BEGIN; SET LOCAL synchronous_commit = on")
+                .await?;
+            let batch = sqlx::query_as(
+                "UPDATE sexton.pending_file_deletions SET attempts = attempts + 1
+                 WHERE id IN (SELECT id FROM sexton.pending_file_deletions
+                              WHERE root = $1 AND account_id = $2 AND id > $3
+                                AND quarantined_at IS NULL
+                              ORDER BY id LIMIT $4)
+                 RETURNING id, relative_path, attempts",
+            )
+            .bind(root.as_str())
+            .bind(scope.unwrap_or_default())
+            .bind(after)
+            .bind(BATCH as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            batch
+        };
+        let Some(last) = batch.iter().map(|(id, _, _)| *id).max() else {
+            return Ok((counts, after));
+        };
+        after = last;
+        let paths: Vec<String> = batch.iter().map(|(_, p, _)| p.clone()).collect();
+        let referenced = root.referenced(conn, &paths).await?;
+        let dir = open_root(root_path).map_err(|source| DrainError::Root {
+            path: root_path.to_owned(),
+            source,
+        })?;
+        // The unlinks block: on a thread of their own, so that the runtime's threads go on
+        // serving the hops and drains beside this one.
+        let unlinks = tokio::task::spawn_blocking({
+            let (stop, span) = (stop.clone(), tracing::Span::current());
+            move || span.in_scope(|| remove_batch(root, &dir, &batch, &referenced, &stop))
+        });
+        let removed = joined(unlinks.await)?;
+        counts.add(removed.counts);
+        conclude(conn, &removed).await?;
+        if stop.load(Ordering::Relaxed) {
+            return Ok((counts, after));
+        }
+    }
+}
+
+/// Raises its flag when dropped.
+pub(super) struct RaiseOnDrop(Arc<AtomicBool>);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A task's result; its panic goes on in the caller.
+pub(super) fn joined<T>(result: Result<T, tokio::task::JoinError>) -> Result<T, DrainError> {
+    match result {
+        Ok(value) => Ok(value),
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(_) => Err(DrainError::Cancelled),
+    }
+}
+
+/// A [`drain`] beside the hop that records the paths, so that its unlinks and its synchronous
+/// commits overlap the hop's own transactions: one drain at a time, on a connection of its own
+/// from `pool` (a job using it declares a second connection, `Job::CONNECTIONS`). The hop
+/// tells it how many paths each of its transactions may have recorded
+/// ([`recorded`](Self::recorded)); once [`BESIDE_AFTER`] may be waiting and no drain is running,
+/// it starts one, which drains what is committed by then and stops when it has caught up. Each
+/// drain takes up after the last record the one before claimed. Whatever they have not reached,
+/// the hop's own last drain takes, from where [`finish`](Self::finish) says they stopped.
+/// Dropped before that (the hop failed or was cancelled), it stops the running drain's unlinks
+/// after the one in progress and aborts the drain.
+pub struct Beside {
+    pool: sqlx::PgPool,
+    root: Root,
+    root_path: PathBuf,
+    scope: Option<Uuid>,
+    running: Option<Running>,
+    /// The last record id a drain of this hop claimed.
+    after: i64,
+    /// Paths recorded since the running drain started, at most.
+    waiting: u64,
+    counts: FileCounts,
+}
+
+pub(super) struct Running {
+    task: tokio::task::JoinHandle<Result<(FileCounts, i64), DrainError>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Beside {
+    /// For the hop's drains after the one that claimed up to id `after`.
+    pub fn new(
+        pool: &sqlx::PgPool,
+        root: Root,
+        root_path: &Path,
+        scope: Option<Uuid>,
+        after: i64,
+    ) -> Self {
+        Self {
+            pool: pool.clone(),
+            root,
+            root_path: root_path.to_owned(),
+            scope,
+            running: None,
+            after,
+            waiting: 0,
+            counts: FileCounts::default(),
+        }
+    }
+
+    /// Counts up to `paths` more recorded by a committed transaction (each output row it
+    /// deleted records at most its path); starts a drain when [`BESIDE_AFTER`] may be waiting
+    /// and none is running.
+    ///
+    /// # Errors
+    /// The [`DrainError`] of a drain that finished since.
+    pub async fn recorded(&mut self, paths: u64) -> Result<(), DrainError> {
+        self.waiting += paths;
+        let busy = self
+            .running
+            .as_ref()
+            .is_some_and(|running| !running.task.is_finished());
+        if self.waiting < BESIDE_AFTER || busy {
+            return Ok(());
+        }
+        self.collect().await?;
+        self.waiting = 0;
+        let (pool, root, root_path, scope, after) = (
+            self.pool.clone(),
+            self.root,
+            self.root_path.clone(),
+            self.scope,
+            self.after,
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let drain = {
+            let stop = stop.clone();
+            async move {
+                let mut conn = pool.acquire().await?;
+                drain_until(&mut conn, root, &root_path, scope, after, &stop).await
+            }
+        };
+        self.running = Some(Running {
+            task: tokio::spawn(drain.in_current_span()),
+            stop,
+        });
+        Ok(())
+    }
+
+    /// Waits for the running drain; what every drain of this hop removed, and the last record
+    /// id they claimed, after which the hop's last drain goes on.
+    ///
+    /// # Errors
+    /// The first [`DrainError`] of a drain not yet collected.
+    pub async fn finish(mut self) -> Result<(FileCounts, i64), DrainError> {
+        self.collect().await?;
+        Ok((self.counts, self.after))
+    }
+
+    async fn collect(&mut self) -> Result<(), DrainError> {
+        if let Some(running) = self.running.as_mut() {
+            // Awaited in place: cancelled meanwhile, the drain is still there for `drop`.
+            let result = (&mut running.task).await;
+            self.running = None;
+            let (counts, after) = joined(result)??;
+            self.counts.add(counts);
+            self.after = self.after.max(after);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Beside {
+    fn drop(&mut self) {
+        if let Some(running) = &self.running {
+            running.stop.store(true, Ordering::Relaxed);
+            running.task.abort();
+        }
+    }
+}
+
+/// What became of one claimed batch's records.
+#[derive(Debug, Default)]
+pub(super) struct Removed {
+    counts: FileCounts,
+    /// Gone, refused or still referenced: the record is deleted.
+    forget: Vec<i64>,
+    /// Failed on its last attempt, or claimed past it: kept aside, with why.
+    quarantine: Vec<(i64, String)>,
+    /// Failed, to be tried again: why, for people.
+    failed: Vec<(i64, String)>,
+}
+
+/// Writes down what became of a batch's records (see [`drain`]).
+pub(super) async fn conclude(
+    conn: &mut PgConnection,
+    removed: &Removed,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
+        .bind(&removed.forget)
+        .execute(&mut *conn)
+        .await?;
+    for (records, quarantine) in [(&removed.quarantine, true), (&removed.failed, false)] {
+        if records.is_empty() {
+            continue;
+        }
+        let (ids, errors): (Vec<i64>, Vec<&str>) =
+            records.iter().map(|(id, e)| (*id, e.as_str())).unzip();
+        sqlx::query(
+            "UPDATE sexton.pending_file_deletions p
+             SET last_error = e.error,
+                 quarantined_at = CASE WHEN $3 THEN now() END
+             FROM unnest($1::bigint[], $2::text[]) AS e (id, error)
+             WHERE p.id = e.id",
+        )
+        .bind(&ids)
+        .bind(&errors)
+        .bind(quarantine)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Removes the paths of one claimed `batch` (id, path, attempts) below the open root `dir`,
+/// except those `referenced`, until `stop` is raised (see [`drain`]).
+pub(super) fn remove_batch(
+    root: Root,
+    dir: &OwnedFd,
+    batch: &[(i64, String, i32)],
+    referenced: &[String],
+    stop: &AtomicBool,
+) -> Removed {
+    let mut removed = Removed::default();
+    for (id, relative, attempts) in batch {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if referenced.contains(relative) {
+            removed.forget.push(*id);
+            continue;
+        }
+        if *attempts > MAX_ATTEMPTS {
+            // Claimed that often without ever reporting back: each try ended the process that
+            // made it. Never again (ER-3).
+            removed.counts.errors += 1;
+            let why = format!(
+                "claimed {} times without a result: each removal ended its process",
+                attempts - 1
+            );
+            tracing::error!(root = root.as_str(), path = %relative, attempts, "file quarantined: {why}");
+            removed.quarantine.push((*id, why));
+            continue;
+        }
+        match remove_under(dir, relative, root.holds_directories()) {
+            Ok(counts) => {
+                removed.counts.add(counts);
+                removed.forget.push(*id);
+            }
+            Err(err) => {
+                removed.counts.errors += 1;
+                let refused = err.kind() == io::ErrorKind::InvalidInput;
+                let last = *attempts >= MAX_ATTEMPTS;
+                tracing::warn!(
+                    root = root.as_str(), path = %relative, error = %err, attempts,
+                    refused, quarantined = !refused && last,
+                    "file not deleted"
+                );
+                if refused {
+                    removed.forget.push(*id);
+                } else if last {
+                    removed.quarantine.push((*id, err.to_string()));
+                } else {
+                    removed.failed.push((*id, err.to_string()));
+                }
+            }
+        }
+    }
+    removed
+}

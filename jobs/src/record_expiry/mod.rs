@@ -1,0 +1,344 @@
+//! Short-lived records (SPEC §4, TTL-1 … TTL-5): handoffs, dream preloads, working records and
+//! rolling cards, and conversation event replay expire by age, each kind its own job
+//! (`expire_handoffs`, `expire_dream_preloads`, `expire_working_records`,
+//! `expire_conversation_events`), global rather than per account: age alone decides, whatever
+//! the account's other policies (TTL-4: events go after 30 days even where execution retention
+//! is disabled).
+//!
+//! A pass is a chain of hops over one table in (age, id) order through an index, with its
+//! cutoff fixed by the first hop and carried. A hop deletes batch after batch, each batch one
+//! statement and so its own short transaction: it reads the next `batch_size` expired rows,
+//! locks those no application holds (`SKIP LOCKED`: a held row is counted `busy` and revisited
+//! by the next pass, never waited on), re-checks their age under the lock (an update that made
+//! a record young again, or pinned it, wins), and deletes them. Nothing here reads or writes
+//! `brain_memories` (TTL-5).
+
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::{self, EARLIEST, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::files::PathSettings;
+use crate::health::Health;
+pub use crate::job::HopOutcome;
+use crate::job::{Env, Job, Position, Report, Scope};
+use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+mod hop;
+mod kinds;
+mod read;
+pub use hop::*;
+pub use kinds::*;
+pub use read::*;
+
+/// The `[expiry]` section: one age per record kind (0 disables that kind) and the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpirySettings {
+    pub handoffs_days: i32,
+    pub dream_preloads_days: i32,
+    pub working_records_days: i32,
+    pub conversation_events_days: i32,
+    /// Rows read, locked and deleted together in one statement.
+    pub batch_size: u32,
+    /// A hop stops taking batches after this long and hands over to the next hop.
+    pub budget: Duration,
+}
+
+/// A kind of short-lived record: its table, what its age is measured from, and the statements
+/// that read and delete it. Every statement names its table and columns in full.
+pub trait Record: Send + Sync + 'static {
+    /// The job's name, and so its metric label and queue (`sexton.<JOB>`).
+    const JOB: &'static str;
+    const QUEUE: &'static str;
+    const TABLE: &'static str;
+    /// The rule it implements, for logs and `preview`.
+    const RULE: &'static str;
+    /// The `[expiry]` setting of its age.
+    const SETTING: &'static str;
+    /// The smallest id, as text: where the cursor of a pass's first hop stands.
+    const FIRST_ID: &'static str;
+    /// One batch. `$1` the cutoff, `$2`/`$3` the cursor (age, id as text), `$4` the batch size.
+    /// Returns the rows read and deleted and the last row read (the next cursor).
+    const BATCH: &'static str;
+    /// The oldest expired age. `$1` the cutoff, `$2` the earliest finite age.
+    const OLDEST: &'static str;
+    /// Expired rows, of one account or all. `$1` the cutoff, `$2` the earliest finite age,
+    /// `$3` the accounts or NULL (every account).
+    const COUNT: &'static str;
+
+    /// What `sexton explain` calls one record (`handoff`, …).
+    const SUBJECT: &'static str;
+    /// The column its age is measured from.
+    const AGE: &'static str;
+    /// One record for `sexton explain`: `$1` its id (as text); its account, its age and whether
+    /// it is pinned (never for kinds without pins).
+    const ROW: &'static str;
+
+    fn days(settings: &ExpirySettings) -> i32;
+}
+
+/// One hop's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    pub pass_started_at: DateTime<Utc>,
+    /// Fixed by the first hop and carried by every later one; a later hop never prunes past
+    /// the cutoff in force when it runs either (EX-1's rule).
+    pub cutoff: Option<DateTime<Utc>>,
+    /// The last row visited (its age and id as text); `None` at the start of the pass.
+    pub after: Option<(DateTime<Utc>, String)>,
+    /// 0 for the first hop of a pass.
+    pub hop: u32,
+}
+
+impl Args {
+    pub fn first(pass_started_at: DateTime<Utc>) -> Self {
+        Self {
+            version: V1,
+            pass_started_at,
+            cutoff: None,
+            after: None,
+            hop: 0,
+        }
+    }
+}
+
+/// Why a record was left in place this pass.
+pub const RETAIN_REASONS: [&str; 1] = [
+    // Locked by an application, or changed (made young again, pinned) since it was read.
+    "busy",
+];
+
+/// Why a hop failed; it is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Never for these kinds, which own no files: the owner loop's drain can fail so.
+    #[error(transparent)]
+    Files(#[from] crate::files::DrainError),
+}
+
+/// A short-lived record kind as a job.
+pub struct Expire<R>(PhantomData<R>);
+
+/// The `[expiry]` section as given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    handoffs_days: Raw<i64>,
+    dream_preloads_days: Raw<i64>,
+    working_records_days: Raw<i64>,
+    conversation_events_days: Raw<i64>,
+    batch_size: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+}
+
+/// Reads `[expiry]`. Every kind reads the whole section; a problem is reported once.
+fn settings(section: &serde_json::Value, c: &mut Check<'_>) -> Option<ExpirySettings> {
+    let s: RawSettings = c.section("expiry", section)?;
+    let mut days = |setting: &str, raw: &Raw<i64>| {
+        c.int::<i32>(
+            setting,
+            raw,
+            0..=36_500,
+            "a number of days from 0 (never expires) to 36500",
+        )
+    };
+    let handoffs_days = days("expiry.handoffs_days", &s.handoffs_days);
+    let dream_preloads_days = days("expiry.dream_preloads_days", &s.dream_preloads_days);
+    let working_records_days = days("expiry.working_records_days", &s.working_records_days);
+    let conversation_events_days = days(
+        "expiry.conversation_events_days",
+        &s.conversation_events_days,
+    );
+    let batch_size = c.int(
+        "expiry.batch_size",
+        &s.batch_size,
+        1..=100_000,
+        "an integer from 1 to 100000",
+    );
+    let budget = c.millis("expiry.hop_budget_ms", &s.hop_budget_ms);
+    Some(ExpirySettings {
+        handoffs_days: handoffs_days?,
+        dream_preloads_days: dream_preloads_days?,
+        working_records_days: working_records_days?,
+        conversation_events_days: conversation_events_days?,
+        batch_size: batch_size?,
+        budget: budget?,
+    })
+}
+
+impl<R: Record> Job for Expire<R> {
+    const NAME: &'static str = R::JOB;
+    const QUEUE: &'static str = R::QUEUE;
+    const SCOPE: Scope = Scope::Global;
+    const SECTION: &'static str = "expiry";
+    const SUBJECTS: &'static [&'static str] = &[R::SUBJECT];
+    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
+
+    type Args = Args;
+    type Settings = ExpirySettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        _paths: &PathSettings,
+        check: &mut Check<'_>,
+    ) -> Option<ExpirySettings> {
+        settings(section, check)
+    }
+
+    fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args::first(slot)
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: None,
+            pass_started_at: args.pass_started_at,
+            hop: args.hop,
+        }
+    }
+
+    async fn run(
+        env: Env<'_>,
+        settings: &ExpirySettings,
+        args: &Args,
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
+        hop::<R>(env.conn, env.health, settings, args, env.stop, report).await
+    }
+
+    async fn backlog_seconds(
+        pool: &PgPool,
+        settings: &ExpirySettings,
+        now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        backlog_seconds::<R>(pool, settings, now).await
+    }
+
+    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
+        // Conversation events are numbered, every other kind has UUIDs.
+        let ok = if R::FIRST_ID.starts_with('-') {
+            id.parse::<i64>().is_ok()
+        } else {
+            Uuid::parse_str(id).is_ok()
+        };
+        ok.then_some(()).ok_or_else(|| {
+            if R::FIRST_ID.starts_with('-') {
+                format!("expected a whole number, got {id:?}")
+            } else {
+                format!("expected a UUID, got {id:?}")
+            }
+        })
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        settings: &ExpirySettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        if Self::parse_id(R::SUBJECT, id).is_err() {
+            return Ok(None);
+        }
+        explain_record::<R>(conn, settings, now, id).await
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        settings: &ExpirySettings,
+        _paths: &PathSettings,
+        now: DateTime<Utc>,
+        accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        let days = R::days(settings);
+        let cutoff = enabled_cutoff::<R>(settings, now);
+        let expired = match cutoff {
+            Some(cutoff) => {
+                sqlx::query_scalar(R::COUNT)
+                    .bind(cutoff)
+                    .bind(EARLIEST)
+                    .bind(accounts)
+                    .fetch_one(&mut *conn)
+                    .await?
+            }
+            None => 0,
+        };
+        Ok(vec![Preview {
+            table: R::TABLE,
+            rule: R::RULE,
+            days,
+            cutoff,
+            account_id: match accounts {
+                Some([account]) => Some(*account),
+                _ => None,
+            },
+            expired,
+        }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn golden<R: Record>() {
+        crate::golden::check(&format!("record_expiry/{}_batch", R::TABLE), R::BATCH);
+        crate::golden::check(&format!("record_expiry/{}_oldest", R::TABLE), R::OLDEST);
+        crate::golden::check(&format!("record_expiry/{}_count", R::TABLE), R::COUNT);
+    }
+
+    #[test]
+    fn every_statement_matches_its_golden_file() {
+        golden::<Handoffs>();
+        golden::<DreamPreloads>();
+        golden::<WorkingRecords>();
+        golden::<ConversationEvents>();
+    }
+
+    #[test]
+    fn fl1_args_round_trip_and_refuse_unknown_fields() {
+        let args = Args {
+            after: Some(("2026-10-01T00:00:00Z".parse().unwrap(), "42".to_owned())),
+            ..Args::first("2026-12-01T03:00:00Z".parse().unwrap())
+        };
+        let json = serde_json::to_value(&args).unwrap();
+        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
+        let mut bad = json;
+        bad["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Args>(bad).is_err());
+    }
+
+    #[test]
+    fn ttl5_ages_are_validated_and_zero_disables() {
+        let mut problems = Vec::new();
+        let mut check = Check::new(&mut problems);
+        let section = serde_json::json!({
+            "handoffs_days": -1, "dream_preloads_days": 0, "working_records_days": "ninety",
+            "conversation_events_days": 30, "batch_size": 0, "hop_budget_ms": 1000
+        });
+        assert!(settings(&section, &mut check).is_none());
+        let named: Vec<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
+        assert_eq!(
+            named,
+            [
+                "expiry.handoffs_days",
+                "expiry.working_records_days",
+                "expiry.batch_size"
+            ]
+        );
+    }
+}

@@ -1,0 +1,137 @@
+//! What a record kind reads without deleting: the backlog (OP-3), `sexton preview` and
+//! `sexton explain`.
+
+use super::*;
+
+/// How far past its cutoff the oldest expired row is, in seconds (0 when none is).
+///
+/// # Errors
+/// [`Error::Database`].
+pub async fn backlog_seconds<R: Record>(
+    pool: &PgPool,
+    settings: &ExpirySettings,
+    now: DateTime<Utc>,
+) -> Result<Option<f64>, Error> {
+    let Some(cutoff) = enabled_cutoff::<R>(settings, now) else {
+        return Ok(Some(0.0));
+    };
+    let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(R::OLDEST)
+        .bind(cutoff)
+        .bind(EARLIEST)
+        .fetch_one(pool)
+        .await?;
+    Ok(Some(
+        oldest.map_or(0.0, |oldest| (cutoff - oldest).as_seconds_f64()),
+    ))
+}
+
+/// The cutoff at `now`, or `None` when the kind is disabled or nothing can be old enough.
+pub(super) fn enabled_cutoff<R: Record>(
+    settings: &ExpirySettings,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    match R::days(settings) {
+        0 => None,
+        days => days_before(now, days),
+    }
+}
+
+/// What a pass of one record kind would delete now (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub table: &'static str,
+    pub rule: &'static str,
+    /// The configured age; 0 means the kind is disabled.
+    pub days: i32,
+    pub cutoff: Option<DateTime<Utc>>,
+    pub account_id: Option<Uuid>,
+    /// Rows past the cutoff (of the account, if one was asked for).
+    pub expired: i64,
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scope = self
+            .account_id
+            .map_or_else(|| "all accounts".to_owned(), |a| format!("account {a}"));
+        match (self.days, self.cutoff) {
+            (0, _) => write!(f, "{} ({}): disabled, nothing goes", self.table, self.rule),
+            (_, None) => write!(
+                f,
+                "{} ({}): {} days reaches past the calendar, nothing goes",
+                self.table, self.rule, self.days
+            ),
+            (days, Some(cutoff)) => write!(
+                f,
+                "{} ({}), {scope}: {} rows older than {days} days (before {}) expire",
+                self.table,
+                self.rule,
+                self.expired,
+                cutoff.format("%Y-%m-%dT%H:%M:%SZ")
+            ),
+        }
+    }
+}
+
+/// The job's verdict on one record: past its age (the batches' `< cutoff`, finite
+/// ages only) and not pinned.
+pub(super) async fn explain_record<R: Record>(
+    conn: &mut PgConnection,
+    settings: &ExpirySettings,
+    now: DateTime<Utc>,
+    id: &str,
+) -> Result<Option<Explanation>, Error> {
+    let row: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(R::ROW)
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some((account, age, pinned)) = row else {
+        return Ok(None);
+    };
+    let days = R::days(settings);
+    let cutoff = enabled_cutoff::<R>(settings, now);
+    let mut explanation = Explanation {
+        job: R::JOB,
+        subject: R::SUBJECT,
+        id: id.to_owned(),
+        account_id: Some(account),
+        policy: match days {
+            0 => format!("{} = 0: this kind never expires", R::SETTING),
+            days => format!("{} = {days}", R::SETTING),
+        },
+        measured_from: Some(R::AGE.to_owned()),
+        age_at: Some(age),
+        cutoff,
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    if pinned {
+        explanation.reasons.push(ExplainReason::new(
+            "TTL-3",
+            "pinned",
+            "pinned records and cards never expire",
+        ));
+    }
+    match cutoff {
+        None => explanation.reasons.push(ExplainReason::new(
+            "TTL-5",
+            "disabled",
+            "expiry of this kind is off (or its age reaches back past the calendar)",
+        )),
+        Some(cutoff) if !(age < cutoff && age > EARLIEST) => explanation.reasons.push(
+            ExplainReason::new(R::RULE, "not_expired", "younger than its age"),
+        ),
+        Some(_) if !pinned => {
+            explanation.verdict = ExplainVerdict::Eligible;
+            explanation.reasons.push(ExplainReason::new(
+                R::RULE,
+                "expired",
+                "older than its age: the next pass deletes it (unless an application holds it)",
+            ));
+        }
+        Some(_) => {}
+    }
+    Ok(Some(explanation))
+}
