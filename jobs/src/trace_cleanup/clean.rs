@@ -1,0 +1,299 @@
+//! A cleaning pass: the walk, the plan, the live sessions' traces kept, the removals; and
+//! `sexton explain trace`.
+
+use super::*;
+
+/// Which of `sessions` are an agent's current or main session (TR-3), through the indexes on
+/// both columns.
+pub(super) async fn live_sessions(
+    conn: &mut PgConnection,
+    sessions: &[Uuid],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT s FROM unnest($1::uuid[]) s
+         WHERE EXISTS (SELECT 1 FROM agents WHERE current_session_id = s)
+            OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = s)",
+    )
+    .bind(sessions)
+    .fetch_all(conn)
+    .await
+}
+
+/// Cleans the traces root by `limits` at `now`: plans every file (each shown to `observer`) and,
+/// with `confirm`, deletes them. The caller holds the [`Lease`] for a confirmed run. When `stop`
+/// is raised the run ends after the batch in hand; what is left waits for the next run.
+///
+/// # Errors
+/// [`Error::Root`] when the root cannot be opened or read, [`Error::Database`] when the live
+/// sessions cannot be read.
+pub async fn clean(
+    conn: &mut PgConnection,
+    root: &Path,
+    limits: Limits,
+    now: DateTime<Utc>,
+    confirm: bool,
+    observer: &mut dyn Observer,
+    stop: &AtomicBool,
+) -> Result<TraceReport, Error> {
+    let root_error = |source: io::Error| Error::Root {
+        path: root.to_owned(),
+        source,
+    };
+    let canonical = root.canonicalize().map_err(root_error)?;
+    let walk = || -> Result<Walk, Error> {
+        let fd = crate::files::open_root(&canonical).map_err(root_error)?;
+        Walk::new(&canonical, fd).map_err(root_error)
+    };
+    let age_cutoff_ns = (limits.max_age_days > 0)
+        .then(|| days_before(now, limits.max_age_days))
+        .flatten()
+        .map(|cut| {
+            i128::from(cut.timestamp()) * 1_000_000_000 + i128::from(cut.timestamp_subsec_nanos())
+        });
+    let mut plan = Plan {
+        conn,
+        report: TraceReport {
+            confirmed: confirm,
+            ..TraceReport::default()
+        },
+        candidates: Vec::new(),
+        pending: Vec::new(),
+        observer,
+        confirm,
+        age_cutoff_ns,
+        live_bytes: 0,
+        stop,
+        stopped: false,
+    };
+    let mut age = Pass::Age(Histogram::default());
+    plan.walk(&mut walk()?, &mut age).await?;
+    let Pass::Age(histogram) = age else {
+        return Ok(plan.report);
+    };
+    // Live traces count toward the quota; only the others can go to meet it.
+    let excess = (histogram.total + plan.live_bytes).saturating_sub(limits.max_bytes);
+    if limits.max_bytes == 0 || excess == 0 || plan.stopped {
+        return Ok(plan.report);
+    }
+    let Some((first_bucket, first_before)) = histogram.line(excess) else {
+        // Not even every other trace would bring the total within the quota: all of them go.
+        let all = QuotaLine::Ties(i128::MAX, 0);
+        plan.walk(
+            &mut walk()?,
+            &mut Pass::Quota {
+                line: all,
+                taken: 0,
+            },
+        )
+        .await?;
+        return Ok(plan.report);
+    };
+    let (mut shift, mut bucket, mut before) = (histogram.shift, first_bucket, first_before);
+    let line = loop {
+        let mut boundary = Pass::Boundary {
+            shift,
+            bucket,
+            files: Vec::new(),
+            overflow: false,
+            finer: BTreeMap::new(),
+        };
+        plan.walk(&mut walk()?, &mut boundary).await?;
+        if plan.stopped {
+            return Ok(plan.report);
+        }
+        let Pass::Boundary {
+            mut files,
+            overflow,
+            finer,
+            ..
+        } = boundary
+        else {
+            return Ok(plan.report);
+        };
+        let bucket_end = (bucket + 1) << shift;
+        if !overflow {
+            files.sort();
+            let mut covered = before;
+            let mut line = None;
+            for (mtime_ns, path, bytes) in files {
+                covered += bytes;
+                line = Some(QuotaLine::Upto(mtime_ns, path));
+                if covered >= excess {
+                    break;
+                }
+            }
+            // The bucket's files changed since they were counted: take all it held.
+            break line.unwrap_or(QuotaLine::Ties(bucket_end, 0));
+        }
+        if shift == 0 {
+            // Too many files of one and the same mtime to sort: any of them will do.
+            break QuotaLine::Ties(bucket, excess.saturating_sub(before));
+        }
+        let narrower = Histogram {
+            shift: finer_shift(shift),
+            buckets: finer,
+            total: 0,
+        };
+        match narrower.line(excess.saturating_sub(before)) {
+            Some((finer_bucket, finer_before)) => {
+                before += finer_before;
+                bucket = finer_bucket;
+                shift = narrower.shift;
+            }
+            None => break QuotaLine::Ties(bucket_end, 0),
+        }
+    };
+    plan.walk(&mut walk()?, &mut Pass::Quota { line, taken: 0 })
+        .await?;
+    Ok(plan.report)
+}
+
+/// Watches one path in a dry run: what the cleaner planned or kept it for.
+pub(super) struct Watch<'a> {
+    path: &'a str,
+    planned: Option<Planned>,
+    kept: Option<&'static str>,
+}
+
+impl Observer for Watch<'_> {
+    fn planned(&mut self, file: &Planned) {
+        if file.raw == self.path.as_bytes() {
+            self.planned = Some(file.clone());
+        }
+    }
+
+    fn kept(&mut self, path: &Path, reason: &'static str) {
+        if path.as_os_str().as_bytes() == self.path.as_bytes() {
+            self.kept = Some(reason);
+        }
+    }
+}
+
+/// The cleaner's verdict on one file: a dry run of the cleaner itself — the same
+/// walk, signature check, live-session check, age and quota — watching that path. `path` is
+/// relative to the traces root, or absolute under it.
+pub(super) async fn explain_trace(
+    conn: &mut PgConnection,
+    settings: &TraceSettings,
+    paths: &PathSettings,
+    now: DateTime<Utc>,
+    path: &str,
+) -> Result<Option<Explanation>, Error> {
+    let root = paths
+        .traces_root
+        .canonicalize()
+        .map_err(|source| Error::Root {
+            path: paths.traces_root.clone(),
+            source,
+        })?;
+    let given = Path::new(path);
+    let relative = if given.is_absolute() {
+        match given
+            .strip_prefix(&root)
+            .or_else(|_| given.strip_prefix(&paths.traces_root))
+        {
+            Ok(relative) => relative.to_string_lossy().into_owned(),
+            Err(_) => return Ok(None),
+        }
+    } else {
+        path.to_owned()
+    };
+    let Ok(meta) = std::fs::symlink_metadata(root.join(&relative)) else {
+        return Ok(None);
+    };
+    let mut watch = Watch {
+        path: &relative,
+        planned: None,
+        kept: None,
+    };
+    let limits = settings.limits;
+    if limits.any() {
+        clean(
+            conn,
+            &root,
+            limits,
+            now,
+            false,
+            &mut watch,
+            &AtomicBool::new(false),
+        )
+        .await?;
+    }
+    let mtime = meta.modified().ok().map(DateTime::<Utc>::from);
+    let mut explanation = Explanation {
+        job: TraceCleanup::NAME,
+        subject: "trace",
+        id: relative.clone(),
+        account_id: None,
+        policy: format!(
+            "[traces] enabled = {}, max_age_days = {}, max_bytes = {}",
+            settings.enabled, limits.max_age_days, limits.max_bytes
+        ),
+        measured_from: Some("the file's modification time".into()),
+        age_at: mtime,
+        cutoff: (limits.max_age_days > 0)
+            .then(|| days_before(now, limits.max_age_days))
+            .flatten(),
+        verdict: ExplainVerdict::Retained,
+        reasons: Vec::new(),
+        removed_at: None,
+        removed_by: None,
+    };
+    let reason = |code: &'static str, detail: String| ExplainReason::new("TR-3", code, detail);
+    if !limits.any() {
+        explanation.reasons.push(ExplainReason::new(
+            "TR-1",
+            "no_limit",
+            "neither traces.max_age_days nor traces.max_bytes is set: nothing goes",
+        ));
+    } else if let Some(planned) = watch.planned {
+        explanation.verdict = ExplainVerdict::Eligible;
+        let (rule, detail) = match planned.reason {
+            Reason::Age => ("TR-2", "older than traces.max_age_days".to_owned()),
+            Reason::Quota => (
+                "TR-2",
+                format!(
+                    "among the oldest traces over traces.max_bytes ({} bytes allocated)",
+                    planned.bytes
+                ),
+            ),
+        };
+        explanation
+            .reasons
+            .push(ExplainReason::new(rule, planned.reason.as_str(), detail));
+        if !settings.enabled {
+            explanation.reasons.push(ExplainReason::new(
+                "TR-4",
+                "background_off",
+                "background cleaning is off: `sexton traces clean --confirm` would delete it",
+            ));
+        }
+    } else if let Some(kept) = watch.kept {
+        explanation.reasons.push(reason(
+            kept,
+            match kept {
+                "bad_signature" => {
+                    "its first line is not a run-trace/1 signature with string agent_id and a \
+                     session_id that is a UUID"
+                        .into()
+                }
+                "live_session" => "its session is an agent's current or main session".into(),
+                "outside_root" => "a symlink leading out of the traces root: never followed".into(),
+                "not_regular" => "not a regular file (a symlink, a directory, a device)".into(),
+                _ => "it cannot be read".into(),
+            },
+        ));
+    } else if !relative.ends_with(".trace.jsonl") || !meta.is_file() {
+        explanation.reasons.push(reason(
+            "not_a_trace",
+            "only regular files named *.trace.jsonl are traces".into(),
+        ));
+    } else {
+        explanation.reasons.push(ExplainReason::new(
+            "TR-2",
+            "within_limits",
+            "younger than the age limit, and not among the oldest over the quota",
+        ));
+    }
+    Ok(Some(explanation))
+}

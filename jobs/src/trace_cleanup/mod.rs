@@ -1,0 +1,472 @@
+//! Run traces (SPEC §4, TR-1 … TR-4): files named `*.trace.jsonl` under the traces root go when
+//! older than `[traces] max_age_days`, then — oldest first — while the rest exceed
+//! `max_bytes` of allocated space. The same cleaner serves `sexton traces clean` (a dry run
+//! unless confirmed) and the background job, which runs on its own cadence when enabled.
+//!
+//! Safety (TR-3): the tree is walked one directory at a time, each opened relative to its
+//! parent without following a symlink, so no symlink (file or directory) and no `..` lead out
+//! of the root. A candidate is a regular file whose first line is a trace signature; anything
+//! else is counted by reason and never deleted. Just before deleting, each batch is checked
+//! against the agents' current and main sessions (a live session's trace stays) and every file
+//! is looked at again: one that vanished or changed since it was planned is re-evaluated, not
+//! deleted blindly (ER-3). One cleaner at a time across processes: an exclusive `flock(2)` on
+//! `<traces_root>/.sexton-traces.lease`, whose holder writes who it is into the file.
+//!
+//! Names are bytes: a file or directory name that is not UTF-8 is walked, checked and deleted
+//! like any other, found again only by its bytes (relative to the directory descriptor it was
+//! listed in); it is shown to people lossily ([`Planned::path`]), and that rendering is never
+//! used to find a file.
+//!
+//! Memory stays bounded at any number of files: the age rule needs nothing kept; the quota
+//! ("oldest first until within") is found from a histogram of allocated bytes by mtime with a
+//! bounded number of buckets, then the one bucket where the quota line falls is sorted exactly
+//! in a second walk, and a third walk deletes.
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString, OsStr};
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use chrono::{DateTime, Utc};
+use rustix::fs::{AtFlags, Dir, FileType, FlockOperation, Mode, OFlags};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::{self, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::files::{FileCounts, PathSettings};
+use crate::job::{Cadence, Env, HopOutcome, Job, Position, Report, Scope};
+use crate::payload::V1;
+use crate::settings::{Check, Raw};
+
+mod clean;
+mod lease;
+mod plan;
+mod walk;
+pub use clean::*;
+pub use lease::*;
+use plan::*;
+use walk::*;
+
+/// The lease file's name, directly under the traces root.
+pub const LEASE_FILE: &str = ".sexton-traces.lease";
+
+/// The trace signature's format (TR-3).
+pub const FORMAT: &str = "run-trace/1";
+
+/// How far into a file its first line is looked for.
+const FIRST_LINE_LIMIT: usize = 64 * 1024;
+
+/// Files whose sessions are checked and that are deleted together.
+const BATCH: usize = 256;
+
+/// Most buckets the quota histogram holds; past it, neighbouring buckets merge.
+const BUCKETS: usize = 16_384;
+
+/// Deepest directory nesting walked below the root.
+const MAX_DEPTH: usize = 32;
+
+/// What is kept, and why (TR-3, ER-3): the labels of reports and metrics.
+pub const KEPT_REASONS: [&str; 8] = [
+    "bad_signature",
+    "not_regular",
+    "outside_root",
+    "unreadable",
+    "live_session",
+    "changed",
+    "vanished",
+    "error",
+];
+
+/// `[traces]` (TR-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    /// Files whose mtime is older than this many days go; 0: no age limit.
+    pub max_age_days: i32,
+    /// Allocated bytes the remaining files may hold; 0: no quota.
+    pub max_bytes: u64,
+}
+
+impl Limits {
+    pub fn any(&self) -> bool {
+        self.max_age_days > 0 || self.max_bytes > 0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceSettings {
+    pub enabled: bool,
+    pub limits: Limits,
+    /// How often the background job runs when enabled.
+    pub cadence: chrono::Duration,
+}
+
+/// Why a file goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    Age,
+    Quota,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Age => "age",
+            Reason::Quota => "quota",
+        }
+    }
+}
+
+/// A file the cleaner plans to delete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Planned {
+    /// Relative to the traces root, for people: rendered lossily where a name is not UTF-8, so
+    /// never a way to find the file ([`raw_path`](Self::raw_path) is).
+    pub path: String,
+    /// Relative to the traces root, its exact bytes.
+    #[serde(skip)]
+    raw: Vec<u8>,
+    /// Allocated bytes (blocks × 512).
+    pub bytes: u64,
+    pub mtime: DateTime<Utc>,
+    pub reason: Reason,
+    pub session_id: Uuid,
+    #[serde(skip)]
+    seen: Seen,
+}
+
+/// What a run found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TraceReport {
+    /// Regular files named `*.trace.jsonl` with a valid signature.
+    pub candidates: u64,
+    /// Their allocated bytes before the run.
+    pub candidate_bytes: u64,
+    /// Planned (a dry run) or deleted (confirmed), by reason.
+    pub planned: BTreeMap<&'static str, u64>,
+    pub planned_bytes: u64,
+    pub deleted: u64,
+    pub deleted_bytes: u64,
+    /// Left in place, by reason of [`KEPT_REASONS`].
+    pub kept: BTreeMap<&'static str, u64>,
+    /// Whether files were deleted (`--confirm`, the background job) or only planned.
+    pub confirmed: bool,
+}
+
+impl TraceReport {
+    fn keep(&mut self, reason: &'static str) {
+        *self.kept.entry(reason).or_default() += 1;
+    }
+}
+
+/// Sees each planned file, and each batch just before it is deleted.
+pub trait Observer: Send {
+    /// A file planned to go (the dry run's line).
+    fn planned(&mut self, _file: &Planned) {}
+    /// A batch about to be checked and deleted (confirmed runs only).
+    fn before_delete(&mut self, _batch: &[Planned]) {}
+    /// A file under the root that stays, and why (the first walk only); its path relative to
+    /// the root, exactly as it is on disk.
+    fn kept(&mut self, _path: &Path, _reason: &'static str) {}
+}
+
+/// An observer that looks at nothing.
+pub struct Quiet;
+
+impl Observer for Quiet {}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("traces root {}: {source}", path.display())]
+    Root {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("another trace cleaner holds the lease ({holder})")]
+    LeaseHeld { holder: String },
+    #[error("lease file {}: {source}", path.display())]
+    Lease {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One run's payload: the period it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    pub version: V1,
+    /// The start of the cadence period (the pass's slot).
+    pub pass_started_at: DateTime<Utc>,
+}
+
+/// The `[traces]` section as given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    enabled: Raw<bool>,
+    max_age_days: Raw<i64>,
+    max_bytes: Raw<i64>,
+    cadence_minutes: Raw<i64>,
+}
+
+/// Reads `[traces]`; enabled with no limit is refused, naming both (TR-1).
+pub fn settings(section: &serde_json::Value, c: &mut Check<'_>) -> Option<TraceSettings> {
+    let s: RawSettings = c.section("traces", section)?;
+    let enabled = match &s.enabled {
+        Raw::Typed(b) => Some(*b),
+        Raw::Other(v) => {
+            c.fail("traces.enabled", "true or false", v);
+            None
+        }
+    };
+    let max_age_days = c.int(
+        "traces.max_age_days",
+        &s.max_age_days,
+        0..=36_500,
+        "a number of days from 0 (no age limit) to 36500",
+    );
+    let max_bytes = c.int(
+        "traces.max_bytes",
+        &s.max_bytes,
+        0..=i64::MAX,
+        "a number of bytes, 0 (no quota) or more",
+    );
+    let cadence = c
+        .int::<i64>(
+            "traces.cadence_minutes",
+            &s.cadence_minutes,
+            1..=525_600,
+            "a number of minutes from 1 to 525600 (a year)",
+        )
+        .map(chrono::Duration::minutes);
+    let limits = Limits {
+        max_age_days: max_age_days?,
+        max_bytes: max_bytes?,
+    };
+    if enabled == Some(true) && !limits.any() {
+        c.fail(
+            "traces.enabled",
+            "traces.max_age_days or traces.max_bytes above 0 when trace retention is enabled \
+             (TR-1)",
+            "traces.max_age_days = 0 and traces.max_bytes = 0",
+        );
+        return None;
+    }
+    Some(TraceSettings {
+        enabled: enabled?,
+        limits,
+        cadence: cadence?,
+    })
+}
+
+/// What a run would do now (`sexton preview`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    pub enabled: bool,
+    pub limits: Limits,
+    #[serde(flatten)]
+    pub report: TraceReport,
+}
+
+impl std::fmt::Display for Preview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = if self.enabled {
+            "enabled"
+        } else {
+            "disabled (`sexton traces clean` applies the limits on demand)"
+        };
+        write!(
+            f,
+            "traces (TR-1 … TR-4), {state}, max_age_days {} / max_bytes {}: {} candidates ({} \
+             bytes), {} would go ({} bytes)",
+            self.limits.max_age_days,
+            self.limits.max_bytes,
+            self.report.candidates,
+            self.report.candidate_bytes,
+            self.report.planned.values().sum::<u64>(),
+            self.report.planned_bytes
+        )?;
+        for (reason, n) in &self.report.planned {
+            write!(f, "\n  by {reason:<20} {n:>10}")?;
+        }
+        for (reason, n) in &self.report.kept {
+            write!(f, "\n  kept {reason:<18} {n:>10}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The background cleaner (TR-4), as the worker registers it: global, on its own cadence, and
+/// only when enabled.
+pub struct TraceCleanup;
+
+impl Job for TraceCleanup {
+    const NAME: &'static str = "trace_cleanup";
+    const QUEUE: &'static str = "sexton.trace_cleanup";
+    const SCOPE: Scope = Scope::Global;
+    const SECTION: &'static str = "traces";
+    const SUBJECTS: &'static [&'static str] = &["trace"];
+    const RETAIN_REASONS: &'static [&'static str] = &KEPT_REASONS;
+
+    type Args = Args;
+    type Settings = TraceSettings;
+    type Preview = Preview;
+    type Error = Error;
+
+    fn settings(
+        section: &serde_json::Value,
+        _paths: &PathSettings,
+        check: &mut Check<'_>,
+    ) -> Option<TraceSettings> {
+        settings(section, check)
+    }
+
+    fn cadence(settings: &TraceSettings) -> Cadence {
+        if settings.enabled {
+            Cadence::Every(settings.cadence)
+        } else {
+            Cadence::Off
+        }
+    }
+
+    fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
+        Args {
+            version: V1,
+            pass_started_at: slot,
+        }
+    }
+
+    fn position(args: &Args) -> Position {
+        Position {
+            account: None,
+            pass_started_at: args.pass_started_at,
+            hop: 0,
+        }
+    }
+
+    async fn run(
+        env: Env<'_>,
+        settings: &TraceSettings,
+        args: &Args,
+        report: &mut Report<Args>,
+    ) -> Result<(), Error> {
+        let root = &env.paths.traces_root;
+        *report = Report {
+            outcome: HopOutcome::Finished.as_str(),
+            window: 0,
+            candidates: 0,
+            pruned: 0,
+            retained: KEPT_REASONS.iter().map(|r| (*r, 0)).collect(),
+            rows: Vec::new(),
+            files: FileCounts::default(),
+            owner_seconds: 0.0,
+            next: None,
+            throttled: None,
+        };
+        if !settings.enabled {
+            report.outcome = HopOutcome::Disabled.as_str();
+            return Ok(());
+        }
+        let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *env.conn)
+            .await?;
+        let now = cutoff::reference(args.pass_started_at, database_now);
+        let _lease = match Lease::acquire(
+            root,
+            &holder("sexton worker (trace_cleanup)", database_now),
+        ) {
+            Ok(lease) => lease,
+            Err(Error::LeaseHeld { holder }) => {
+                tracing::info!(%holder, "another trace cleaner holds the lease; nothing deleted");
+                report.outcome = "lease_held";
+                return Ok(());
+            }
+            Err(err) => return Err(err),
+        };
+        let started = std::time::Instant::now();
+        let done = clean(
+            env.conn,
+            root,
+            settings.limits,
+            now,
+            true,
+            &mut Quiet,
+            env.stop,
+        )
+        .await?;
+        report.owner_seconds = started.elapsed().as_secs_f64();
+        report.candidates = done.candidates;
+        report.pruned = done.deleted;
+        for (reason, n) in &mut report.retained {
+            *n = done.kept.get(reason).copied().unwrap_or_default();
+        }
+        report.files = FileCounts {
+            deleted: done.deleted,
+            bytes: done.deleted_bytes,
+            errors: done.kept.get("error").copied().unwrap_or_default(),
+        };
+        Ok(())
+    }
+
+    async fn backlog_seconds(
+        _pool: &PgPool,
+        _settings: &TraceSettings,
+        _now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        // Measuring it means walking the whole tree: not every few seconds.
+        Ok(None)
+    }
+
+    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
+        (!id.trim().is_empty())
+            .then_some(())
+            .ok_or_else(|| "expected a path under the traces root".to_owned())
+    }
+
+    async fn explain(
+        conn: &mut PgConnection,
+        settings: &TraceSettings,
+        paths: &PathSettings,
+        now: DateTime<Utc>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        explain_trace(conn, settings, paths, now, id).await
+    }
+
+    async fn preview(
+        conn: &mut PgConnection,
+        settings: &TraceSettings,
+        paths: &PathSettings,
+        now: DateTime<Utc>,
+        _accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        let report = clean(
+            conn,
+            &paths.traces_root,
+            settings.limits,
+            now,
+            false,
+            &mut Quiet,
+            &AtomicBool::new(false),
+        )
+        .await?;
+        Ok(vec![Preview {
+            enabled: settings.enabled,
+            limits: settings.limits,
+            report,
+        }])
+    }
+}

@@ -1,0 +1,245 @@
+//! The walk of a traces root: directories read one component at a time from the root's
+//! descriptor, each trace's first line read for its signature (TR-2).
+
+use super::*;
+
+/// Bytes of a path as a [`Path`], whatever they are.
+pub(super) fn as_path(bytes: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(bytes))
+}
+
+/// What a file looked like when it was planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Seen {
+    pub(super) ino: u64,
+    size: i64,
+    pub(super) mtime_ns: i128,
+}
+
+/// One entry the walk met, as the cleaner classifies it.
+pub(super) enum Entry {
+    Candidate(Candidate),
+    /// Not a candidate, and why; its path's bytes.
+    Kept(&'static str, Vec<u8>),
+}
+
+pub(super) struct Candidate {
+    /// Relative to the root, its exact bytes.
+    pub(super) path: Vec<u8>,
+    pub(super) blocks_bytes: u64,
+    pub(super) seen: Seen,
+    pub(super) session_id: Uuid,
+}
+
+/// Allocated bytes: blocks × 512, not length (a sparse file counts by its blocks, TR-2).
+pub(super) fn allocated(stat: &rustix::fs::Stat) -> u64 {
+    u64::try_from(stat.st_blocks).unwrap_or(0) * 512
+}
+
+pub(super) fn mtime_ns(stat: &rustix::fs::Stat) -> i128 {
+    i128::from(stat.st_mtime) * 1_000_000_000 + i128::from(stat.st_mtime_nsec)
+}
+
+pub(super) fn to_time(ns: i128) -> DateTime<Utc> {
+    let secs = ns.div_euclid(1_000_000_000) as i64;
+    let nanos = ns.rem_euclid(1_000_000_000) as u32;
+    DateTime::from_timestamp(secs, nanos).unwrap_or(DateTime::UNIX_EPOCH)
+}
+
+pub(super) fn seen(stat: &rustix::fs::Stat) -> Seen {
+    Seen {
+        ino: stat.st_ino,
+        size: stat.st_size,
+        mtime_ns: mtime_ns(stat),
+    }
+}
+
+/// The session a trace belongs to, if its first line is a valid signature. A `session_id` that
+/// is not a UUID names no session an agent can point at, so nothing could prove it is not live:
+/// such a file is not a candidate.
+pub(super) fn signature(first_line: &[u8]) -> Option<Uuid> {
+    #[derive(Deserialize)]
+    struct Signature {
+        format: String,
+        #[serde(rename = "agent_id")]
+        _agent_id: String,
+        session_id: String,
+    }
+    let sig: Signature = serde_json::from_slice(first_line).ok()?;
+    (sig.format == FORMAT)
+        .then(|| Uuid::parse_str(&sig.session_id).ok())
+        .flatten()
+}
+
+/// Reads the first line of `name` in `dir` (opened without following a symlink).
+pub(super) fn first_line(dir: &OwnedFd, name: &CStr) -> io::Result<Vec<u8>> {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )?;
+    let mut file = std::fs::File::from(fd);
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 4096];
+    while buf.len() < FIRST_LINE_LIMIT {
+        let n = file.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            buf.truncate(end);
+            return Ok(buf);
+        }
+    }
+    Ok(buf)
+}
+
+/// Whether a symlink at `relative` resolves outside the canonical root.
+pub(super) fn escapes(root: &Path, relative: &[u8]) -> bool {
+    match root.join(as_path(relative)).canonicalize() {
+        Ok(target) => !target.starts_with(root),
+        Err(_) => true,
+    }
+}
+
+/// A directory still to be read: opened relative to its parent when its turn comes.
+pub(super) struct Pending {
+    parent: Arc<OwnedFd>,
+    name: CString,
+    /// The directory's path relative to the root and a `/`, its exact bytes (empty: the root).
+    prefix: Vec<u8>,
+    depth: usize,
+}
+
+/// The directory being read.
+pub(super) struct Level {
+    fd: Arc<OwnedFd>,
+    dir: Dir,
+    prefix: Vec<u8>,
+    depth: usize,
+}
+
+/// One step of a walk.
+pub(super) enum Step {
+    /// An entry of the directory `fd`.
+    Entry(Arc<OwnedFd>, Entry),
+    /// Every entry of `fd` has been seen: act on what is pending for it.
+    DirDone(Arc<OwnedFd>),
+}
+
+/// A streaming walk of the tree below the root, one directory at a time, each opened relative
+/// to its parent without following a symlink. Only `*.trace.jsonl` entries and symlinks are
+/// reported; memory holds one directory reader and the directories still to read.
+pub(super) struct Walk {
+    root: PathBuf,
+    current: Option<Level>,
+    todo: Vec<Pending>,
+}
+
+impl Walk {
+    pub(super) fn new(root: &Path, fd: OwnedFd) -> io::Result<Walk> {
+        let fd = Arc::new(fd);
+        let dir = Dir::read_from(&*fd)?;
+        Ok(Walk {
+            root: root.to_owned(),
+            current: Some(Level {
+                fd,
+                dir,
+                prefix: Vec::new(),
+                depth: 0,
+            }),
+            todo: Vec::new(),
+        })
+    }
+
+    pub(super) fn next_step(&mut self) -> Option<Step> {
+        loop {
+            let Some(level) = self.current.as_mut() else {
+                let pending = self.todo.pop()?;
+                let opened = rustix::fs::openat(
+                    &*pending.parent,
+                    pending.name.as_c_str(),
+                    OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                );
+                // A directory swapped for a symlink, or removed, since it was listed: skipped.
+                if let Ok(fd) = opened
+                    && let Ok(dir) = Dir::read_from(&fd)
+                {
+                    self.current = Some(Level {
+                        fd: Arc::new(fd),
+                        dir,
+                        prefix: pending.prefix,
+                        depth: pending.depth,
+                    });
+                }
+                continue;
+            };
+            let Some(entry) = level.dir.next() else {
+                let done = self.current.take().map(|level| level.fd)?;
+                return Some(Step::DirDone(done));
+            };
+            let Ok(entry) = entry else {
+                continue;
+            };
+            let name = entry.file_name();
+            let bytes = name.to_bytes();
+            if bytes == b"."
+                || bytes == b".."
+                || (level.depth == 0 && bytes == LEASE_FILE.as_bytes())
+            {
+                continue;
+            }
+            // Names are bytes: one that is not UTF-8 is walked and judged like any other.
+            let relative = [level.prefix.as_slice(), bytes].concat();
+            let is_trace = bytes.ends_with(b".trace.jsonl");
+            let stat = match rustix::fs::statat(&*level.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => stat,
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(_) if is_trace => {
+                    return Some(Step::Entry(
+                        level.fd.clone(),
+                        Entry::Kept("unreadable", relative),
+                    ));
+                }
+                Err(_) => continue,
+            };
+            let entry = match FileType::from_raw_mode(stat.st_mode) {
+                FileType::Directory => {
+                    if level.depth + 1 < MAX_DEPTH {
+                        self.todo.push(Pending {
+                            parent: level.fd.clone(),
+                            name: name.to_owned(),
+                            prefix: [relative.as_slice(), b"/"].concat(),
+                            depth: level.depth + 1,
+                        });
+                    }
+                    continue;
+                }
+                FileType::Symlink if escapes(&self.root, &relative) => {
+                    Entry::Kept("outside_root", relative)
+                }
+                FileType::Symlink if is_trace => Entry::Kept("not_regular", relative),
+                FileType::RegularFile if is_trace => match first_line(&level.fd, name) {
+                    Ok(line) => match signature(&line) {
+                        Some(session_id) => Entry::Candidate(Candidate {
+                            path: relative,
+                            blocks_bytes: allocated(&stat),
+                            seen: seen(&stat),
+                            session_id,
+                        }),
+                        None => Entry::Kept("bad_signature", relative),
+                    },
+                    Err(_) => Entry::Kept("unreadable", relative),
+                },
+                _ if is_trace && FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile => {
+                    Entry::Kept("not_regular", relative)
+                }
+                _ => continue,
+            };
+            return Some(Step::Entry(level.fd.clone(), entry));
+        }
+    }
+}
