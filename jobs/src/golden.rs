@@ -1,15 +1,17 @@
-//! Golden statements: every SQL statement a job renders is pinned in `jobs/golden/`, so that a
-//! change to it shows up as a diff a reviewer reads. `SEXTON_UPDATE_GOLDEN=1 cargo test -p
+//! Golden statements: every SQL statement a job renders from parts is pinned in
+//! `jobs/tests/golden/`, so that a change to it shows up as a diff a reviewer reads (a
+//! statement written whole is in a `.sql` file beside the module that runs it). `SEXTON_UPDATE_GOLDEN=1 cargo test -p
 //! sexton-jobs` rewrites the files after an intended change.
 
 use std::path::PathBuf;
 
-/// Compares `sql` with `jobs/golden/<name>.sql` (or writes it, when asked to update).
+/// Compares `sql` with `jobs/tests/golden/<name>.sql` (or writes it, when asked to update).
 ///
 /// # Panics
 /// When they differ, naming the file; when the file is missing.
 pub fn check(name: &str, sql: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
         .join("golden")
         .join(format!("{name}.sql"));
     let rendered = format!("{}\n", sql.trim());

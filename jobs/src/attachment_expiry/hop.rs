@@ -200,20 +200,4 @@ pub(super) fn count(counts: &mut [(&'static str, u64)], reason: &'static str) {
 /// naming the path `$2` it was judged by, so that a row repointed at a fresh file meanwhile is
 /// left for the next pass — and records their files for removal, in one statement and so one
 /// short transaction; a row an application holds is skipped. Returns the rows marked.
-pub(super) const MARK_EXPIRED: &str = "
-    WITH judged AS (
-        SELECT * FROM unnest($1::uuid[], $2::text[]) AS j (id, relative_path)),
-    locked AS (
-        SELECT a.id FROM attachments a JOIN judged j ON j.id = a.id
-        WHERE a.account_id = $3 AND a.bytes_expired_at IS NULL
-          AND a.relative_path = j.relative_path
-        ORDER BY a.id
-        FOR UPDATE OF a SKIP LOCKED),
-    marked AS (
-        UPDATE attachments a SET bytes_expired_at = now()
-        FROM locked WHERE a.id = locked.id
-        RETURNING a.id, a.relative_path),
-    recorded AS (
-        INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-        SELECT 'attachments', $3, relative_path FROM marked)
-    SELECT id FROM marked";
+pub(super) const MARK_EXPIRED: &str = include_str!("mark_expired.sql");

@@ -278,13 +278,3 @@ impl Job for AttachmentExpiry {
         tally
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_statement_matches_its_golden_file() {
-        crate::golden::check("attachment_expiry/mark_expired", MARK_EXPIRED);
-    }
-}

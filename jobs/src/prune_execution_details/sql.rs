@@ -1,6 +1,6 @@
 //! The statements of execution-detail pruning, rendered once from the parts every rule shares:
 //! the age of a run (EX-2), what holds an owner back (EX-5), the re-check under lock. The
-//! rendered text is in `jobs/golden/prune_execution_details/`.
+//! rendered text is in `jobs/tests/golden/prune_execution_details/`.
 
 use super::*;
 
@@ -67,7 +67,7 @@ pub(super) fn blockers(
 /// the account's own conversations (EX-3, EX-4, EX-9). One row per run locked. The other rows'
 /// view of `output_files` is the statement's snapshot, which still holds the rows being
 /// deleted: hence "not of a run pruned here". The rendered statements are in
-/// `jobs/golden/prune_execution_details/`.
+/// `jobs/tests/golden/prune_execution_details/`.
 ///
 /// | param | what |
 /// |---|---|

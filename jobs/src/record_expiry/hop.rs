@@ -53,6 +53,7 @@ pub async fn hop<R: Record>(
     let mut batches = Batches::<R> {
         cutoff,
         size: settings.batch_size,
+        sql: sql::batch::<R>(),
         kind: PhantomData,
     };
     let end = hop.run(&mut batches, args.after.clone(), report).await?;
@@ -72,6 +73,8 @@ pub async fn hop<R: Record>(
 pub(super) struct Batches<R> {
     cutoff: DateTime<Utc>,
     size: u32,
+    /// The kind's batch statement ([`sql::batch`]), rendered once per hop.
+    sql: String,
     kind: PhantomData<R>,
 }
 
@@ -94,7 +97,7 @@ impl<R: Record> Owners for Batches<R> {
             .cloned()
             .unwrap_or_else(|| (EARLIEST, R::FIRST_ID.to_owned()));
         let started = Instant::now();
-        let batch: Batch = sqlx::query_as(R::BATCH)
+        let batch: Batch = sqlx::query_as(sqlx::AssertSqlSafe(&*self.sql))
             .bind(self.cutoff)
             .bind(after_at.max(EARLIEST))
             .bind(after_id)

@@ -1,5 +1,5 @@
-//! The four kinds of short-lived record (TTL-1 … TTL-4): each its table, its age column and
-//! its statements.
+//! The four kinds of short-lived record (TTL-1 … TTL-4): each its table, its age column, its
+//! ids and what else keeps a row (a pin); the statements are rendered from these ([`super::sql`]).
 
 use super::*;
 
@@ -7,6 +7,7 @@ use super::*;
 pub struct Handoffs;
 
 impl Record for Handoffs {
+    const ID_TYPE: &'static str = "uuid";
     const AGE: &'static str = "created_at";
     const SUBJECT: &'static str = "handoff";
     const ROW: &'static str =
@@ -17,29 +18,6 @@ impl Record for Handoffs {
     const RULE: &'static str = "TTL-1";
     const SETTING: &'static str = "expiry.handoffs_days";
     const FIRST_ID: &'static str = "00000000-0000-0000-0000-000000000000";
-    const BATCH: &'static str = "
-        WITH batch AS (
-            SELECT id, created_at FROM handoffs
-            WHERE created_at < $1 AND (created_at, id) > ($2, $3::uuid)
-            ORDER BY created_at, id
-            LIMIT $4),
-        locked AS (
-            SELECT h.id FROM handoffs h JOIN batch b ON b.id = h.id
-            WHERE h.created_at < $1
-            FOR UPDATE OF h SKIP LOCKED),
-        gone AS (
-            DELETE FROM handoffs h USING locked WHERE h.id = locked.id RETURNING 1),
-        last AS (
-            SELECT b.created_at, b.id::text AS id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1)
-        SELECT (SELECT count(*) FROM batch) AS read,
-               (SELECT count(*) FROM gone) AS deleted,
-               (SELECT created_at FROM last) AS last_at,
-               (SELECT id FROM last) AS last_id";
-    const OLDEST: &'static str =
-        "SELECT min(created_at) FROM handoffs WHERE created_at < $1 AND created_at > $2";
-    const COUNT: &'static str = "
-        SELECT count(*) FROM handoffs
-        WHERE created_at < $1 AND created_at > $2 AND ($3::uuid[] IS NULL OR account_id = ANY($3))";
 
     fn days(settings: &ExpirySettings) -> i32 {
         settings.handoffs_days
@@ -50,6 +28,7 @@ impl Record for Handoffs {
 pub struct DreamPreloads;
 
 impl Record for DreamPreloads {
+    const ID_TYPE: &'static str = "uuid";
     const AGE: &'static str = "created_at";
     const SUBJECT: &'static str = "dream_preload";
     const ROW: &'static str =
@@ -60,29 +39,6 @@ impl Record for DreamPreloads {
     const RULE: &'static str = "TTL-2";
     const SETTING: &'static str = "expiry.dream_preloads_days";
     const FIRST_ID: &'static str = "00000000-0000-0000-0000-000000000000";
-    const BATCH: &'static str = "
-        WITH batch AS (
-            SELECT id, created_at FROM dream_preloads
-            WHERE created_at < $1 AND (created_at, id) > ($2, $3::uuid)
-            ORDER BY created_at, id
-            LIMIT $4),
-        locked AS (
-            SELECT d.id FROM dream_preloads d JOIN batch b ON b.id = d.id
-            WHERE d.created_at < $1
-            FOR UPDATE OF d SKIP LOCKED),
-        gone AS (
-            DELETE FROM dream_preloads d USING locked WHERE d.id = locked.id RETURNING 1),
-        last AS (
-            SELECT b.created_at, b.id::text AS id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1)
-        SELECT (SELECT count(*) FROM batch) AS read,
-               (SELECT count(*) FROM gone) AS deleted,
-               (SELECT created_at FROM last) AS last_at,
-               (SELECT id FROM last) AS last_id";
-    const OLDEST: &'static str =
-        "SELECT min(created_at) FROM dream_preloads WHERE created_at < $1 AND created_at > $2";
-    const COUNT: &'static str = "
-        SELECT count(*) FROM dream_preloads
-        WHERE created_at < $1 AND created_at > $2 AND ($3::uuid[] IS NULL OR account_id = ANY($3))";
 
     fn days(settings: &ExpirySettings) -> i32 {
         settings.dream_preloads_days
@@ -93,6 +49,8 @@ impl Record for DreamPreloads {
 pub struct WorkingRecords;
 
 impl Record for WorkingRecords {
+    const ID_TYPE: &'static str = "uuid";
+    const PINNED: Option<&'static str> = Some("pinned");
     const AGE: &'static str = "updated_at";
     const SUBJECT: &'static str = "working_record";
     const ROW: &'static str =
@@ -103,30 +61,6 @@ impl Record for WorkingRecords {
     const RULE: &'static str = "TTL-3";
     const SETTING: &'static str = "expiry.working_records_days";
     const FIRST_ID: &'static str = "00000000-0000-0000-0000-000000000000";
-    const BATCH: &'static str = "
-        WITH batch AS (
-            SELECT id, updated_at FROM working_records
-            WHERE NOT pinned AND updated_at < $1 AND (updated_at, id) > ($2, $3::uuid)
-            ORDER BY updated_at, id
-            LIMIT $4),
-        locked AS (
-            SELECT w.id FROM working_records w JOIN batch b ON b.id = w.id
-            WHERE NOT w.pinned AND w.updated_at < $1
-            FOR UPDATE OF w SKIP LOCKED),
-        gone AS (
-            DELETE FROM working_records w USING locked WHERE w.id = locked.id RETURNING 1),
-        last AS (
-            SELECT b.updated_at, b.id::text AS id FROM batch b ORDER BY b.updated_at DESC, b.id DESC LIMIT 1)
-        SELECT (SELECT count(*) FROM batch) AS read,
-               (SELECT count(*) FROM gone) AS deleted,
-               (SELECT updated_at FROM last) AS last_at,
-               (SELECT id FROM last) AS last_id";
-    const OLDEST: &'static str = "SELECT min(updated_at) FROM working_records
-         WHERE NOT pinned AND updated_at < $1 AND updated_at > $2";
-    const COUNT: &'static str = "
-        SELECT count(*) FROM working_records
-        WHERE NOT pinned AND updated_at < $1 AND updated_at > $2
-          AND ($3::uuid[] IS NULL OR account_id = ANY($3))";
 
     fn days(settings: &ExpirySettings) -> i32 {
         settings.working_records_days
@@ -138,6 +72,9 @@ impl Record for WorkingRecords {
 pub struct ConversationEvents;
 
 impl Record for ConversationEvents {
+    const ID_TYPE: &'static str = "bigint";
+    const OF_ACCOUNTS: &'static str =
+        "conversation_id IN (SELECT id FROM conversations WHERE account_id = ANY($3))";
     const AGE: &'static str = "created_at";
     const SUBJECT: &'static str = "conversation_event";
     const ROW: &'static str = "SELECT c.account_id, e.created_at, false FROM conversation_events e JOIN conversations c ON c.id = e.conversation_id WHERE e.id = $1::bigint";
@@ -147,31 +84,6 @@ impl Record for ConversationEvents {
     const RULE: &'static str = "TTL-4";
     const SETTING: &'static str = "expiry.conversation_events_days";
     const FIRST_ID: &'static str = "-9223372036854775808";
-    const BATCH: &'static str = "
-        WITH batch AS (
-            SELECT id, created_at FROM conversation_events
-            WHERE created_at < $1 AND (created_at, id) > ($2, $3::bigint)
-            ORDER BY created_at, id
-            LIMIT $4),
-        locked AS (
-            SELECT e.id FROM conversation_events e JOIN batch b ON b.id = e.id
-            WHERE e.created_at < $1
-            FOR UPDATE OF e SKIP LOCKED),
-        gone AS (
-            DELETE FROM conversation_events e USING locked WHERE e.id = locked.id RETURNING 1),
-        last AS (
-            SELECT b.created_at, b.id::text AS id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1)
-        SELECT (SELECT count(*) FROM batch) AS read,
-               (SELECT count(*) FROM gone) AS deleted,
-               (SELECT created_at FROM last) AS last_at,
-               (SELECT id FROM last) AS last_id";
-    const OLDEST: &'static str = "SELECT min(created_at) FROM conversation_events
-         WHERE created_at < $1 AND created_at > $2";
-    const COUNT: &'static str = "
-        SELECT count(*) FROM conversation_events
-        WHERE created_at < $1 AND created_at > $2
-          AND ($3::uuid[] IS NULL
-               OR conversation_id IN (SELECT id FROM conversations WHERE account_id = ANY($3)))";
 
     fn days(settings: &ExpirySettings) -> i32 {
         settings.conversation_events_days

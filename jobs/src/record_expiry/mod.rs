@@ -34,6 +34,7 @@ use crate::settings::{Check, Raw};
 mod hop;
 mod kinds;
 mod read;
+mod sql;
 pub use hop::*;
 pub use kinds::*;
 pub use read::*;
@@ -64,14 +65,12 @@ pub trait Record: Send + Sync + 'static {
     const SETTING: &'static str;
     /// The smallest id, as text: where the cursor of a pass's first hop stands.
     const FIRST_ID: &'static str;
-    /// One batch. `$1` the cutoff, `$2`/`$3` the cursor (age, id as text), `$4` the batch size.
-    /// Returns the rows read and deleted and the last row read (the next cursor).
-    const BATCH: &'static str;
-    /// The oldest expired age. `$1` the cutoff, `$2` the earliest finite age.
-    const OLDEST: &'static str;
-    /// Expired rows, of one account or all. `$1` the cutoff, `$2` the earliest finite age,
-    /// `$3` the accounts or NULL (every account).
-    const COUNT: &'static str;
+    /// The SQL type of its ids.
+    const ID_TYPE: &'static str;
+    /// A boolean column that keeps a row whatever its age, if the kind has one.
+    const PINNED: Option<&'static str> = None;
+    /// The predicate that a row belongs to one of the accounts `$3` (`uuid[]`).
+    const OF_ACCOUNTS: &'static str = "account_id = ANY($3)";
 
     /// What `sexton explain` calls one record (`handoff`, …).
     const SUBJECT: &'static str;
@@ -268,7 +267,7 @@ impl<R: Record> Job for Expire<R> {
         let cutoff = enabled_cutoff::<R>(settings, now);
         let expired = match cutoff {
             Some(cutoff) => {
-                sqlx::query_scalar(R::COUNT)
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql::count::<R>()))
                     .bind(cutoff)
                     .bind(EARLIEST)
                     .bind(accounts)
@@ -296,9 +295,18 @@ mod tests {
     use super::*;
 
     fn golden<R: Record>() {
-        crate::golden::check(&format!("record_expiry/{}_batch", R::TABLE), R::BATCH);
-        crate::golden::check(&format!("record_expiry/{}_oldest", R::TABLE), R::OLDEST);
-        crate::golden::check(&format!("record_expiry/{}_count", R::TABLE), R::COUNT);
+        crate::golden::check(
+            &format!("record_expiry/{}_batch", R::TABLE),
+            &sql::batch::<R>(),
+        );
+        crate::golden::check(
+            &format!("record_expiry/{}_oldest", R::TABLE),
+            &sql::oldest::<R>(),
+        );
+        crate::golden::check(
+            &format!("record_expiry/{}_count", R::TABLE),
+            &sql::count::<R>(),
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub async fn backlog_seconds<R: Record>(
     let Some(cutoff) = enabled_cutoff::<R>(settings, now) else {
         return Ok(Some(0.0));
     };
-    let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(R::OLDEST)
+    let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql::oldest::<R>()))
         .bind(cutoff)
         .bind(EARLIEST)
         .fetch_one(pool)

@@ -5,56 +5,13 @@ use super::*;
 
 /// The window of one kind: `$1` the account, `$2` the kind, `$3` its cutoff, `$4`/`$5` the
 /// cursor (last activity, id), `$6` the room left in the hop; each session with its verdict.
-pub(super) const WINDOW: &str = "
-    SELECT s.id, s.agent_id, s.last_activity_at,
-           sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
-                                  s.last_activity_at, $3)
-    FROM sessions s
-    WHERE s.account_id = $1 AND s.kind = $2 AND s.last_activity_at < $3
-      AND (s.last_activity_at, s.id) > ($4, $5)
-    ORDER BY s.last_activity_at, s.id
-    LIMIT $6";
+pub(super) const WINDOW: &str = include_str!("window.sql");
 
 /// The deletion statement: `$1` the sessions whose agents are locked, `$2` the account, `$3`
 /// the kind, `$4` its cutoff. One row per session locked, with its verdict (NULL: deleted) and,
 /// the same on every row, the rows deleted per table of [`TABLES`] and the handoffs unlinked.
 /// The frame directory of each deleted session is recorded for removal after commit.
-pub(super) const DELETE_SESSIONS: &str = "
-    WITH locked AS (
-        SELECT s.id, sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
-                                            s.last_activity_at, $4) AS verdict
-        FROM sessions s
-        WHERE s.id = ANY($1) AND s.account_id = $2 AND s.kind = $3
-        ORDER BY s.id
-        FOR UPDATE OF s SKIP LOCKED),
-    doomed AS (SELECT COALESCE(array_agg(id), '{}') AS ids FROM locked WHERE verdict IS NULL),
-    archive_entries_gone AS (
-        DELETE FROM conversation_archive_entries
-        WHERE archive_id IN (SELECT id FROM conversation_archives
-                             WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[]))
-        RETURNING 1),
-    archives_gone AS (
-        DELETE FROM conversation_archives WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[])
-        RETURNING 1),
-    entries_gone AS (
-        DELETE FROM conversation_entries WHERE session_id = ANY((SELECT ids FROM doomed)::uuid[])
-        RETURNING 1),
-    unlinked AS (
-        SELECT count(*) AS n FROM handoffs
-        WHERE from_session_id = ANY((SELECT ids FROM doomed)::uuid[])
-           OR to_session_id = ANY((SELECT ids FROM doomed)::uuid[])),
-    sessions_gone AS (
-        DELETE FROM sessions WHERE id = ANY((SELECT ids FROM doomed)::uuid[]) RETURNING id),
-    frames AS (
-        INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-        SELECT 'sessions', $2, id::text FROM sessions_gone)
-    SELECT verdict,
-           ARRAY[(SELECT count(*) FROM entries_gone),
-                 (SELECT count(*) FROM archive_entries_gone),
-                 (SELECT count(*) FROM archives_gone),
-                 (SELECT count(*) FROM sessions_gone),
-                 (SELECT n FROM unlinked)]::bigint[] AS counts
-    FROM locked";
+pub(super) const DELETE_SESSIONS: &str = include_str!("delete_sessions.sql");
 
 /// Discovery: `$1`/`$2` the range, `$3` the slot, `$4` the earliest finite age, `$5`..`$7` the
 /// fallback ages. A cutoff is computed only where the age leaves one (never "out of range").

@@ -1,0 +1,16 @@
+WITH judged AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[]) AS j (id, relative_path)),
+locked AS (
+    SELECT a.id FROM attachments a JOIN judged j ON j.id = a.id
+    WHERE a.account_id = $3 AND a.bytes_expired_at IS NULL
+      AND a.relative_path = j.relative_path
+    ORDER BY a.id
+    FOR UPDATE OF a SKIP LOCKED),
+marked AS (
+    UPDATE attachments a SET bytes_expired_at = now()
+    FROM locked WHERE a.id = locked.id
+    RETURNING a.id, a.relative_path),
+recorded AS (
+    INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+    SELECT 'attachments', $3, relative_path FROM marked)
+SELECT id FROM marked
