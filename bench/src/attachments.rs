@@ -8,10 +8,22 @@
 //! thousand has no file. Nothing else is in the database, so the pass's other jobs find nothing.
 
 use std::os::unix::fs::MetadataExt as _;
-use std::time::UNIX_EPOCH;
+use std::path::Path;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use super::*;
+use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use uuid::Uuid;
+
+use crate::cluster::{connect, drop_db, recreate};
 use crate::disk::{self, Rng};
+use crate::method::{Method, method};
+use crate::results::{Section, machine, write_results};
+use crate::sexton::{Pass, ROOTS, pass_start, run_sexton, sexton};
+use crate::{Cli, Part};
 
 /// The heading the attachment bytes' section starts with, in latest.md.
 pub const ATTACHMENTS_HEADING: &str = "## Attachment bytes";

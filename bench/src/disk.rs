@@ -191,7 +191,7 @@ pub async fn with_backend_cpu<T>(
     application: &'static str,
     work: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<(T, Option<f64>)> {
-    let pool = super::connect(base, db, "bench-cpu-sampler").await?;
+    let pool = crate::cluster::connect(base, db, "bench-cpu-sampler").await?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = tokio::spawn({
         let stop = stop.clone();

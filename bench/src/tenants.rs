@@ -12,7 +12,22 @@
 //! and archive directory, and an attachment whose file is 60 days old. Each night is checked to
 //! end in exactly the state the rules give before its figures count.
 
-use super::*;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use uuid::Uuid;
+
+use crate::Cli;
+use crate::cluster::{connect, drop_db, recreate};
+use crate::disk;
+use crate::results::{Section, machine, write_results};
+use crate::sexton::{ROOTS, sexton_env};
 
 /// The heading the tenants' section starts with, in latest.md.
 pub const TENANTS_HEADING: &str = "## Many accounts";

@@ -14,10 +14,21 @@
 use std::collections::BTreeMap;
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
 use std::os::unix::fs::MetadataExt as _;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::*;
+use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use uuid::Uuid;
+
+use crate::cluster::{connect, drop_db, recreate};
 use crate::disk::{self, Rng, Timed};
+use crate::results::{Section, machine, write_results};
+use crate::sexton::{ROOTS, sexton, sexton_env};
+use crate::{Cli, Part};
 
 /// The heading the run traces' section starts with, in latest.md.
 pub const TRACES_HEADING: &str = "## Run traces";

@@ -1,0 +1,112 @@
+//! A measured method's figures, as every part records them: its time and rates, what the
+//! application writer beside it saw, its longest write transaction and, for sexton, its hops.
+
+use serde::Serialize;
+
+use crate::sampler::Longest;
+use crate::writer::Writes;
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub samples: usize,
+}
+
+impl Latency {
+    pub fn of(mut ms: Vec<f64>) -> Self {
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            if ms.is_empty() {
+                0.0
+            } else {
+                ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1]
+            }
+        };
+        Self {
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            max_ms: ms.last().copied().unwrap_or(0.0),
+            samples: ms.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Method {
+    pub name: &'static str,
+    pub seconds: f64,
+    pub owners_per_s: f64,
+    pub rows_per_s: f64,
+    pub writer: Latency,
+    /// The writer's longest wait for its conversation and run locks.
+    pub writer_longest_lock_wait_ms: f64,
+    pub longest_transaction_ms: f64,
+    /// What the longest transaction was running when last sampled.
+    pub longest_transaction_query: String,
+    /// What its backend waited on in the samples of it, most seen first (see
+    /// [`crate::sampler::longest_transaction`]).
+    pub longest_transaction_waits: String,
+    /// sexton only: hop durations, each hop's time per candidate, peak RSS, and where the
+    /// time went.
+    pub hop: Option<Latency>,
+    /// sexton only: the worker's start, from its "worker started" line to its taking the
+    /// nightly slot (its queue consumers registering, its first connections): not part of the
+    /// timed pass, which a running fleet's idle workers take at once.
+    pub start_seconds: Option<f64>,
+    pub hop_us_per_candidate: Option<Latency>,
+    pub peak_rss_kb: Option<u64>,
+    pub share_outside_owner_transactions: Option<f64>,
+    pub share_outside_hops: Option<f64>,
+    /// The cluster's WAL over the method's timed span, in bytes: `pg_current_wal_lsn()` read on
+    /// the bench's own connection just before and right after (for sexton, at the worker being
+    /// up and at its last hop). The writer's WAL beside it is included. Measured for every
+    /// sexton pass and the scales' other methods.
+    pub wal_bytes: Option<i64>,
+    /// Scales only: the writer's estimated share of `wal_bytes`, its idle baseline's WAL rate ×
+    /// the method's seconds.
+    pub wal_bytes_writer: Option<f64>,
+    /// Scales only: `wal_bytes` less the writer's share, per owner pruned (session deleted).
+    pub wal_bytes_per_owner: Option<f64>,
+}
+
+/// Method `name` before its figures are filled in.
+pub fn method(name: &'static str) -> Method {
+    Method {
+        name,
+        seconds: 0.0,
+        owners_per_s: 0.0,
+        rows_per_s: 0.0,
+        writer: Latency::of(Vec::new()),
+        writer_longest_lock_wait_ms: 0.0,
+        longest_transaction_ms: 0.0,
+        longest_transaction_query: String::new(),
+        longest_transaction_waits: String::new(),
+        hop: None,
+        start_seconds: None,
+        hop_us_per_candidate: None,
+        peak_rss_kb: None,
+        share_outside_owner_transactions: None,
+        share_outside_hops: None,
+        wal_bytes: None,
+        wal_bytes_writer: None,
+        wal_bytes_per_owner: None,
+    }
+}
+
+/// A method's rates over `items` and `rows`, and what the writer and the sampler saw.
+pub fn score(method: &mut Method, items: i64, rows: i64, writer: Writes, longest: Longest) {
+    method.owners_per_s = items as f64 / method.seconds;
+    method.rows_per_s = rows as f64 / method.seconds;
+    method.writer = Latency::of(writer.total_ms);
+    method.writer_longest_lock_wait_ms = max_ms(&writer.lock_wait_ms);
+    method.longest_transaction_ms = longest.ms;
+    method.longest_transaction_query = longest.query;
+    method.longest_transaction_waits = longest.waits;
+}
+
+/// The largest of `ms`, 0 when there are none.
+pub fn max_ms(ms: &[f64]) -> f64 {
+    ms.iter().copied().fold(0.0, f64::max)
+}

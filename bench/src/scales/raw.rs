@@ -1,0 +1,142 @@
+//! The raw floors, batched deletes with no checks of exactly what a pass removes: the owners'
+//! detail rows alone (`raw`), with the markers sexton's end state has (`raw+markers`), and with
+//! the owners' output files unlinked too ([`SAME_END`]); and the sessions' floor.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use sexton_jobs::prune_execution_details::DETAIL_TABLES;
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use uuid::Uuid;
+
+use crate::cluster::{connect, wal_position};
+use crate::method::{Method, method};
+
+/// The batched floor that reaches sexton's end state, disk included: `raw+markers` that also
+/// unlinks the output files of each batch's owners once the batch has committed, on a thread
+/// beside the next batch's statements (one batch's unlinks at a time), as sexton's hops do.
+pub const SAME_END: &str = "raw+markers+files";
+
+/// How much of sexton's end state a floor reaches.
+#[derive(Clone, Copy)]
+pub enum Floor<'a> {
+    /// The detail rows gone.
+    Rows,
+    /// And the run and variant markers set.
+    Markers,
+    /// And the output files, under this root, unlinked.
+    Files(&'a Path),
+}
+
+/// The floor: batched deletes of the same owners, 500 per transaction, no checks; with the
+/// markers and the files as `floor` says — the floor of the same end state, to tell their cost
+/// from sexton's own. Its WAL is read on `admin`.
+pub async fn run_raw(
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    db: &str,
+    floor: Floor<'_>,
+) -> anyhow::Result<Method> {
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
+    let pool = connect(base, db, "bench-raw").await?;
+    let owners: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_owners ORDER BY id")
+        .fetch_all(&pool)
+        .await?;
+    let mut unlinking: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
+    for batch in owners.chunks(500) {
+        let mut tx = pool.begin().await?;
+        let mut files: Vec<String> = Vec::new();
+        for table in DETAIL_TABLES {
+            let delete = format!("DELETE FROM {table} WHERE run_id = ANY($1)");
+            if table == "output_files" && matches!(floor, Floor::Files(_)) {
+                files = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "{delete} RETURNING relative_path"
+                )))
+                .bind(batch)
+                .fetch_all(&mut *tx)
+                .await?;
+            } else {
+                sqlx::query(sqlx::AssertSqlSafe(delete))
+                    .bind(batch)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        if !matches!(floor, Floor::Rows) {
+            sqlx::query(
+                "WITH r AS (UPDATE runs SET details_pruned_at = now(), runner_effects = $2
+                            WHERE id = ANY($1) RETURNING variant_id)
+                 UPDATE variants SET details_pruned_at = now(), runner_effects = $2
+                 WHERE id IN (SELECT variant_id FROM r)",
+            )
+            .bind(batch)
+            .bind(sexton_jobs::prune_execution_details::pruned_runner_effects())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        if let Floor::Files(root) = floor {
+            // One batch's unlinks at a time, beside the next batch's statements.
+            if let Some(previous) = unlinking.take() {
+                previous.await??;
+            }
+            unlinking = Some(tokio::task::spawn_blocking({
+                let root = root.to_owned();
+                move || unlink_all(&root, &files)
+            }));
+        }
+    }
+    if let Some(last) = unlinking {
+        last.await??;
+    }
+    pool.close().await;
+    let mut m = method(match floor {
+        Floor::Rows => "raw",
+        Floor::Markers => "raw+markers",
+        Floor::Files(_) => SAME_END,
+    });
+    m.seconds = started.elapsed().as_secs_f64();
+    m.wal_bytes = Some(wal_position(admin).await? - wal);
+    Ok(m)
+}
+
+/// Unlinks `files` under `root`; one already gone is no error.
+fn unlink_all(root: &Path, files: &[String]) -> anyhow::Result<()> {
+    for file in files {
+        match std::fs::remove_file(root.join(file)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("unlinking {file}"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The floor for sessions: batched deletes of exactly the same sessions, 100 per transaction;
+/// the foreign keys cascade to their history and null the handoffs, as sexton's end state has
+/// it (frame files are left on disk: sexton also removes those). Its WAL is read on `admin`.
+pub async fn run_raw_sessions(
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    db: &str,
+) -> anyhow::Result<Method> {
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
+    let pool = connect(base, db, "bench-raw").await?;
+    let sessions: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_sessions ORDER BY id")
+        .fetch_all(&pool)
+        .await?;
+    for batch in sessions.chunks(100) {
+        sqlx::query("DELETE FROM sessions WHERE id = ANY($1)")
+            .bind(batch)
+            .execute(&pool)
+            .await?;
+    }
+    pool.close().await;
+    let mut m = method("sessions raw");
+    m.seconds = started.elapsed().as_secs_f64();
+    m.wal_bytes = Some(wal_position(admin).await? - wal);
+    Ok(m)
+}

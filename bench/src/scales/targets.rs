@@ -1,0 +1,154 @@
+//! The performance targets of SPEC §8 (PF-1 … PF-3, and the seed's rate), held against a run's
+//! figures.
+
+use serde::Serialize;
+
+use super::Scale;
+use super::raw::SAME_END;
+use crate::method::Method;
+
+/// A performance target of SPEC §8, held against this run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// PF-1, PF-2 or PF-3.
+    pub id: &'static str,
+    /// The scale measured, or for growth the largest (from `from_scale`).
+    pub scale: u64,
+    pub from_scale: Option<u64>,
+    /// What is held to what, with the figures.
+    pub check: String,
+    pub value: f64,
+    /// The bound `value` is held to: at least it for PF-1, at most it otherwise.
+    pub bound: f64,
+    pub met: bool,
+}
+
+/// The targets of SPEC §8 held against a run's figures, sexton's at its default
+/// concurrency: PF-1 and PF-2 at each scale, PF-3 from scale 10 (or the smallest scale above
+/// it) to the largest.
+pub fn targets(results: &[Scale]) -> Vec<Target> {
+    let mut targets = Vec::new();
+    for s in results {
+        let (Some(sexton), Some(floor)) = (find(s, "sexton"), find(s, "raw+markers")) else {
+            continue;
+        };
+        for same in [find(s, SAME_END), Some(floor)].into_iter().flatten() {
+            let ratio = sexton.owners_per_s / same.owners_per_s;
+            targets.push(Target {
+                id: "PF-1",
+                scale: s.scale,
+                from_scale: None,
+                check: format!(
+                    "sexton {:.0} owners/s ÷ {} {:.0} owners/s = {ratio:.2}× (target ≥ 1.00×)",
+                    sexton.owners_per_s, same.name, same.owners_per_s
+                ),
+                value: ratio,
+                bound: 1.0,
+                met: ratio >= 1.0,
+            });
+        }
+        let longest = sexton.longest_transaction_ms;
+        let bound = 2.0 * s.transaction_target_ms;
+        targets.push(Target {
+            id: "PF-2",
+            scale: s.scale,
+            from_scale: None,
+            check: format!(
+                "sexton's longest write transaction {longest:.0} ms (target ≤ 2 × transaction_target_ms {:.0} = {bound:.0} ms; its backend in the samples of it: {})",
+                s.transaction_target_ms,
+                sexton.longest_transaction_waits
+            ),
+            value: longest,
+            bound,
+            met: longest <= bound,
+        });
+        let (beside, floor_wait) = (
+            sexton.writer_longest_lock_wait_ms,
+            floor.writer_longest_lock_wait_ms,
+        );
+        targets.push(Target {
+            id: "PF-2",
+            scale: s.scale,
+            from_scale: None,
+            check: format!(
+                "the writer's longest lock wait {beside:.1} ms beside sexton, {floor_wait:.1} ms beside raw+markers (target: no longer)"
+            ),
+            value: beside,
+            bound: floor_wait,
+            met: beside <= floor_wait,
+        });
+    }
+    // The seed's rate at the largest scale, where the time it takes matters (a small scale's
+    // is mostly the processes' start).
+    if let Some(s) = results.iter().max_by_key(|s| s.scale) {
+        let rate = s.runs as f64 / s.seed_seconds;
+        targets.push(Target {
+            id: "seed",
+            scale: s.scale,
+            from_scale: None,
+            check: format!(
+                "`sexton seed` (with `migrate`) wrote {} runs in {:.1} s = {rate:.0} runs/s (target ≥ 5000 runs/s)",
+                s.runs, s.seed_seconds
+            ),
+            value: rate,
+            bound: 5000.0,
+            met: rate >= 5000.0,
+        });
+    }
+    let from = results
+        .iter()
+        .filter(|s| s.scale >= 10)
+        .min_by_key(|s| s.scale);
+    let to = results.iter().max_by_key(|s| s.scale);
+    if let (Some(from), Some(to)) = (from, to)
+        && from.scale < to.scale
+    {
+        targets.extend(growth(from, to).unwrap_or_default());
+    }
+    targets
+}
+
+/// PF-3 from scale `from` to the larger `to`: sexton's cost per candidate (a median hop's)
+/// may grow 10% more than the floor's own cost per owner (`raw+markers`, seconds per owner);
+/// its peak RSS stays flat (within 10%). `None` if a figure is missing.
+fn growth(from: &Scale, to: &Scale) -> Option<Vec<Target>> {
+    let hop = |s| Some(find(s, "sexton")?.hop_us_per_candidate?.p50_ms);
+    let floor = |s| Some(find(s, "raw+markers")?.seconds / s.owners as f64);
+    let rss = |s| Some(find(s, "sexton")?.peak_rss_kb? as f64 / 1024.0);
+    let (hop_from, hop_to) = (hop(from)?, hop(to)?);
+    let sexton = hop_to / hop_from;
+    let floor = floor(to)? / floor(from)?;
+    let bound = floor * 1.1;
+    let (rss_from, rss_to) = (rss(from)?, rss(to)?);
+    let rss = rss_to / rss_from;
+    let target = |check, value, bound| Target {
+        id: "PF-3",
+        scale: to.scale,
+        from_scale: Some(from.scale),
+        check,
+        value,
+        bound,
+        met: value <= bound,
+    };
+    Some(vec![
+        target(
+            format!(
+                "sexton's µs per candidate (median hop) {hop_from:.0} → {hop_to:.0} = {sexton:.2}×, raw+markers' seconds per owner {floor:.2}× (target ≤ {floor:.2} × 1.10 = {bound:.2}×)"
+            ),
+            sexton,
+            bound,
+        ),
+        target(
+            format!(
+                "sexton's peak RSS {rss_from:.1} → {rss_to:.1} MB = {rss:.2}× (target ≤ 1.10×, flat)"
+            ),
+            rss,
+            1.1,
+        ),
+    ])
+}
+
+/// The method `name` of scale `s`.
+fn find<'a>(s: &'a Scale, name: &str) -> Option<&'a Method> {
+    s.methods.iter().find(|m| m.name == name)
+}

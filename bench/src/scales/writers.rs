@@ -1,0 +1,99 @@
+//! The scales' application writers, run at a fixed rate by [`at_rate`] beside each method: one
+//! materializing into runs (the execution-details methods), one appending to sessions
+//! (SessionRetention's), and the targets each writes to, old owners and young rows alike.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use sqlx::{PgPool, Row as _};
+use uuid::Uuid;
+
+use crate::writer::{Writes, at_rate};
+
+/// (conversation, run) pairs the writer materializes into: old owners and recent runs alike.
+pub async fn writer_targets(pool: &PgPool) -> anyhow::Result<Vec<(Uuid, Uuid)>> {
+    let rows = sqlx::query(
+        "(SELECT r.conversation_id, r.id FROM runs r JOIN bench_owners o ON o.id = r.id ORDER BY r.id LIMIT 100)
+         UNION ALL
+         (SELECT conversation_id, id FROM runs WHERE conversation_id IS NOT NULL
+            AND id NOT IN (SELECT id FROM bench_owners) ORDER BY id LIMIT 100)",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The application writer (materialization and convergence) at a fixed rate: lock the
+/// conversation, then a run, update it, insert detail, commit.
+pub async fn write_at_rate(
+    pool: PgPool,
+    targets: Vec<(Uuid, Uuid)>,
+    rate: u32,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Writes> {
+    at_rate(rate, stop, targets, move |(conversation, run)| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            let locking = Instant::now();
+            sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
+                .bind(conversation)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+                .bind(run)
+                .execute(&mut *tx)
+                .await?;
+            let lock_wait = locking.elapsed();
+            sqlx::query("UPDATE runs SET requested_model = requested_model WHERE id = $1")
+                .bind(run)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO conversation_events (conversation_id, run_id, kind) VALUES ($1, $2, 'materialized')",
+            )
+            .bind(conversation)
+            .bind(run)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(lock_wait)
+        }
+    })
+    .await
+}
+
+/// An application appending to sessions at `rate` per second, old and young alike: lock the
+/// session row (as the platform's append does), add an entry if the session is still there.
+pub async fn append_at_rate(
+    pool: PgPool,
+    targets: Vec<Uuid>,
+    rate: u32,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Writes> {
+    at_rate(rate, stop, targets, move |session| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            let locking = Instant::now();
+            let found = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(session)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let lock_wait = locking.elapsed();
+            if found.is_some() {
+                sqlx::query(
+                    "INSERT INTO conversation_entries (session_id, entry_id, seq, payload)
+                     VALUES ($1, gen_random_uuid()::text, 0, '{}')",
+                )
+                .bind(session)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(lock_wait)
+        }
+    })
+    .await
+}

@@ -1,0 +1,207 @@
+//! sexton as the benchmark runs it: the moment every pass starts at, the binary's command and
+//! environment (the file roots under a run's files), the job kinds switched off around the one
+//! measured, and a timed pass through the queue ([`run_sexton`]): a tick, then one worker until
+//! the queue is idle, its log followed for the pass's hops.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::Cli;
+use crate::cluster::wal_position;
+use crate::method::{Latency, Method, method};
+
+/// The moment the data is seeded relative to and the pass starts at: in the past, so that the
+/// database's now (which caps every cutoff, EX-1) never binds.
+pub fn pass_start() -> DateTime<Utc> {
+    "2026-11-01T03:00:00Z".parse().expect("a valid constant")
+}
+
+/// The file roots sexton is given (`[paths]`), each a directory under the run's files.
+pub const ROOTS: [(&str, &str); 5] = [
+    ("OUTPUT_ROOT", "outputs"),
+    ("ATTACHMENTS_ROOT", "attachments"),
+    ("ARTIFACTS_ROOT", "artifacts"),
+    ("SESSIONS_ROOT", "sessions"),
+    ("TRACES_ROOT", "traces"),
+];
+
+/// The environment of a sexton process on database `db` with file roots under `files`.
+pub fn sexton_env(db: &str, files: &Path) -> Vec<(String, std::ffi::OsString)> {
+    let mut env = vec![
+        ("PGDATABASE".to_owned(), db.into()),
+        // Health throttling off: autovacuum on the freshly loaded copies would pause
+        // the pass, and the comparison is of the work itself.
+        ("SEXTON_HEALTH__PAUSE_ON_VACUUM".to_owned(), "false".into()),
+        (
+            "SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES".to_owned(),
+            "0".into(),
+        ),
+    ];
+    for (setting, dir) in ROOTS {
+        env.push((format!("SEXTON_PATHS__{setting}"), files.join(dir).into()));
+    }
+    env
+}
+
+/// A `sexton` command on database `db` with its file roots under `files`, its output discarded.
+pub fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&cli.sexton);
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .envs(sexton_env(db, files))
+        .stdout(Stdio::null());
+    cmd
+}
+
+/// The ages the expiry jobs read, as `SEXTON_EXPIRY__…` names them.
+pub const EXPIRY_AGES: [&str; 4] = [
+    "HANDOFFS_DAYS",
+    "DREAM_PRELOADS_DAYS",
+    "WORKING_RECORDS_DAYS",
+    "CONVERSATION_EVENTS_DAYS",
+];
+
+/// Every other age-driven job kind switched off, so that a sexton method measures `job` alone
+/// and on the CPU the other methods have (the seed holds expired records of every kind): the
+/// expiry ages and the attachments' age at 0 but the measured job's (the caller's environment
+/// sets an expiry age it measures). Sessions wait for their policies; traces are off by default.
+pub fn alone(job: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = EXPIRY_AGES
+        .iter()
+        .map(|age| (format!("SEXTON_EXPIRY__{age}"), "0".to_owned()))
+        .collect();
+    if job != "attachment_expiry" {
+        env.push((
+            "SEXTON_ATTACHMENTS__MAX_AGE_DAYS".to_owned(),
+            "0".to_owned(),
+        ));
+    }
+    env
+}
+
+/// The job a run of sexton is timed by. A job per account runs one chain of hops per account,
+/// up to `queue.concurrency` at once; a global job runs one chain, a hop at a time.
+pub struct Pass {
+    pub job: &'static str,
+    pub global: bool,
+}
+
+/// sexton as an operator runs it: a tick, then one worker through the queue until idle, running
+/// `concurrency` hops at a time (the default is 2; 1 leaves the database more room), with the
+/// worker's settings overridden by `env` (`SEXTON_…` variables). The pass is timed as a running
+/// fleet sees it: from the worker taking the nightly slot (its fan-out line) to its last hop
+/// of `pass.job` — neither the process start, nor its queue consumers registering and opening
+/// their connections (reported apart, as `start_seconds`), nor the wait for an idle queue —
+/// and its WAL over the same span, read on `admin`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "where the worker runs, how, and what it is timed by: each set by the caller"
+)]
+pub async fn run_sexton(
+    cli: &Cli,
+    admin: &PgPool,
+    db: &str,
+    files: &Path,
+    name: &'static str,
+    concurrency: u32,
+    pass: &Pass,
+    env: &[(String, String)],
+) -> anyhow::Result<Method> {
+    let tick = sexton(
+        cli,
+        db,
+        files,
+        &["tick", "--at", &pass_start().to_rfc3339()],
+    )
+    .status()
+    .await?;
+    if !tick.success() {
+        bail!("sexton tick failed");
+    }
+    let mut log = match &cli.logs {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            let file = dir.join(format!("{db}.log"));
+            Some(std::io::BufWriter::new(std::fs::File::create(file)?))
+        }
+        None => None,
+    };
+    let mut child = tokio::process::Command::new("/usr/bin/time")
+        .args(["-f", "max_rss_kb=%M"])
+        .arg(&cli.sexton)
+        .args(["worker", "--exit-when-idle"])
+        .env_remove("DATABASE_URL")
+        .envs(sexton_env(db, files))
+        .env("SEXTON_LOG__FORMAT", "json")
+        .env("SEXTON_QUEUE__CONCURRENCY", concurrency.to_string())
+        .envs(alone(pass.job))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("/usr/bin/time (Debian package time) runs the worker")?;
+    let (mut started, mut wal_start) = (Instant::now(), wal_position(admin).await?);
+    let mut wal_end = wal_start;
+    let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let (mut hops, mut per_candidate, mut hop_s, mut owner_s) = (Vec::new(), Vec::new(), 0.0, 0.0);
+    let (mut last_hop, mut rss, mut start_seconds) = (0.0, None, None);
+    while let Some(line) = lines.next_line().await? {
+        if let Some(log) = log.as_mut() {
+            writeln!(log, "{line}")?;
+        }
+        if let Some(kb) = line.strip_prefix("max_rss_kb=") {
+            rss = kb.trim().parse().ok();
+            continue;
+        }
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if event["message"] == "worker started" {
+            started = Instant::now();
+        }
+        if event["message"] == "fanning out nightly slot" {
+            start_seconds = Some(started.elapsed().as_secs_f64());
+            started = Instant::now();
+            wal_start = wal_position(admin).await?;
+        }
+        if event["message"] == "hop done" && event["span"]["job"] == pass.job {
+            let ms = event["elapsed_ms"].as_f64().unwrap_or(0.0);
+            let candidates = event["candidates"].as_f64().unwrap_or(0.0);
+            if candidates > 0.0 {
+                hops.push(ms);
+                per_candidate.push(ms * 1000.0 / candidates);
+            }
+            last_hop = started.elapsed().as_secs_f64();
+            wal_end = wal_position(admin).await?;
+            hop_s += ms / 1000.0;
+            owner_s += event["owner_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+        }
+    }
+    if !child.wait().await?.success() {
+        bail!("the sexton worker failed");
+    }
+    let wall = last_hop;
+    // How many of this job's hops can run at once: a global job's pass is one chain.
+    let lanes = if pass.global {
+        1.0
+    } else {
+        f64::from(concurrency)
+    };
+    let mut m = method(name);
+    m.seconds = last_hop;
+    m.start_seconds = start_seconds;
+    m.hop = Some(Latency::of(hops));
+    m.hop_us_per_candidate = Some(Latency::of(per_candidate));
+    m.peak_rss_kb = rss;
+    m.share_outside_owner_transactions = Some(1.0 - owner_s / (wall * lanes));
+    m.share_outside_hops = Some(1.0 - hop_s / (wall * lanes));
+    m.wal_bytes = Some(wal_end - wal_start);
+    Ok(m)
+}

@@ -1,0 +1,103 @@
+//! The application writer beside every method: transactions at a fixed rate over a set of
+//! targets ([`at_rate`]), what they saw, its idle baseline alone on a fresh copy, and
+//! [`beside`], which starts it with the sampler of the deleter's longest write transaction.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+
+use crate::Cli;
+use crate::cluster::{connect, drop_db, recreate, wal_position};
+use crate::sampler::{Longest, longest_transaction};
+
+/// What the application writer saw: each transaction's latency, and how long it waited for its
+/// locks, in ms.
+pub struct Writes {
+    pub total_ms: Vec<f64>,
+    pub lock_wait_ms: Vec<f64>,
+}
+
+/// An application at a fixed `rate` until `stop`: one transaction per tick, over `targets` in
+/// turn. `transaction` runs one (from its `BEGIN` to its commit) and returns how long it waited
+/// for its locks; its whole latency is measured here.
+pub async fn at_rate<T, F, Fut>(
+    rate: u32,
+    stop: Arc<AtomicBool>,
+    targets: Vec<T>,
+    mut transaction: F,
+) -> anyhow::Result<Writes>
+where
+    T: Clone,
+    F: FnMut(T) -> Fut,
+    Fut: Future<Output = anyhow::Result<Duration>>,
+{
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut writes = Writes {
+        total_ms: Vec::new(),
+        lock_wait_ms: Vec::new(),
+    };
+    for target in targets.iter().cycle() {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        tick.tick().await;
+        let started = Instant::now();
+        let lock_wait = transaction(target.clone()).await?;
+        writes
+            .total_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
+        writes.lock_wait_ms.push(lock_wait.as_secs_f64() * 1000.0);
+    }
+    Ok(writes)
+}
+
+/// The writer's idle baseline: `writes` alone for `baseline_seconds` on a fresh copy `db` of
+/// `template`, and the WAL bytes per second the cluster wrote meanwhile.
+pub async fn idle_baseline<F, Fut>(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    template: &str,
+    db: &str,
+    writes: F,
+) -> anyhow::Result<(Writes, f64)>
+where
+    F: FnOnce(PgPool, Arc<AtomicBool>) -> Fut,
+    Fut: Future<Output = anyhow::Result<Writes>> + Send + 'static,
+{
+    recreate(admin, db, Some(template)).await?;
+    let pool = connect(base, db, "bench-writer").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
+    let writer = tokio::spawn(writes(pool.clone(), stop.clone()));
+    tokio::time::sleep(Duration::from_secs(cli.baseline_seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let idle = writer.await??;
+    let wal_per_s = (wal_position(admin).await? - wal) as f64 / started.elapsed().as_secs_f64();
+    pool.close().await;
+    drop_db(admin, db).await?;
+    Ok((idle, wal_per_s))
+}
+
+/// What runs beside a method until `stop`: the application's `writes` and the sampler of the
+/// deleter's longest write transaction.
+pub async fn beside(
+    base: &PgConnectOptions,
+    db: &str,
+    writes: impl Future<Output = anyhow::Result<Writes>> + Send + 'static,
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<(
+    tokio::task::JoinHandle<anyhow::Result<Writes>>,
+    tokio::task::JoinHandle<anyhow::Result<Longest>>,
+)> {
+    let writer = tokio::spawn(writes);
+    let sampler = tokio::spawn(longest_transaction(
+        connect(base, db, "bench-sampler").await?,
+        stop.clone(),
+    ));
+    Ok((writer, sampler))
+}
