@@ -12,6 +12,7 @@ use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::ChildStderr;
 
 use crate::Cli;
 use crate::cluster::wal_position;
@@ -125,7 +126,7 @@ pub async fn run_sexton(
     if !tick.success() {
         bail!("sexton tick failed");
     }
-    let mut log = match &cli.logs {
+    let log = match &cli.logs {
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
             let file = dir.join(format!("{db}.log"));
@@ -147,61 +148,115 @@ pub async fn run_sexton(
         .stderr(Stdio::piped())
         .spawn()
         .context("/usr/bin/time (Debian package time) runs the worker")?;
-    let (mut started, mut wal_start) = (Instant::now(), wal_position(admin).await?);
-    let mut wal_end = wal_start;
-    let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-    let (mut hops, mut per_candidate, mut hop_s, mut owner_s) = (Vec::new(), Vec::new(), 0.0, 0.0);
-    let (mut last_hop, mut rss, mut start_seconds) = (0.0, None, None);
-    while let Some(line) = lines.next_line().await? {
-        if let Some(log) = log.as_mut() {
-            writeln!(log, "{line}")?;
-        }
-        if let Some(kb) = line.strip_prefix("max_rss_kb=") {
-            rss = kb.trim().parse().ok();
-            continue;
-        }
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if event["message"] == "worker started" {
-            started = Instant::now();
-        }
-        if event["message"] == "fanning out nightly slot" {
-            start_seconds = Some(started.elapsed().as_secs_f64());
-            started = Instant::now();
-            wal_start = wal_position(admin).await?;
-        }
-        if event["message"] == "hop done" && event["span"]["job"] == pass.job {
-            let ms = event["elapsed_ms"].as_f64().unwrap_or(0.0);
-            let candidates = event["candidates"].as_f64().unwrap_or(0.0);
-            if candidates > 0.0 {
-                hops.push(ms);
-                per_candidate.push(ms * 1000.0 / candidates);
-            }
-            last_hop = started.elapsed().as_secs_f64();
-            wal_end = wal_position(admin).await?;
-            hop_s += ms / 1000.0;
-            owner_s += event["owner_ms"].as_f64().unwrap_or(0.0) / 1000.0;
-        }
-    }
+    let stderr = child.stderr.take().expect("piped");
+    let timeline = Timeline::follow(admin, stderr, log, pass.job).await?;
     if !child.wait().await?.success() {
         bail!("the sexton worker failed");
     }
-    let wall = last_hop;
     // How many of this job's hops can run at once: a global job's pass is one chain.
     let lanes = if pass.global {
         1.0
     } else {
         f64::from(concurrency)
     };
-    let mut m = method(name);
-    m.seconds = last_hop;
-    m.start_seconds = start_seconds;
-    m.hop = Some(Latency::of(hops));
-    m.hop_us_per_candidate = Some(Latency::of(per_candidate));
-    m.peak_rss_kb = rss;
-    m.share_outside_owner_transactions = Some(1.0 - owner_s / (wall * lanes));
-    m.share_outside_hops = Some(1.0 - hop_s / (wall * lanes));
-    m.wal_bytes = Some(wal_end - wal_start);
-    Ok(m)
+    Ok(timeline.method(name, lanes))
+}
+
+/// What a worker's log tells of its pass, as [`run_sexton`] follows it.
+struct Timeline {
+    /// The worker's start until it takes the nightly slot, then the pass's.
+    started: Instant,
+    /// The WAL position at the pass's start and at its last hop.
+    wal_start: i64,
+    wal_end: i64,
+    /// The milliseconds of each hop with candidates, and its µs per candidate.
+    hops: Vec<f64>,
+    per_candidate: Vec<f64>,
+    /// Seconds in the hops, and in their owner transactions, summed over every hop.
+    hop_s: f64,
+    owner_s: f64,
+    /// Seconds from the pass's start to the end of its last hop.
+    last_hop: f64,
+    rss: Option<u64>,
+    start_seconds: Option<f64>,
+}
+
+impl Timeline {
+    /// Follows the worker's `stderr` to its end for the hops of `job`, copying each line to
+    /// `log`; the WAL positions are read on `admin`.
+    async fn follow(
+        admin: &PgPool,
+        stderr: ChildStderr,
+        mut log: Option<std::io::BufWriter<std::fs::File>>,
+        job: &str,
+    ) -> anyhow::Result<Self> {
+        let (started, wal_start) = (Instant::now(), wal_position(admin).await?);
+        let mut timeline = Self {
+            started,
+            wal_start,
+            wal_end: wal_start,
+            hops: Vec::new(),
+            per_candidate: Vec::new(),
+            hop_s: 0.0,
+            owner_s: 0.0,
+            last_hop: 0.0,
+            rss: None,
+            start_seconds: None,
+        };
+        let mut lines = BufReader::new(stderr).lines();
+        while let Some(line) = lines.next_line().await? {
+            if let Some(log) = log.as_mut() {
+                writeln!(log, "{line}")?;
+            }
+            timeline.read(admin, &line, job).await?;
+        }
+        Ok(timeline)
+    }
+
+    /// One line of the worker's stderr: GNU time's peak RSS, or an event of its JSON log.
+    async fn read(&mut self, admin: &PgPool, line: &str, job: &str) -> anyhow::Result<()> {
+        if let Some(kb) = line.strip_prefix("max_rss_kb=") {
+            self.rss = kb.trim().parse().ok();
+            return Ok(());
+        }
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            return Ok(());
+        };
+        if event["message"] == "worker started" {
+            self.started = Instant::now();
+        }
+        if event["message"] == "fanning out nightly slot" {
+            self.start_seconds = Some(self.started.elapsed().as_secs_f64());
+            self.started = Instant::now();
+            self.wal_start = wal_position(admin).await?;
+        }
+        if event["message"] == "hop done" && event["span"]["job"] == job {
+            let ms = event["elapsed_ms"].as_f64().unwrap_or(0.0);
+            let candidates = event["candidates"].as_f64().unwrap_or(0.0);
+            if candidates > 0.0 {
+                self.hops.push(ms);
+                self.per_candidate.push(ms * 1000.0 / candidates);
+            }
+            self.last_hop = self.started.elapsed().as_secs_f64();
+            self.wal_end = wal_position(admin).await?;
+            self.hop_s += ms / 1000.0;
+            self.owner_s += event["owner_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+        }
+        Ok(())
+    }
+
+    /// The pass's figures as method `name`, its hops spread over `lanes`.
+    fn method(self, name: &'static str, lanes: f64) -> Method {
+        let wall = self.last_hop;
+        let mut m = method(name);
+        m.seconds = wall;
+        m.start_seconds = self.start_seconds;
+        m.hop = Some(Latency::of(self.hops));
+        m.hop_us_per_candidate = Some(Latency::of(self.per_candidate));
+        m.peak_rss_kb = self.rss;
+        m.share_outside_owner_transactions = Some(1.0 - self.owner_s / (wall * lanes));
+        m.share_outside_hops = Some(1.0 - self.hop_s / (wall * lanes));
+        m.wal_bytes = Some(self.wal_end - self.wal_start);
+        m
+    }
 }
