@@ -12,27 +12,25 @@ mod seed;
 mod targets;
 mod writers;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
-use uuid::Uuid;
 
 pub use self::markdown::markdown;
 use self::naive::run_naive;
 use self::raw::{Floor, SAME_END, run_raw, run_raw_sessions};
-use self::seed::{ELIGIBLE, ELIGIBLE_SESSIONS, detail_rows};
+use self::seed::{Template, seed};
 pub use self::targets::targets;
-use self::writers::{append_at_rate, write_at_rate, writer_targets};
+use self::writers::{append_at_rate, write_at_rate};
 use crate::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::method::{Latency, Method, score};
-use crate::sexton::{Pass, pass_start, run_sexton, sexton};
+use crate::sexton::{Pass, run_sexton};
 use crate::writer::{beside, idle_baseline};
 
 /// A scale's figures: its template's, the writers' idle baselines, and every method's.
@@ -113,110 +111,54 @@ pub async fn measure(
     base: &PgConnectOptions,
     scale: u64,
 ) -> anyhow::Result<Scale> {
-    let template = format!("bench_template_{scale}");
-    let files = cli.scratch.join(format!("files-{scale}"));
-    recreate(admin, &template, None).await?;
-    let _ = std::fs::remove_dir_all(&files);
-    eprintln!("scale {scale}: seeding");
-    let started = Instant::now();
-    sexton(cli, &template, &files, &["migrate"])
-        .status()
-        .await?;
-    let seeded = sexton(
-        cli,
-        &template,
-        &files,
-        &[
-            "seed",
-            "--json",
-            "--scale",
-            &scale.to_string(),
-            "--now",
-            &pass_start().to_rfc3339(),
-        ],
-    )
-    .status()
-    .await?;
-    if !seeded.success() {
-        bail!("seeding scale {scale} failed");
-    }
-    let seed_seconds = started.elapsed().as_secs_f64();
-    let pool = connect(base, &template, "bench").await?;
-    sqlx::query("CREATE TABLE bench_owners (id uuid PRIMARY KEY)")
-        .execute(&pool)
-        .await?;
-    sqlx::query(ELIGIBLE)
-        .bind(pass_start())
-        .execute(&pool)
-        .await?;
-    sqlx::query("CREATE TABLE bench_sessions (id uuid PRIMARY KEY)")
-        .execute(&pool)
-        .await?;
-    sqlx::query(ELIGIBLE_SESSIONS)
-        .bind(pass_start())
-        .execute(&pool)
-        .await?;
-    // The execution-details methods compare that job alone: sessions wait for their own rows.
-    sqlx::query("CREATE TABLE bench_policies AS SELECT * FROM session_retention_policies")
-        .execute(&pool)
-        .await?;
-    sqlx::query("UPDATE session_retention_policies SET enabled = false")
-        .execute(&pool)
-        .await?;
-    sqlx::query("ANALYZE").execute(&pool).await?;
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
-        .fetch_one(&pool)
-        .await?;
-    let owners: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_owners")
-        .fetch_one(&pool)
-        .await?;
-    let detail_rows = detail_rows(&pool).await?;
-    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_sessions")
-        .fetch_one(&pool)
-        .await?;
-    let session_rows: i64 = sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM conversation_entries WHERE session_id IN (SELECT id FROM bench_sessions))
-              + (SELECT count(*) FROM conversation_archives WHERE session_id IN (SELECT id FROM bench_sessions))
-              + (SELECT count(*) FROM conversation_archive_entries e JOIN conversation_archives a
-                 ON a.id = e.archive_id WHERE a.session_id IN (SELECT id FROM bench_sessions))
-              + (SELECT count(*) FROM bench_sessions)",
-    )
-    .fetch_one(&pool)
-    .await?;
-    let targets = writer_targets(&pool).await?;
-    // The owners' output files no surviving run references: sexton's end state has none of
-    // them on disk, and neither has the floor that unlinks.
-    let owner_files: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT o.relative_path FROM output_files o JOIN bench_owners b ON b.id = o.run_id
-         WHERE NOT EXISTS (SELECT 1 FROM output_files s
-                           WHERE s.relative_path = o.relative_path
-                             AND NOT EXISTS (SELECT 1 FROM bench_owners c WHERE c.id = s.run_id))",
-    )
-    .fetch_all(&pool)
-    .await?;
-    let session_targets: Vec<Uuid> = sqlx::query_scalar(
-        "(SELECT id FROM bench_sessions ORDER BY id LIMIT 100)
-         UNION ALL
-         (SELECT id FROM sessions WHERE id NOT IN (SELECT id FROM bench_sessions) ORDER BY id LIMIT 100)",
-    )
-    .fetch_all(&pool)
-    .await?;
-    pool.close().await;
-
+    let template = seed(cli, admin, base, scale).await?;
     eprintln!(
-        "scale {scale}: {runs} runs, {owners} owners, {detail_rows} detail rows; idle writer baseline"
+        "scale {scale}: {} runs, {} owners, {} detail rows; idle writer baseline",
+        template.runs, template.owners, template.detail_rows
     );
     let (idle, idle_writer_wal_bytes_per_s) = idle_baseline(
         cli,
         admin,
         base,
-        &template,
+        &template.name,
         &format!("bench_idle_{scale}"),
-        |pool, stop| write_at_rate(pool, targets.clone(), cli.writer_rate, stop),
+        |pool, stop| write_at_rate(pool, template.targets.clone(), cli.writer_rate, stop),
     )
     .await?;
-    let idle_writer = Latency::of(idle.total_ms);
+    let (methods, wal_budget) =
+        detail_methods(cli, admin, base, &template, idle_writer_wal_bytes_per_s).await?;
+    let (idle_appender_wal_bytes_per_s, session_methods) =
+        session_methods(cli, admin, base, &template).await?;
+    drop_db(admin, &template.name).await?;
+    let _ = std::fs::remove_dir_all(&template.files);
+    Ok(Scale {
+        scale,
+        runs: template.runs,
+        owners: template.owners,
+        detail_rows: template.detail_rows,
+        seed_seconds: template.seed_seconds,
+        idle_writer: Latency::of(idle.total_ms),
+        idle_writer_wal_bytes_per_s,
+        methods,
+        wal_budget,
+        transaction_target_ms: transaction_target_ms()?,
+        sessions: template.sessions,
+        session_rows: template.session_rows,
+        idle_appender_wal_bytes_per_s,
+        session_methods,
+    })
+}
 
+/// The execution-details methods, each on a fresh copy, their WAL net of the writer's idle
+/// rate `idle_wal`; at the budget's scale sexton once more under a WAL budget, after its
+/// unbudgeted pass.
+async fn detail_methods(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    template: &Template,
+    idle_wal: f64,
+) -> anyhow::Result<(Vec<Method>, Option<WalBudget>)> {
     let mut names = vec![
         "sexton",
         "sexton c=1",
@@ -225,180 +167,260 @@ pub async fn measure(
         SAME_END,
         "naive",
     ];
-    if budget_scale(&cli.scales) == Some(scale) {
+    if budget_scale(&cli.scales) == Some(template.scale) {
         names.insert(1, BUDGETED);
     }
-    let (mut methods, mut budget, mut wal_budget) = (Vec::new(), 0, None);
+    let (mut methods, mut wal_budget) = (Vec::new(), None);
     for name in names {
-        eprintln!("scale {scale}: {name}");
-        let db = format!("bench_{}_{scale}", name.replace(['+', ' ', '='], "_"));
-        recreate(admin, &db, Some(&template)).await?;
-        let run_files = cli.scratch.join(format!("run-{scale}"));
-        let _ = std::fs::remove_dir_all(&run_files);
-        copy_dir(&files, &run_files)?;
-        let writer_pool = connect(base, &db, "bench-writer").await?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let (writer, sampler) = beside(
-            base,
-            &db,
-            write_at_rate(
-                writer_pool.clone(),
-                targets.clone(),
-                cli.writer_rate,
-                stop.clone(),
-            ),
-            &stop,
-        )
-        .await?;
-        // Each method times itself (sexton from its worker taking the nightly slot, see
-        // `run_sexton`).
-        let mut method = match name {
-            "sexton" => run_sexton(cli, admin, &db, &run_files, name, 2, &PED, &[]).await?,
+        eprintln!("scale {}: {name}", template.scale);
+        let budget = match name {
             BUDGETED => {
                 let unbudgeted = methods.iter().find(|m: &&Method| m.name == "sexton");
-                budget = quarter_rate(unbudgeted.context("the budget follows sexton's pass")?);
-                let env = [(
-                    "SEXTON_HEALTH__MAX_WAL_BYTES_PER_SECOND".to_owned(),
-                    budget.to_string(),
-                )];
-                run_sexton(cli, admin, &db, &run_files, name, 2, &PED, &env).await?
+                Some(quarter_rate(
+                    unbudgeted.context("the budget follows sexton's pass")?,
+                ))
             }
-            "sexton c=1" => run_sexton(cli, admin, &db, &run_files, name, 1, &PED, &[]).await?,
-            "raw" => run_raw(admin, base, &db, Floor::Rows).await?,
-            "raw+markers" => run_raw(admin, base, &db, Floor::Markers).await?,
-            SAME_END => {
-                let outputs = run_files.join("outputs");
-                run_raw(admin, base, &db, Floor::Files(&outputs)).await?
-            }
-            _ => run_naive(admin, base, &db).await?,
+            _ => None,
         };
-        stop.store(true, Ordering::Relaxed);
-        let writer = writer.await??;
-        let longest = sampler.await??;
-        let check = connect(base, &db, "bench").await?;
-        let left: i64 = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM run_tasks WHERE run_id IN (SELECT id FROM bench_owners))
-                  + (SELECT count(*) FROM tool_results WHERE run_id IN (SELECT id FROM bench_owners))",
-        )
-        .fetch_one(&check)
-        .await?;
-        if left > 0 {
-            bail!("{name} left {left} detail rows of the owners at scale {scale}");
+        let mut method = detail_method(cli, admin, base, template, name, budget).await?;
+        net_wal(&mut method, template.owners, idle_wal);
+        match budget {
+            Some(budget) => wal_budget = Some(WalBudget::of(budget, method)),
+            None => methods.push(method),
         }
-        check.close().await;
-        writer_pool.close().await;
-        if name.starts_with("sexton") || name == SAME_END {
-            let outputs = run_files.join("outputs");
-            let left = owner_files
-                .iter()
-                .filter(|f| outputs.join(f).exists())
-                .count();
-            if left > 0 {
-                bail!("{name} left {left} of the owners' output files at scale {scale}");
-            }
-        }
-        score(&mut method, owners, detail_rows, writer, longest);
-        net_wal(&mut method, owners, idle_writer_wal_bytes_per_s);
-        if name == BUDGETED {
-            wal_budget = Some(WalBudget::of(budget, method));
-        } else {
-            methods.push(method);
-        }
-        drop_db(admin, &db).await?;
-        let _ = std::fs::remove_dir_all(&run_files);
     }
-    let (_, idle_appender_wal_bytes_per_s) = idle_baseline(
+    Ok((methods, wal_budget))
+}
+
+/// Execution-details method `name` on a fresh copy, the writer beside it (sexton with
+/// `budget` WAL bytes per second, if given), checked to leave none of the owners' detail rows
+/// (nor, for sexton and [`SAME_END`], their unreferenced output files), and scored.
+async fn detail_method(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    template: &Template,
+    name: &'static str,
+    budget: Option<u64>,
+) -> anyhow::Result<Method> {
+    let (db, run_files) = fresh_copy(cli, admin, template, name).await?;
+    let writer_pool = connect(base, &db, "bench-writer").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (writer, sampler) = beside(
+        base,
+        &db,
+        write_at_rate(
+            writer_pool.clone(),
+            template.targets.clone(),
+            cli.writer_rate,
+            stop.clone(),
+        ),
+        &stop,
+    )
+    .await?;
+    let env: Vec<(String, String)> = budget
+        .map(|b| {
+            (
+                "SEXTON_HEALTH__MAX_WAL_BYTES_PER_SECOND".to_owned(),
+                b.to_string(),
+            )
+        })
+        .into_iter()
+        .collect();
+    // Each method times itself (sexton from its worker taking the nightly slot, see
+    // `run_sexton`).
+    let mut method = match name {
+        "sexton" | BUDGETED => run_sexton(cli, admin, &db, &run_files, name, 2, &PED, &env).await?,
+        "sexton c=1" => run_sexton(cli, admin, &db, &run_files, name, 1, &PED, &[]).await?,
+        "raw" => run_raw(admin, base, &db, Floor::Rows).await?,
+        "raw+markers" => run_raw(admin, base, &db, Floor::Markers).await?,
+        SAME_END => {
+            let outputs = run_files.join("outputs");
+            run_raw(admin, base, &db, Floor::Files(&outputs)).await?
+        }
+        _ => run_naive(admin, base, &db).await?,
+    };
+    stop.store(true, Ordering::Relaxed);
+    let writer = writer.await??;
+    let longest = sampler.await??;
+    check_details(base, &db, template, name, &run_files).await?;
+    writer_pool.close().await;
+    score(
+        &mut method,
+        template.owners,
+        template.detail_rows,
+        writer,
+        longest,
+    );
+    drop_copy(admin, &db, &run_files).await?;
+    Ok(method)
+}
+
+/// Fails if method `name` left any of the owners' detail rows on `db` or, for sexton's passes
+/// and [`SAME_END`], any of their unreferenced output files under `run_files`.
+async fn check_details(
+    base: &PgConnectOptions,
+    db: &str,
+    template: &Template,
+    name: &str,
+    run_files: &Path,
+) -> anyhow::Result<()> {
+    let scale = template.scale;
+    let check = connect(base, db, "bench").await?;
+    let left: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM run_tasks WHERE run_id IN (SELECT id FROM bench_owners))
+              + (SELECT count(*) FROM tool_results WHERE run_id IN (SELECT id FROM bench_owners))",
+    )
+    .fetch_one(&check)
+    .await?;
+    if left > 0 {
+        bail!("{name} left {left} detail rows of the owners at scale {scale}");
+    }
+    check.close().await;
+    if name.starts_with("sexton") || name == SAME_END {
+        let outputs = run_files.join("outputs");
+        let left = template
+            .owner_files
+            .iter()
+            .filter(|f| outputs.join(f).exists())
+            .count();
+        if left > 0 {
+            bail!("{name} left {left} of the owners' output files at scale {scale}");
+        }
+    }
+    Ok(())
+}
+
+/// SessionRetention's methods, each on a fresh copy, after the appending writer's idle
+/// baseline: its WAL rate, and the methods with their WAL net of it.
+async fn session_methods(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    template: &Template,
+) -> anyhow::Result<(f64, Vec<Method>)> {
+    let (_, idle_wal) = idle_baseline(
         cli,
         admin,
         base,
-        &template,
-        &format!("bench_idle_sessions_{scale}"),
-        |pool, stop| append_at_rate(pool, session_targets.clone(), cli.writer_rate, stop),
+        &template.name,
+        &format!("bench_idle_sessions_{}", template.scale),
+        |pool, stop| {
+            append_at_rate(
+                pool,
+                template.session_targets.clone(),
+                cli.writer_rate,
+                stop,
+            )
+        },
     )
     .await?;
-    let mut session_methods = Vec::new();
+    let mut methods = Vec::new();
     for name in ["sessions", "sessions raw"] {
-        eprintln!("scale {scale}: {name}");
-        let db = format!("bench_{}_{scale}", name.replace(' ', "_"));
-        recreate(admin, &db, Some(&template)).await?;
-        let run_files = cli.scratch.join(format!("run-{scale}"));
-        let _ = std::fs::remove_dir_all(&run_files);
-        copy_dir(&files, &run_files)?;
-        let setup = connect(base, &db, "bench").await?;
-        // This job alone: the policies back, execution retention off.
-        sqlx::query(
-            "UPDATE session_retention_policies p SET enabled = b.enabled
-             FROM bench_policies b WHERE b.account_id = p.account_id",
-        )
+        eprintln!("scale {}: {name}", template.scale);
+        let mut method = session_method(cli, admin, base, template, name).await?;
+        net_wal(&mut method, template.sessions, idle_wal);
+        methods.push(method);
+    }
+    Ok((idle_wal, methods))
+}
+
+/// SessionRetention method `name` on a fresh copy set up for that job alone, the appending
+/// writer beside it, checked to delete exactly the sessions a pass deletes, and scored.
+async fn session_method(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    template: &Template,
+    name: &'static str,
+) -> anyhow::Result<Method> {
+    let (db, run_files) = fresh_copy(cli, admin, template, name).await?;
+    let before = sessions_alone(base, &db).await?;
+    let writer_pool = connect(base, &db, "bench-writer").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (writer, sampler) = beside(
+        base,
+        &db,
+        append_at_rate(
+            writer_pool.clone(),
+            template.session_targets.clone(),
+            cli.writer_rate,
+            stop.clone(),
+        ),
+        &stop,
+    )
+    .await?;
+    let mut method = match name {
+        "sessions" => run_sexton(cli, admin, &db, &run_files, name, 2, &SESSIONS, &[]).await?,
+        _ => run_raw_sessions(admin, base, &db).await?,
+    };
+    stop.store(true, Ordering::Relaxed);
+    let writer = writer.await??;
+    let longest = sampler.await??;
+    let check = connect(base, &db, "bench").await?;
+    let (left, after): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM sessions WHERE id IN (SELECT id FROM bench_sessions)),
+                (SELECT count(*) FROM sessions)",
+    )
+    .fetch_one(&check)
+    .await?;
+    if left > 0 || before - after != template.sessions {
+        bail!(
+            "{name} left {left} sessions and deleted {} at scale {}",
+            before - after,
+            template.scale
+        );
+    }
+    check.close().await;
+    writer_pool.close().await;
+    let (sessions, rows) = (template.sessions, template.session_rows);
+    score(&mut method, sessions, rows, writer, longest);
+    drop_copy(admin, &db, &run_files).await?;
+    Ok(method)
+}
+
+/// Sets copy `db` up for SessionRetention alone — the policies back, execution retention off —
+/// and counts its sessions.
+async fn sessions_alone(base: &PgConnectOptions, db: &str) -> anyhow::Result<i64> {
+    let setup = connect(base, db, "bench").await?;
+    sqlx::query(
+        "UPDATE session_retention_policies p SET enabled = b.enabled
+         FROM bench_policies b WHERE b.account_id = p.account_id",
+    )
+    .execute(&setup)
+    .await?;
+    sqlx::query("UPDATE accounts SET execution_details_retention_days = NULL")
         .execute(&setup)
         .await?;
-        sqlx::query("UPDATE accounts SET execution_details_retention_days = NULL")
-            .execute(&setup)
-            .await?;
-        let before: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
-            .fetch_one(&setup)
-            .await?;
-        setup.close().await;
-        let writer_pool = connect(base, &db, "bench-writer").await?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let (writer, sampler) = beside(
-            base,
-            &db,
-            append_at_rate(
-                writer_pool.clone(),
-                session_targets.clone(),
-                cli.writer_rate,
-                stop.clone(),
-            ),
-            &stop,
-        )
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+        .fetch_one(&setup)
         .await?;
-        let mut method = match name {
-            "sessions" => run_sexton(cli, admin, &db, &run_files, name, 2, &SESSIONS, &[]).await?,
-            _ => run_raw_sessions(admin, base, &db).await?,
-        };
-        stop.store(true, Ordering::Relaxed);
-        let writer = writer.await??;
-        let longest = sampler.await??;
-        let check = connect(base, &db, "bench").await?;
-        let (left, after): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM sessions WHERE id IN (SELECT id FROM bench_sessions)),
-                    (SELECT count(*) FROM sessions)",
-        )
-        .fetch_one(&check)
-        .await?;
-        if left > 0 || before - after != sessions {
-            bail!(
-                "{name} left {left} sessions and deleted {} at scale {scale}",
-                before - after
-            );
-        }
-        check.close().await;
-        writer_pool.close().await;
-        score(&mut method, sessions, session_rows, writer, longest);
-        net_wal(&mut method, sessions, idle_appender_wal_bytes_per_s);
-        session_methods.push(method);
-        drop_db(admin, &db).await?;
-        let _ = std::fs::remove_dir_all(&run_files);
-    }
-    drop_db(admin, &template).await?;
-    let _ = std::fs::remove_dir_all(&files);
-    Ok(Scale {
-        scale,
-        runs,
-        owners,
-        detail_rows,
-        seed_seconds,
-        idle_writer,
-        idle_writer_wal_bytes_per_s,
-        methods,
-        wal_budget,
-        transaction_target_ms: transaction_target_ms()?,
-        sessions,
-        session_rows,
-        idle_appender_wal_bytes_per_s,
-        session_methods,
-    })
+    setup.close().await;
+    Ok(before)
+}
+
+/// A fresh copy of the template for method `name`: its database, named after the method and
+/// the scale, and its own copy of the files; both returned.
+async fn fresh_copy(
+    cli: &Cli,
+    admin: &PgPool,
+    template: &Template,
+    name: &str,
+) -> anyhow::Result<(String, PathBuf)> {
+    let scale = template.scale;
+    let db = format!("bench_{}_{scale}", name.replace(['+', ' ', '='], "_"));
+    recreate(admin, &db, Some(&template.name)).await?;
+    let run_files = cli.scratch.join(format!("run-{scale}"));
+    let _ = std::fs::remove_dir_all(&run_files);
+    copy_dir(&template.files, &run_files)?;
+    Ok((db, run_files))
+}
+
+/// Drops a copy [`fresh_copy`] made.
+async fn drop_copy(admin: &PgPool, db: &str, run_files: &Path) -> anyhow::Result<()> {
+    drop_db(admin, db).await?;
+    let _ = std::fs::remove_dir_all(run_files);
+    Ok(())
 }
 
 /// A method's WAL net of the writer beside it: the writer's share is its idle baseline's rate

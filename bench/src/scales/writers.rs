@@ -64,6 +64,17 @@ pub async fn write_at_rate(
     .await
 }
 
+/// The sessions the appending writer appends to: old ones a pass deletes and young ones alike.
+pub async fn session_targets(pool: &PgPool) -> anyhow::Result<Vec<Uuid>> {
+    Ok(sqlx::query_scalar(
+        "(SELECT id FROM bench_sessions ORDER BY id LIMIT 100)
+         UNION ALL
+         (SELECT id FROM sessions WHERE id NOT IN (SELECT id FROM bench_sessions) ORDER BY id LIMIT 100)",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
 /// An application appending to sessions at `rate` per second, old and young alike: lock the
 /// session row (as the platform's append does), add an entry if the session is still there.
 pub async fn append_at_rate(
