@@ -5,6 +5,7 @@
 //! application writer beside each that touches old and young records alike; and the part's
 //! section of latest.md.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -153,122 +154,20 @@ struct ExpiryMethod {
     left: i64,
 }
 
+/// The template every method's copy is made from.
+const TEMPLATE: &str = "benchexp_template";
+
 /// The short-lived records: one template with `rows` expired handoffs and conversation events
 /// and a tenth as many young ones; on a copy per method, a sexton pass of one kind and the raw
 /// batched delete of the same rows, with the application writer beside each.
 pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::Result<Expiry> {
-    let template = "benchexp_template";
     let files = cli.scratch.join("files-expiry");
-    recreate(admin, template, None).await?;
-    let _ = std::fs::remove_dir_all(&files);
-    for (_, dir) in ROOTS {
-        std::fs::create_dir_all(files.join(dir))?;
-    }
-    eprintln!("expiry: filling {} expired rows per table", cli.expiry_rows);
-    let started = Instant::now();
-    if !sexton(cli, template, &files, &["migrate"])
-        .status()
-        .await?
-        .success()
-    {
-        bail!("migrating {template} failed");
-    }
-    let pool = connect(base, template, "bench").await?;
-    fill(&pool, cli.expiry_rows).await?;
-    let fill_seconds = started.elapsed().as_secs_f64();
-    // What each kind holds, and the writer's records: a hundred old ones (the pass's) and a
-    // hundred young ones, and the parent of its new ones.
-    let mut prepared = Vec::new();
-    for kind in &EXPIRING {
-        let (expired, young) = counts(&pool, kind).await?;
-        let targets: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "(SELECT id::text FROM {t} WHERE created_at < $1 ORDER BY md5(id::text) LIMIT 100)
-             UNION ALL
-             (SELECT id::text FROM {t} WHERE created_at >= $1 ORDER BY md5(id::text) LIMIT 100)",
-            t = kind.table
-        )))
-        .bind(kind.cutoff())
-        .fetch_all(&pool)
-        .await?;
-        let parent: String = sqlx::query_scalar(kind.parent).fetch_one(&pool).await?;
-        prepared.push((kind, expired, young, targets, parent));
-    }
-    // A template is copied only with no one connected.
-    pool.close().await;
+    let (fill_seconds, prepared) = template(cli, admin, base, &files).await?;
     let mut tables = Vec::new();
-    for (kind, expired, young, targets, parent) in prepared {
-        let writes = |pool: PgPool, stop: Arc<AtomicBool>| {
-            touch_at_rate(
-                pool,
-                kind,
-                targets.clone(),
-                parent.clone(),
-                cli.writer_rate,
-                stop,
-            )
-        };
-        eprintln!(
-            "expiry: {} ({expired} expired, {young} young): idle writer",
-            kind.table
-        );
-        let (idle, _) = idle_baseline(cli, admin, base, template, "benchexp_idle", writes).await?;
-        let idle_writer_longest_lock_wait_ms = max_ms(&idle.lock_wait_ms);
-        let idle_writer = Latency::of(idle.total_ms);
-        let mut methods = Vec::new();
-        for name in ["sexton", "raw"] {
-            eprintln!("expiry: {} {name}", kind.table);
-            let db = format!("benchexp_{name}_{}", kind.table);
-            recreate(admin, &db, Some(template)).await?;
-            let writer_pool = connect(base, &db, "bench-writer").await?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let (writer, sampler) =
-                beside(base, &db, writes(writer_pool.clone(), stop.clone()), &stop).await?;
-            let mut method = match name {
-                "sexton" => {
-                    let pass = Pass {
-                        job: kind.job,
-                        global: true,
-                    };
-                    let env = kind.sexton_env(cli.expiry_batch);
-                    run_sexton(cli, admin, &db, &files, name, 2, &pass, &env).await?
-                }
-                _ => run_raw(base, &db, kind, cli.expiry_batch).await?,
-            };
-            stop.store(true, Ordering::Relaxed);
-            let writer = writer.await??;
-            let longest = sampler.await??;
-            writer_pool.close().await;
-            let check = connect(base, &db, "bench").await?;
-            let (left, young_after) = counts(&check, kind).await?;
-            check.close().await;
-            // Only the writer's old records can be held when the pass goes by.
-            if young_after != young || (name == "raw" && left > 0) || left > 100 {
-                bail!(
-                    "{name} left {left} expired {} and {young_after} of {young} young ones",
-                    kind.table
-                );
-            }
-            let deleted = expired - left;
-            score(&mut method, deleted, deleted, writer, longest);
-            methods.push(ExpiryMethod {
-                method,
-                deleted,
-                left,
-            });
-            drop_db(admin, &db).await?;
-        }
-        tables.push(ExpiryTable {
-            table: kind.table,
-            job: kind.job,
-            days: kind.days,
-            expired,
-            young,
-            idle_writer,
-            idle_writer_longest_lock_wait_ms,
-            methods,
-        });
+    for kind in &prepared {
+        tables.push(measure_kind(cli, admin, base, &files, kind).await?);
     }
-    drop_db(admin, template).await?;
+    drop_db(admin, TEMPLATE).await?;
     let _ = std::fs::remove_dir_all(&files);
     Ok(Expiry {
         measured_at: Utc::now(),
@@ -279,6 +178,177 @@ pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyh
         writer_rate: cli.writer_rate,
         fill_seconds,
         tables,
+    })
+}
+
+/// A kind as the template holds it: its expired and young rows, the writer's records (a
+/// hundred old ones, the pass's, and a hundred young ones) and the parent of its new ones.
+struct Prepared {
+    kind: &'static Expiring,
+    expired: i64,
+    young: i64,
+    targets: Vec<String>,
+    parent: String,
+}
+
+impl Prepared {
+    /// What `kind` holds in the template on `pool`.
+    async fn read(pool: &PgPool, kind: &'static Expiring) -> anyhow::Result<Self> {
+        let (expired, young) = counts(pool, kind).await?;
+        let targets: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "(SELECT id::text FROM {t} WHERE created_at < $1 ORDER BY md5(id::text) LIMIT 100)
+             UNION ALL
+             (SELECT id::text FROM {t} WHERE created_at >= $1 ORDER BY md5(id::text) LIMIT 100)",
+            t = kind.table
+        )))
+        .bind(kind.cutoff())
+        .fetch_all(pool)
+        .await?;
+        let parent: String = sqlx::query_scalar(kind.parent).fetch_one(pool).await?;
+        Ok(Self {
+            kind,
+            expired,
+            young,
+            targets,
+            parent,
+        })
+    }
+
+    /// The application writer on this kind's records, at `rate` per second until `stop`.
+    fn writes(
+        &self,
+        pool: PgPool,
+        rate: u32,
+        stop: Arc<AtomicBool>,
+    ) -> impl Future<Output = anyhow::Result<Writes>> + Send + 'static {
+        let (targets, parent) = (self.targets.clone(), self.parent.clone());
+        touch_at_rate(pool, self.kind, targets, parent, rate, stop)
+    }
+}
+
+/// Builds the template under `files` — migrated, then filled — and reads what each kind holds
+/// in it. Returns the seconds the building took, and the kinds.
+async fn template(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    files: &Path,
+) -> anyhow::Result<(f64, Vec<Prepared>)> {
+    recreate(admin, TEMPLATE, None).await?;
+    let _ = std::fs::remove_dir_all(files);
+    for (_, dir) in ROOTS {
+        std::fs::create_dir_all(files.join(dir))?;
+    }
+    eprintln!("expiry: filling {} expired rows per table", cli.expiry_rows);
+    let started = Instant::now();
+    if !sexton(cli, TEMPLATE, files, &["migrate"])
+        .status()
+        .await?
+        .success()
+    {
+        bail!("migrating {TEMPLATE} failed");
+    }
+    let pool = connect(base, TEMPLATE, "bench").await?;
+    fill(&pool, cli.expiry_rows).await?;
+    let fill_seconds = started.elapsed().as_secs_f64();
+    let mut prepared = Vec::new();
+    for kind in &EXPIRING {
+        prepared.push(Prepared::read(&pool, kind).await?);
+    }
+    // A template is copied only with no one connected.
+    pool.close().await;
+    Ok((fill_seconds, prepared))
+}
+
+/// One kind's table: the writer's idle baseline, then each method on its own copy.
+async fn measure_kind(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    files: &Path,
+    prepared: &Prepared,
+) -> anyhow::Result<ExpiryTable> {
+    let Prepared {
+        kind,
+        expired,
+        young,
+        ..
+    } = *prepared;
+    eprintln!(
+        "expiry: {} ({expired} expired, {young} young): idle writer",
+        kind.table
+    );
+    let writes = |pool, stop| prepared.writes(pool, cli.writer_rate, stop);
+    let (idle, _) = idle_baseline(cli, admin, base, TEMPLATE, "benchexp_idle", writes).await?;
+    let idle_writer_longest_lock_wait_ms = max_ms(&idle.lock_wait_ms);
+    let idle_writer = Latency::of(idle.total_ms);
+    let mut methods = Vec::new();
+    for name in ["sexton", "raw"] {
+        eprintln!("expiry: {} {name}", kind.table);
+        methods.push(measure_method(cli, admin, base, files, prepared, name).await?);
+    }
+    Ok(ExpiryTable {
+        table: kind.table,
+        job: kind.job,
+        days: kind.days,
+        expired,
+        young,
+        idle_writer,
+        idle_writer_longest_lock_wait_ms,
+        methods,
+    })
+}
+
+/// Method `name` on a fresh copy of the template, the writer beside it: checked to leave every
+/// young row and no expired one but those the writer held, and scored.
+async fn measure_method(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    files: &Path,
+    prepared: &Prepared,
+    name: &'static str,
+) -> anyhow::Result<ExpiryMethod> {
+    let kind = prepared.kind;
+    let db = format!("benchexp_{name}_{}", kind.table);
+    recreate(admin, &db, Some(TEMPLATE)).await?;
+    let writer_pool = connect(base, &db, "bench-writer").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = prepared.writes(writer_pool.clone(), cli.writer_rate, stop.clone());
+    let (writer, sampler) = beside(base, &db, writes, &stop).await?;
+    let mut method = match name {
+        "sexton" => {
+            let pass = Pass {
+                job: kind.job,
+                global: true,
+            };
+            let env = kind.sexton_env(cli.expiry_batch);
+            run_sexton(cli, admin, &db, files, name, 2, &pass, &env).await?
+        }
+        _ => run_raw(base, &db, kind, cli.expiry_batch).await?,
+    };
+    stop.store(true, Ordering::Relaxed);
+    let writer = writer.await??;
+    let longest = sampler.await??;
+    writer_pool.close().await;
+    let check = connect(base, &db, "bench").await?;
+    let (left, young_after) = counts(&check, kind).await?;
+    check.close().await;
+    let young = prepared.young;
+    // Only the writer's old records can be held when the pass goes by.
+    if young_after != young || (name == "raw" && left > 0) || left > 100 {
+        bail!(
+            "{name} left {left} expired {} and {young_after} of {young} young ones",
+            kind.table
+        );
+    }
+    let deleted = prepared.expired - left;
+    score(&mut method, deleted, deleted, writer, longest);
+    drop_db(admin, &db).await?;
+    Ok(ExpiryMethod {
+        method,
+        deleted,
+        left,
     })
 }
 
