@@ -6,7 +6,18 @@ use crate::method::Method;
 /// The scales' tables, at the top of latest.md: the execution-details methods, a note on their
 /// WAL, the WAL budget, the targets held against the figures, and SessionRetention's methods.
 pub fn markdown(results: &[Scale]) -> String {
-    let mut md = String::from(
+    let mut md = String::new();
+    methods_table(&mut md, results);
+    wal_note(&mut md, results);
+    budget_table(&mut md, results);
+    targets_list(&mut md, results);
+    sessions_table(&mut md, results);
+    md
+}
+
+/// The execution-details methods' table, a row per method and scale.
+fn methods_table(md: &mut String, results: &[Scale]) {
+    md.push_str(
         "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
@@ -34,6 +45,10 @@ pub fn markdown(results: &[Scale]) -> String {
             ));
         }
     }
+}
+
+/// How the WAL figures are measured, with the writer's idle rate at each scale.
+fn wal_note(md: &mut String, results: &[Scale]) {
     let idle_rates: Vec<String> = results
         .iter()
         .map(|s| format!("{:.0} at scale {}", s.idle_writer_wal_bytes_per_s, s.scale))
@@ -42,6 +57,10 @@ pub fn markdown(results: &[Scale]) -> String {
         "\nWAL: the cluster's WAL position (`pg_current_wal_lsn()`, read on the bench's own connection) just before each method and right after it (for sexton, at the worker taking the nightly slot and at its last hop, the span its seconds time). \"WAL MB\" is that delta, the WAL of the writer beside the method included; in brackets the writer's estimated share, its rate alone in the idle baseline (bytes/s: {}; mostly whole pages it is the first to change after the copy's checkpoint, so a rough estimate) × the method's seconds. \"WAL bytes per owner\" is the delta net of that share, per owner pruned. Each copy starts right after the checkpoint of `CREATE DATABASE … STRATEGY FILE_COPY`, so every method writes whole pages (full-page writes) on its first change to each page alike; autovacuum's WAL during a method counts in its delta.\n",
         idle_rates.join(", ")
     ));
+}
+
+/// The WAL budget's pass and its table, if a scale ran it.
+fn budget_table(md: &mut String, results: &[Scale]) {
     if let Some((s, b)) = results
         .iter()
         .find_map(|s| s.wal_budget.as_ref().map(|b| (s, b)))
@@ -57,6 +76,10 @@ pub fn markdown(results: &[Scale]) -> String {
             m.longest_transaction_ms,
         ));
     }
+}
+
+/// The targets of SPEC §8, each met or not.
+fn targets_list(md: &mut String, results: &[Scale]) {
     let targets = targets(results);
     md.push_str("\nTargets (SPEC §8), from this run's figures:\n\n");
     for t in &targets {
@@ -73,6 +96,10 @@ pub fn markdown(results: &[Scale]) -> String {
     if !targets.iter().any(|t| t.id == "PF-3") {
         md.push_str("- **PF-3**: not measured (needs a scale of 10 or more and a larger one)\n");
     }
+}
+
+/// SessionRetention's table, a row per method and scale.
+fn sessions_table(md: &mut String, results: &[Scale]) {
     md.push_str(
         "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -96,7 +123,6 @@ pub fn markdown(results: &[Scale]) -> String {
             ));
         }
     }
-    md
 }
 
 /// A method's WAL in MB, with the writer's estimated share in brackets.

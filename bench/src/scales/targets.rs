@@ -27,74 +27,8 @@ pub struct Target {
 /// concurrency: PF-1 and PF-2 at each scale, PF-3 from scale 10 (or the smallest scale above
 /// it) to the largest.
 pub fn targets(results: &[Scale]) -> Vec<Target> {
-    let mut targets = Vec::new();
-    for s in results {
-        let (Some(sexton), Some(floor)) = (find(s, "sexton"), find(s, "raw+markers")) else {
-            continue;
-        };
-        for same in [find(s, SAME_END), Some(floor)].into_iter().flatten() {
-            let ratio = sexton.owners_per_s / same.owners_per_s;
-            targets.push(Target {
-                id: "PF-1",
-                scale: s.scale,
-                from_scale: None,
-                check: format!(
-                    "sexton {:.0} owners/s ÷ {} {:.0} owners/s = {ratio:.2}× (target ≥ 1.00×)",
-                    sexton.owners_per_s, same.name, same.owners_per_s
-                ),
-                value: ratio,
-                bound: 1.0,
-                met: ratio >= 1.0,
-            });
-        }
-        let longest = sexton.longest_transaction_ms;
-        let bound = 2.0 * s.transaction_target_ms;
-        targets.push(Target {
-            id: "PF-2",
-            scale: s.scale,
-            from_scale: None,
-            check: format!(
-                "sexton's longest write transaction {longest:.0} ms (target ≤ 2 × transaction_target_ms {:.0} = {bound:.0} ms; its backend in the samples of it: {})",
-                s.transaction_target_ms,
-                sexton.longest_transaction_waits
-            ),
-            value: longest,
-            bound,
-            met: longest <= bound,
-        });
-        let (beside, floor_wait) = (
-            sexton.writer_longest_lock_wait_ms,
-            floor.writer_longest_lock_wait_ms,
-        );
-        targets.push(Target {
-            id: "PF-2",
-            scale: s.scale,
-            from_scale: None,
-            check: format!(
-                "the writer's longest lock wait {beside:.1} ms beside sexton, {floor_wait:.1} ms beside raw+markers (target: no longer)"
-            ),
-            value: beside,
-            bound: floor_wait,
-            met: beside <= floor_wait,
-        });
-    }
-    // The seed's rate at the largest scale, where the time it takes matters (a small scale's
-    // is mostly the processes' start).
-    if let Some(s) = results.iter().max_by_key(|s| s.scale) {
-        let rate = s.runs as f64 / s.seed_seconds;
-        targets.push(Target {
-            id: "seed",
-            scale: s.scale,
-            from_scale: None,
-            check: format!(
-                "`sexton seed` (with `migrate`) wrote {} runs in {:.1} s = {rate:.0} runs/s (target ≥ 5000 runs/s)",
-                s.runs, s.seed_seconds
-            ),
-            value: rate,
-            bound: 5000.0,
-            met: rate >= 5000.0,
-        });
-    }
+    let mut targets: Vec<Target> = results.iter().flat_map(at_scale).collect();
+    targets.extend(seed_rate(results));
     let from = results
         .iter()
         .filter(|s| s.scale >= 10)
@@ -106,6 +40,79 @@ pub fn targets(results: &[Scale]) -> Vec<Target> {
         targets.extend(growth(from, to).unwrap_or_default());
     }
     targets
+}
+
+/// PF-1 and PF-2 at scale `s`: none unless sexton and raw+markers both ran there.
+fn at_scale(s: &Scale) -> Vec<Target> {
+    let mut targets = Vec::new();
+    let (Some(sexton), Some(floor)) = (find(s, "sexton"), find(s, "raw+markers")) else {
+        return targets;
+    };
+    for same in [find(s, SAME_END), Some(floor)].into_iter().flatten() {
+        let ratio = sexton.owners_per_s / same.owners_per_s;
+        targets.push(Target {
+            id: "PF-1",
+            scale: s.scale,
+            from_scale: None,
+            check: format!(
+                "sexton {:.0} owners/s ÷ {} {:.0} owners/s = {ratio:.2}× (target ≥ 1.00×)",
+                sexton.owners_per_s, same.name, same.owners_per_s
+            ),
+            value: ratio,
+            bound: 1.0,
+            met: ratio >= 1.0,
+        });
+    }
+    let longest = sexton.longest_transaction_ms;
+    let bound = 2.0 * s.transaction_target_ms;
+    targets.push(Target {
+        id: "PF-2",
+        scale: s.scale,
+        from_scale: None,
+        check: format!(
+            "sexton's longest write transaction {longest:.0} ms (target ≤ 2 × transaction_target_ms {:.0} = {bound:.0} ms; its backend in the samples of it: {})",
+            s.transaction_target_ms,
+            sexton.longest_transaction_waits
+        ),
+        value: longest,
+        bound,
+        met: longest <= bound,
+    });
+    let (beside, floor_wait) = (
+        sexton.writer_longest_lock_wait_ms,
+        floor.writer_longest_lock_wait_ms,
+    );
+    targets.push(Target {
+        id: "PF-2",
+        scale: s.scale,
+        from_scale: None,
+        check: format!(
+            "the writer's longest lock wait {beside:.1} ms beside sexton, {floor_wait:.1} ms beside raw+markers (target: no longer)"
+        ),
+        value: beside,
+        bound: floor_wait,
+        met: beside <= floor_wait,
+    });
+    targets
+}
+
+/// The seed's rate at the largest scale, where the time it takes matters (a small scale's is
+/// mostly the processes' start).
+fn seed_rate(results: &[Scale]) -> Option<Target> {
+    let s = results.iter().max_by_key(|s| s.scale)?;
+    let rate = s.runs as f64 / s.seed_seconds;
+    Some(Target {
+        id: "seed",
+        scale: s.scale,
+        from_scale: None,
+        check: format!(
+            "`sexton seed` (with `migrate`) wrote {} runs in {:.1} s = {rate:.0} runs/s (target ≥ 5000 runs/s)",
+            s.runs, s.seed_seconds
+        ),
+        value: rate,
+        bound: 5000.0,
+        met: rate >= 5000.0,
+    })
 }
 
 /// PF-3 from scale `from` to the larger `to`: sexton's cost per candidate (a median hop's)
