@@ -68,21 +68,33 @@ pub(super) async fn explain_attachment(
         ));
         return Ok(Some(explanation));
     };
-    match judge(&root, &path, cutoff) {
+    let (verdict, reason) = verdict(&root, &path, cutoff);
+    explanation.verdict = verdict;
+    explanation.reasons.push(reason);
+    Ok(Some(explanation))
+}
+
+/// The job's own verdict on the file at `path` under `root` against `cutoff`, with its reason.
+fn verdict(
+    root: &std::os::fd::OwnedFd,
+    path: &str,
+    cutoff: DateTime<Utc>,
+) -> (ExplainVerdict, ExplainReason) {
+    let reason = match judge(root, path, cutoff) {
         Verdict::Expired => {
-            explanation.verdict = ExplainVerdict::Eligible;
-            explanation.reasons.push(ExplainReason::new(
+            let reason = ExplainReason::new(
                 "AT-1",
                 "expired",
                 "its file is older than the age: the next pass deletes it and marks the row",
-            ));
+            );
+            return (ExplainVerdict::Eligible, reason);
         }
-        Verdict::Young => explanation.reasons.push(ExplainReason::new(
+        Verdict::Young => ExplainReason::new(
             "AT-1",
             "not_expired",
             "its file was modified after the cutoff",
-        )),
-        Verdict::Kept(reason) => explanation.reasons.push(ExplainReason::new(
+        ),
+        Verdict::Kept(reason) => ExplainReason::new(
             "AT-1",
             reason,
             match reason {
@@ -93,9 +105,9 @@ pub(super) async fn explain_attachment(
                 "not_regular" => format!("{path:?} is not a regular file"),
                 _ => format!("{path:?} cannot be read"),
             },
-        )),
-    }
-    Ok(Some(explanation))
+        ),
+    };
+    (ExplainVerdict::Retained, reason)
 }
 
 /// What a pass would do for one account now (`sexton preview`).

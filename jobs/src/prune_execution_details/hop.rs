@@ -67,33 +67,8 @@ pub(super) async fn hop_into(
         beside: Some(pool),
     };
     let hop = Hop::start(conn, health, stop, bounds, Some(files), report).await?;
-    let account: Option<(Option<i32>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT execution_details_retention_days, now() FROM accounts WHERE id = $1",
-    )
-    .bind(args.account_id)
-    .fetch_optional(&mut *hop.conn)
-    .await?;
-    let (days, database_now) = match account {
-        None => {
-            report.outcome = HopOutcome::AccountGone;
-            return Ok(());
-        }
-        Some((None, _)) => {
-            report.outcome = HopOutcome::Disabled;
-            return Ok(());
-        }
-        Some((Some(days), _)) if !crate::cutoff::valid_window(days) => {
-            // Never "everything is old": nothing of the account is (EX-1).
-            tracing::warn!(
-                account = %args.account_id,
-                execution_details_retention_days = days,
-                "the account's execution_details_retention_days is not a window (must be > 0): \
-                 nothing of it is pruned"
-            );
-            report.retain(RetainReason::InvalidWindow);
-            return Ok(());
-        }
-        Some((Some(days), now)) => (days, now),
+    let Some((days, database_now)) = window_days(hop.conn, args.account_id, report).await? else {
+        return Ok(());
     };
     // A slot, a payload or a clock in the future never moves a cutoff past the database's
     // now (EX-1).
@@ -128,6 +103,44 @@ pub(super) async fn hop_into(
         hop: args.hop + 1,
     });
     Ok(())
+}
+
+/// The account's window in days and the database's now, or `None` (the outcome or the
+/// retained reason set) when the account is gone, its retention disabled or its window not one
+/// (EX-1).
+async fn window_days(
+    conn: &mut PgConnection,
+    account_id: Uuid,
+    report: &mut HopReport,
+) -> Result<Option<(i32, DateTime<Utc>)>, Error> {
+    let account: Option<(Option<i32>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT execution_details_retention_days, now() FROM accounts WHERE id = $1",
+    )
+    .bind(account_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(match account {
+        None => {
+            report.outcome = HopOutcome::AccountGone;
+            None
+        }
+        Some((None, _)) => {
+            report.outcome = HopOutcome::Disabled;
+            None
+        }
+        Some((Some(days), _)) if !crate::cutoff::valid_window(days) => {
+            // Never "everything is old": nothing of the account is (EX-1).
+            tracing::warn!(
+                account = %account_id,
+                execution_details_retention_days = days,
+                "the account's execution_details_retention_days is not a window (must be > 0): \
+                 nothing of it is pruned"
+            );
+            report.retain(RetainReason::InvalidWindow);
+            None
+        }
+        Some((Some(days), now)) => Some((days, now)),
+    })
 }
 
 /// Owners taken together by a hop's first transaction, before any has been measured.

@@ -170,16 +170,7 @@ pub(super) async fn explain_run(
     now: DateTime<Utc>,
     run: Uuid,
 ) -> Result<Option<Explanation>, Error> {
-    type Row = (
-        Uuid,
-        Option<i32>,
-        String,
-        Option<Uuid>,
-        Option<DateTime<Utc>>,
-        Option<DateTime<Utc>>,
-        Option<String>,
-    );
-    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT r.account_id, a.execution_details_retention_days, r.kind, r.conversation_id,
                 r.details_pruned_at, {AGE},
                 CASE WHEN r.kind = 'conversation' THEN 'completed_at'
@@ -213,68 +204,109 @@ pub(super) async fn explain_run(
         removed_at: None,
         removed_by: None,
     };
-    let reason = |rule, code: &str, detail: String| ExplainReason::new(rule, code, detail);
     if let Some(at) = pruned_at {
-        explanation.verdict = ExplainVerdict::Removed;
-        explanation.removed_at = Some(at);
-        explanation.removed_by = sqlx::query_scalar(
-            "SELECT 'the pass of slot ' || to_char(slot AT TIME ZONE 'UTC',
-                                                   'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-             FROM sexton.passes
-             WHERE job = $1 AND scope = $2 AND started_at <= $3
-             ORDER BY slot DESC LIMIT 1",
-        )
-        .bind(PruneExecutionDetails::NAME)
-        .bind(account)
-        .bind(at)
-        .fetch_optional(&mut *conn)
-        .await?;
-        explanation.reasons.push(reason(
-            "EX-3",
-            "pruned",
-            "its execution detail was deleted and its markers set; its text stays".into(),
-        ));
+        removed(conn, &mut explanation, account, at).await?;
         return Ok(Some(explanation));
     }
     // Every precondition that fails is a reason; any of them keeps the run.
     if cutoff.is_none() {
-        let (code, detail) = match days {
-            None => (
-                "disabled",
-                "the account's execution_details_retention_days is NULL".into(),
-            ),
-            Some(d) if !crate::cutoff::valid_window(d) => (
-                RetainReason::InvalidWindow.as_str(),
-                format!(
-                    "a window of {d} days is not a window (it must be more than 0): nothing of \
-                     the account is old"
-                ),
-            ),
-            Some(d) => (
-                "disabled",
-                format!("a window of {d} days reaches back past the calendar"),
-            ),
-        };
-        explanation.reasons.push(reason("EX-1", code, detail));
+        explanation.reasons.push(no_cutoff(days));
     }
     let owner = conversation.is_some() && matches!(kind.as_str(), "conversation" | "direct_reply");
     if !owner {
         explanation.measured_from = None;
-        explanation.reasons.push(reason(
+        explanation.reasons.push(ExplainReason::new(
             "EX-2",
             "not_an_owner",
             format!("a {kind} run without a conversation owns no execution detail to prune"),
         ));
     } else if age.is_none() {
-        explanation.reasons.push(reason(
+        explanation.reasons.push(ExplainReason::new(
             "EX-2",
             "no_age",
-            "not completed yet (or, for a direct reply, not settled)".into(),
+            "not completed yet (or, for a direct reply, not settled)",
         ));
     }
     let Some(cutoff) = cutoff.filter(|_| owner && age.is_some()) else {
         return Ok(Some(explanation));
     };
+    let found = judge(conn, &mut explanation, run, account, cutoff, now).await?;
+    Ok(found.then_some(explanation))
+}
+
+/// A run as `explain` reads it: its account, the account's window, its kind, its
+/// conversation, when its detail was pruned, its age and what that is measured from.
+type RunRow = (
+    Uuid,
+    Option<i32>,
+    String,
+    Option<Uuid>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+    Option<String>,
+);
+
+/// A run pruned at `at`: by which pass, and what that did (EX-3).
+async fn removed(
+    conn: &mut PgConnection,
+    explanation: &mut Explanation,
+    account: Uuid,
+    at: DateTime<Utc>,
+) -> Result<(), Error> {
+    explanation.verdict = ExplainVerdict::Removed;
+    explanation.removed_at = Some(at);
+    explanation.removed_by = sqlx::query_scalar(
+        "SELECT 'the pass of slot ' || to_char(slot AT TIME ZONE 'UTC',
+                                               'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+         FROM sexton.passes
+         WHERE job = $1 AND scope = $2 AND started_at <= $3
+         ORDER BY slot DESC LIMIT 1",
+    )
+    .bind(PruneExecutionDetails::NAME)
+    .bind(account)
+    .bind(at)
+    .fetch_optional(&mut *conn)
+    .await?;
+    explanation.reasons.push(ExplainReason::new(
+        "EX-3",
+        "pruned",
+        "its execution detail was deleted and its markers set; its text stays",
+    ));
+    Ok(())
+}
+
+/// Why an account's window of `days` gives no cutoff (EX-1).
+fn no_cutoff(days: Option<i32>) -> ExplainReason {
+    let (code, detail) = match days {
+        None => (
+            "disabled",
+            "the account's execution_details_retention_days is NULL".into(),
+        ),
+        Some(d) if !crate::cutoff::valid_window(d) => (
+            RetainReason::InvalidWindow.as_str(),
+            format!(
+                "a window of {d} days is not a window (it must be more than 0): nothing of \
+                 the account is old"
+            ),
+        ),
+        Some(d) => (
+            "disabled",
+            format!("a window of {d} days reaches back past the calendar"),
+        ),
+    };
+    ExplainReason::new("EX-1", code, detail)
+}
+
+/// The job's own verdict on an owner with an age and a cutoff, from the same columns its owner
+/// statement reads (EX-1, EX-5), into `explanation`; `false` when the run is gone meanwhile.
+async fn judge(
+    conn: &mut PgConnection,
+    explanation: &mut Explanation,
+    run: Uuid,
+    account: Uuid,
+    cutoff: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<bool, Error> {
     let judged: Option<Locked> = sqlx::query_as(sqlx::AssertSqlSafe(&**EXPLAIN))
         .bind(run)
         .bind(account)
@@ -283,10 +315,10 @@ pub(super) async fn explain_run(
         .fetch_optional(&mut *conn)
         .await?;
     let Some(judged) = judged else {
-        return Ok(None);
+        return Ok(false);
     };
     if !judged.eligible {
-        explanation.reasons.push(reason(
+        explanation.reasons.push(ExplainReason::new(
             "EX-1",
             RetainReason::NotEligible.as_str(),
             "not old enough: its age is not before the cutoff (or is infinite, EX-2)".to_owned(),
@@ -297,19 +329,18 @@ pub(super) async fn explain_run(
             let detail = blocker_detail(conn, *blocker, run).await?;
             explanation
                 .reasons
-                .push(reason("EX-5", blocker.as_str(), detail));
+                .push(ExplainReason::new("EX-5", blocker.as_str(), detail));
         }
     }
-    // The verdict is the job's own, from the same columns its owner statement reads.
     if let Verdict::Prune = judged.verdict() {
         explanation.verdict = ExplainVerdict::Eligible;
-        explanation.reasons.push(reason(
+        explanation.reasons.push(ExplainReason::new(
             "EX-1",
             "expired",
-            "older than the window and held back by nothing: the next pass prunes it".into(),
+            "older than the window and held back by nothing: the next pass prunes it",
         ));
     }
-    Ok(Some(explanation))
+    Ok(true)
 }
 
 impl std::fmt::Display for Preview {

@@ -160,30 +160,13 @@ pub async fn preview(
         .into_iter()
         .map(
             |(account_id, account_name, enabled, main, task, subagent)| {
-                let mut preview = Preview {
-                    account_id,
-                    account_name,
-                    ages: None,
-                    cutoffs: None,
-                    eligible: BTreeMap::new(),
-                    retained: BTreeMap::new(),
-                    rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+                let policy = PolicyRow {
+                    enabled,
+                    main_days: main,
+                    task_days: task,
+                    subagent_days: subagent,
                 };
-                if enabled == Some(true) {
-                    let ages = Ages {
-                        main_days: main.unwrap_or(Ages::FALLBACK.main_days),
-                        task_days: task.unwrap_or(Ages::FALLBACK.task_days),
-                        subagent_days: subagent.unwrap_or(Ages::FALLBACK.subagent_days),
-                    };
-                    preview.ages = Some(ages);
-                    preview.cutoffs = Some(ages.cutoffs(now));
-                    // As the pass counts it: once per kind (SS-1).
-                    let invalid = ages.invalid().count() as i64;
-                    if invalid > 0 {
-                        preview.retained.insert(INVALID_POLICY.to_owned(), invalid);
-                    }
-                }
-                preview
+                Preview::before_counting(account_id, account_name, policy.ages(), now)
             },
         )
         .collect();
@@ -222,6 +205,33 @@ pub async fn preview(
         }
     }
     Ok(previews)
+}
+
+impl Preview {
+    /// An account's line before its sessions are counted: its ages and cutoffs, and its kinds
+    /// with an age that is not one, counted once each as the pass counts them (SS-1).
+    fn before_counting(
+        account_id: Uuid,
+        account_name: String,
+        ages: Option<Ages>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let mut retained = BTreeMap::new();
+        if let Some(invalid) = ages.map(|ages| ages.invalid().count() as i64)
+            && invalid > 0
+        {
+            retained.insert(INVALID_POLICY.to_owned(), invalid);
+        }
+        Self {
+            account_id,
+            account_name,
+            ages,
+            cutoffs: ages.map(|ages| ages.cutoffs(now)),
+            eligible: BTreeMap::new(),
+            retained,
+            rows: TABLES.iter().map(|t| (*t, 0)).collect(),
+        }
+    }
 }
 
 impl std::fmt::Display for Preview {
@@ -329,6 +339,25 @@ pub(super) async fn explain_session(
         ));
         return Ok(Some(explanation));
     }
+    let invalid = ages
+        .zip(kind_of)
+        .map(|(ages, kind)| ages.days(kind))
+        .filter(|days| !crate::cutoff::valid_window(*days));
+    judge(conn, &mut explanation, session, &kind, invalid).await?;
+    Ok(Some(explanation))
+}
+
+/// The job's own verdict on a session under an enabled policy, and every reason for it, into
+/// `explanation` (which holds its cutoff and last activity); `invalid` is its kind's age when
+/// that is not an age (SS-1).
+async fn judge(
+    conn: &mut PgConnection,
+    explanation: &mut Explanation,
+    session: Uuid,
+    kind: &str,
+    invalid: Option<i32>,
+) -> Result<(), Error> {
+    let (cutoff, last_activity) = (explanation.cutoff, explanation.age_at);
     let (verdict, protection, evidence): (Option<String>, Option<String>, Option<String>) =
         sqlx::query_as(
             "SELECT sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
@@ -341,10 +370,6 @@ pub(super) async fn explain_session(
         .bind(cutoff)
         .fetch_one(&mut *conn)
         .await?;
-    let invalid = ages
-        .zip(kind_of)
-        .map(|(ages, kind)| ages.days(kind))
-        .filter(|days| !crate::cutoff::valid_window(*days));
     if let Some(days) = invalid {
         explanation.reasons.push(ExplainReason::new(
             "SS-1",
@@ -354,7 +379,10 @@ pub(super) async fn explain_session(
                  (it must be more than 0): none of its kind is old"
             ),
         ));
-    } else if !cutoff.is_some_and(|c| last_activity < c && last_activity > EARLIEST) {
+    } else if !cutoff
+        .zip(last_activity)
+        .is_some_and(|(c, at)| at < c && at > EARLIEST)
+    {
         explanation.reasons.push(ExplainReason::new(
             "SS-2",
             "not_eligible",
@@ -390,5 +418,5 @@ pub(super) async fn explain_session(
              deletes it with its history",
         ));
     }
-    Ok(Some(explanation))
+    Ok(())
 }

@@ -88,7 +88,25 @@ pub async fn clean(
         .await?;
         return Ok(plan.report);
     };
-    let (mut shift, mut bucket, mut before) = (histogram.shift, first_bucket, first_before);
+    let start = (histogram.shift, first_bucket, first_before);
+    let Some(line) = boundary(&mut plan, &walk, start, excess).await? else {
+        return Ok(plan.report);
+    };
+    plan.walk(&mut walk()?, &mut Pass::Quota { line, taken: 0 })
+        .await?;
+    Ok(plan.report)
+}
+
+/// Narrows the quota's line from the histogram's bucket `start` (its shift, the bucket, the
+/// bytes before it) until the boundary's files fit in memory and are sorted (TR-4): where the
+/// traces that go to bring the root within `excess` end. `None` when the cleaner stopped.
+async fn boundary(
+    plan: &mut Plan<'_>,
+    walk: &impl Fn() -> Result<Walk, Error>,
+    start: (u32, i128, u64),
+    excess: u64,
+) -> Result<Option<QuotaLine>, Error> {
+    let (mut shift, mut bucket, mut before) = start;
     let line = loop {
         let mut boundary = Pass::Boundary {
             shift,
@@ -99,7 +117,7 @@ pub async fn clean(
         };
         plan.walk(&mut walk()?, &mut boundary).await?;
         if plan.stopped {
-            return Ok(plan.report);
+            return Ok(None);
         }
         let Pass::Boundary {
             mut files,
@@ -108,7 +126,7 @@ pub async fn clean(
             ..
         } = boundary
         else {
-            return Ok(plan.report);
+            return Ok(None);
         };
         let bucket_end = (bucket + 1) << shift;
         if !overflow {
@@ -143,9 +161,7 @@ pub async fn clean(
             None => break QuotaLine::Ties(bucket_end, 0),
         }
     };
-    plan.walk(&mut walk()?, &mut Pass::Quota { line, taken: 0 })
-        .await?;
-    Ok(plan.report)
+    Ok(Some(line))
 }
 
 /// Watches one path in a dry run: what the cleaner planned or kept it for.
@@ -186,17 +202,8 @@ pub(super) async fn explain_trace(
             path: paths.traces_root.clone(),
             source,
         })?;
-    let given = Path::new(path);
-    let relative = if given.is_absolute() {
-        match given
-            .strip_prefix(&root)
-            .or_else(|_| given.strip_prefix(&paths.traces_root))
-        {
-            Ok(relative) => relative.to_string_lossy().into_owned(),
-            Err(_) => return Ok(None),
-        }
-    } else {
-        path.to_owned()
+    let Some(relative) = under_root(&root, &paths.traces_root, path) else {
+        return Ok(None);
     };
     let Ok(meta) = std::fs::symlink_metadata(root.join(&relative)) else {
         return Ok(None);
@@ -239,6 +246,20 @@ pub(super) async fn explain_trace(
         removed_at: None,
         removed_by: None,
     };
+    judge(&mut explanation, watch, settings, &relative, &meta);
+    Ok(Some(explanation))
+}
+
+/// The cleaner's verdict on `relative`, from what its dry run `watch` saw, and every reason for
+/// it, into `explanation`.
+fn judge(
+    explanation: &mut Explanation,
+    watch: Watch<'_>,
+    settings: &TraceSettings,
+    relative: &str,
+    meta: &std::fs::Metadata,
+) {
+    let limits = settings.limits;
     let reason = |code: &'static str, detail: String| ExplainReason::new("TR-3", code, detail);
     if !limits.any() {
         explanation.reasons.push(ExplainReason::new(
@@ -295,5 +316,18 @@ pub(super) async fn explain_trace(
             "younger than the age limit, and not among the oldest over the quota",
         ));
     }
-    Ok(Some(explanation))
+}
+
+/// `path` relative to the traces root (found at `root` once its symlinks are resolved, at
+/// `given` as configured), when it is relative already or absolute under it.
+fn under_root(root: &Path, given: &Path, path: &str) -> Option<String> {
+    let path_of = Path::new(path);
+    if !path_of.is_absolute() {
+        return Some(path.to_owned());
+    }
+    path_of
+        .strip_prefix(root)
+        .or_else(|_| path_of.strip_prefix(given))
+        .ok()
+        .map(|relative| relative.to_string_lossy().into_owned())
 }

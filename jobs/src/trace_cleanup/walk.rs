@@ -154,27 +154,34 @@ impl Walk {
         })
     }
 
+    /// Opens the next directory waiting to be walked, if it is still a directory; `None` when
+    /// none is left.
+    fn open_next(&mut self) -> Option<()> {
+        let pending = self.todo.pop()?;
+        let opened = rustix::fs::openat(
+            &*pending.parent,
+            pending.name.as_c_str(),
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        // A directory swapped for a symlink, or removed, since it was listed: skipped.
+        if let Ok(fd) = opened
+            && let Ok(dir) = Dir::read_from(&fd)
+        {
+            self.current = Some(Level {
+                fd: Arc::new(fd),
+                dir,
+                prefix: pending.prefix,
+                depth: pending.depth,
+            });
+        }
+        Some(())
+    }
+
     pub(super) fn next_step(&mut self) -> Option<Step> {
         loop {
             let Some(level) = self.current.as_mut() else {
-                let pending = self.todo.pop()?;
-                let opened = rustix::fs::openat(
-                    &*pending.parent,
-                    pending.name.as_c_str(),
-                    OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                );
-                // A directory swapped for a symlink, or removed, since it was listed: skipped.
-                if let Ok(fd) = opened
-                    && let Ok(dir) = Dir::read_from(&fd)
-                {
-                    self.current = Some(Level {
-                        fd: Arc::new(fd),
-                        dir,
-                        prefix: pending.prefix,
-                        depth: pending.depth,
-                    });
-                }
+                self.open_next()?;
                 continue;
             };
             let Some(entry) = level.dir.next() else {
