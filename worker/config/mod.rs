@@ -1,0 +1,352 @@
+//! Configuration (OP-2): `config/default.toml` built in, a `--config` file over it, then
+//! `SEXTON_<SECTION>__<SETTING>` environment variables; parsed once into typed settings and
+//! validated together, so that every invalid value is reported at once.
+//!
+//! As ripgrep separates low-level from high-level arguments: `raw` reads the layers into
+//! what figment deserializes, `checks` turns that into the [`Settings`] defined here (every
+//! problem collected), and `pool` computes the connections the registered jobs need at once.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use figment::Figment;
+pub use sexton_jobs::files::PathSettings;
+use sexton_jobs::health::HealthSettings;
+use sexton_jobs::settings::Check;
+pub use sexton_jobs::settings::Problem;
+
+mod checks;
+mod pool;
+mod raw;
+
+pub use pool::{CONNECTIONS_PER_QUEUE, FIXED_CONNECTIONS, PoolBudget};
+pub use raw::DEFAULT_TOML;
+
+/// Everything sexton is configured with, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub paths: PathSettings,
+    pub schedule: ScheduleSettings,
+    pub queue: QueueSettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+    /// Each job kind's own section, parsed by the job.
+    pub jobs: JobSettings,
+    /// Database health indicators every hop checks (`[health]`).
+    pub health: HealthSettings,
+}
+
+/// A job kind's settings section, as configuration reads it: the registry hands one per kind
+/// to [`Settings::load`], so that configuration never depends on the jobs themselves.
+pub trait Section: Sync {
+    /// The job it belongs to.
+    fn job(&self) -> &'static str;
+    /// The section's name in the configuration file.
+    fn section(&self) -> &'static str;
+    /// Connections one hop of this job holds at once.
+    fn connections(&self) -> u32;
+    /// Reads the section; problems go to `check`.
+    fn parse(
+        &self,
+        section: &serde_json::Value,
+        paths: &PathSettings,
+        check: &mut Check<'_>,
+    ) -> Option<Arc<dyn AnySettings>>;
+}
+
+/// A job's parsed settings, whatever their type.
+pub trait AnySettings: Any + fmt::Debug + Send + Sync {}
+
+impl<T: Any + fmt::Debug + Send + Sync> AnySettings for T {}
+
+/// Every job kind's settings, by job name.
+#[derive(Debug, Clone, Default)]
+pub struct JobSettings(BTreeMap<&'static str, Arc<dyn AnySettings>>);
+
+impl JobSettings {
+    /// The settings of `job`, of the type its kind parses them into.
+    ///
+    /// # Panics
+    /// When `job` was not loaded with [`Settings::load`] or `T` is not its settings type: a
+    /// registration bug, not a configuration error.
+    pub fn get<T: Any>(&self, job: &str) -> &T {
+        let settings: &dyn Any = &**self
+            .0
+            .get(job)
+            .unwrap_or_else(|| panic!("no settings were loaded for job {job}"));
+        settings
+            .downcast_ref()
+            .unwrap_or_else(|| panic!("the settings of job {job} have another type"))
+    }
+
+    /// Whether settings of `job` were loaded.
+    pub fn contains(&self, job: &str) -> bool {
+        self.0.contains_key(job)
+    }
+
+    /// Replaces the settings of `job` (tests and tools that adjust one job).
+    pub fn set<T: AnySettings>(&mut self, job: &'static str, settings: T) {
+        self.0.insert(job, Arc::new(settings));
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    pub listen: std::net::SocketAddr,
+    pub refresh_interval: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct DatabaseSettings {
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+    pub statement_timeout: Duration,
+    pub lock_timeout: Duration,
+    pub connect_attempts: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct ScheduleSettings {
+    pub cron: cron::Schedule,
+    pub timezone: chrono_tz::Tz,
+    pub catch_up: chrono::Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    /// Empty when the name is to be derived from host and process.
+    pub worker_name: String,
+    pub poll_interval: Duration,
+    pub concurrency: usize,
+    pub heartbeat_interval: Duration,
+    pub missed_heartbeats: u32,
+    pub max_attempts: u32,
+    pub retry_backoff: Duration,
+    pub shutdown_grace: Duration,
+    pub finished_job_retention: chrono::Duration,
+    /// Accounts a slot's fan-out looks at per discovery statement, and so first hops it
+    /// pushes per statement at most (FL-8).
+    pub fan_out_batch: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+/// Why configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration file {}: not found", .0.display())]
+    FileNotFound(PathBuf),
+    #[error("configuration could not be read: {0}")]
+    Unreadable(#[source] Box<figment::Error>),
+    #[error("invalid configuration ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, list(.0))]
+    Invalid(Vec<Problem>),
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Settings {
+    /// Loads defaults, then `file`, then the environment, and validates the result, with the
+    /// job sections of `jobs` (the registry's kinds).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] lists every invalid or unknown setting at once.
+    pub fn load(file: Option<&Path>, jobs: &[&dyn Section]) -> Result<Self, ConfigError> {
+        Self::from_figment(&raw::layers(file)?, jobs)
+    }
+
+    fn from_figment(figment: &Figment, jobs: &[&dyn Section]) -> Result<Self, ConfigError> {
+        let mut problems = Vec::new();
+        let given = raw::read(figment, &mut problems)?;
+        let settings = checks::settings(&given.settings, &mut problems)
+            .and_then(|settings| checks::with_jobs(settings, &given.merged, jobs, &mut problems));
+        match settings {
+            Some(settings) if problems.is_empty() => Ok(settings),
+            _ => Err(ConfigError::Invalid(problems)),
+        }
+    }
+
+    /// Refuses file roots that do not exist or are not directories (OP-2, ER-3): under a
+    /// missing root every file would look "already deleted". For the commands that remove files.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming every such root.
+    pub fn check_roots(&self) -> Result<(), ConfigError> {
+        let p = &self.paths;
+        let problems: Vec<Problem> = [
+            ("paths.output_root", &p.output_root),
+            ("paths.attachments_root", &p.attachments_root),
+            ("paths.artifacts_root", &p.artifacts_root),
+            ("paths.sessions_root", &p.sessions_root),
+            ("paths.traces_root", &p.traces_root),
+        ]
+        .into_iter()
+        .filter_map(|(setting, path)| {
+            let why = match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => return None,
+                Ok(_) => "not a directory".to_owned(),
+                Err(err) => err.to_string(),
+            };
+            Some(Problem {
+                setting: setting.to_owned(),
+                message: format!("expected an existing directory, got {path:?} ({why})"),
+            })
+        })
+        .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+/// Parses a five-field cron expression (minute hour day month weekday) into a schedule.
+pub fn parse_cron(expr: &str) -> Option<cron::Schedule> {
+    if expr.split_whitespace().count() != 5 {
+        return None;
+    }
+    cron::Schedule::from_str(&format!("0 {expr}")).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use figment::providers::{Format, Toml};
+
+    use super::*;
+
+    fn load(toml: &str) -> Result<Settings, ConfigError> {
+        Settings::from_figment(
+            &Figment::from(Toml::string(DEFAULT_TOML)).merge(Toml::string(toml)),
+            &[],
+        )
+    }
+
+    #[test]
+    fn op2_defaults_are_valid() {
+        let settings = load("").expect("defaults load");
+        assert_eq!(settings.database.lock_timeout, Duration::from_secs(2));
+        assert_eq!(settings.schedule.timezone, chrono_tz::UTC);
+    }
+
+    #[test]
+    fn op2_every_problem_is_reported_at_once() {
+        let err = load(
+            "[database]\nmax_connections = 0\n[schedule]\ncron = \"every night\"\n\
+             [queue]\nconcurrency = \"lots\"\nbogus = 1\n",
+        )
+        .unwrap_err();
+        let ConfigError::Invalid(problems) = err else {
+            panic!("expected Invalid, got {err}");
+        };
+        let settings: Vec<_> = problems.iter().map(|p| p.setting.as_str()).collect();
+        assert_eq!(
+            settings,
+            [
+                "queue.bogus",
+                "database.max_connections",
+                "schedule.cron",
+                "queue.concurrency"
+            ]
+        );
+        assert!(problems[3].message.contains("\"lots\""));
+    }
+
+    #[test]
+    fn fl6_a_pool_too_small_for_the_hops_is_refused_naming_both_settings() {
+        let err = load("[database]\nmax_connections = 5\n[queue]\nconcurrency = 2\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("database.max_connections"), "{text}");
+        assert!(text.contains("queue.concurrency (2)"), "{text}");
+        assert!(load("[database]\nmax_connections = 6\n[queue]\nconcurrency = 2\n").is_ok());
+    }
+
+    #[test]
+    fn op2_a_schedule_that_never_fires_is_refused() {
+        let err = load("[schedule]\ncron = \"0 3 31 2 *\"\n").unwrap_err();
+        assert!(err.to_string().contains("schedule.cron"), "{err}");
+        assert!(load("[schedule]\ncron = \"0 3 29 2 *\"\n").is_ok());
+    }
+
+    #[test]
+    fn op2_a_missing_root_or_a_file_as_root_is_refused_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let mut settings = load("").unwrap();
+        for root in ["outputs", "attachments", "artifacts", "sessions", "traces"] {
+            std::fs::create_dir(dir.path().join(root)).unwrap();
+        }
+        settings.paths = PathSettings {
+            output_root: dir.path().join("gone"),
+            attachments_root: dir.path().join("attachments"),
+            artifacts_root: dir.path().join("artifacts"),
+            sessions_root: file.clone(),
+            traces_root: dir.path().join("traces"),
+        };
+        let text = settings.check_roots().unwrap_err().to_string();
+        assert!(text.contains("paths.output_root"), "{text}");
+        assert!(
+            text.contains("paths.sessions_root") && text.contains("not a directory"),
+            "{text}"
+        );
+        assert!(!text.contains("paths.traces_root"), "{text}");
+        settings.paths.output_root = dir.path().join("outputs");
+        settings.paths.sessions_root = dir.path().join("sessions");
+        assert!(settings.check_roots().is_ok());
+    }
+
+    #[test]
+    fn fl4_a_rescue_bound_under_two_heartbeats_and_a_second_in_whole_seconds_is_refused() {
+        let queue = |interval: u32, missed: u32| {
+            load(&format!(
+                "[queue]\nheartbeat_interval_ms = {interval}\nmissed_heartbeats = {missed}\n"
+            ))
+        };
+        let text = queue(300, 2).unwrap_err().to_string();
+        assert!(text.contains("queue.missed_heartbeats"), "{text}");
+        assert!(text.contains("so 2 s: 7 or more at 300 ms"), "{text}");
+        assert!(
+            text.contains("2 x 300 ms = 600 ms, counted as 0 s"),
+            "{text}"
+        );
+        assert!(queue(300, 7).is_ok());
+        assert!(queue(300, 6).is_err());
+        // 1 s: a worker registered in the second's last moment is stale at once.
+        assert!(queue(500, 2).is_err());
+        // 2.75 s counts as 2 s, less than two heartbeats of 550 ms and a second.
+        assert!(queue(550, 5).is_err());
+        assert!(queue(5000, 2).is_err());
+        assert!(queue(500, 4).is_ok());
+        assert!(queue(5000, 3).is_ok());
+        assert!(queue(5000, 6).is_ok());
+    }
+
+    #[test]
+    fn at1_overlapping_attachments_and_artifacts_are_refused() {
+        let err = load("[paths]\nattachments_root = \"/srv/a\"\nartifacts_root = \"/srv/a/gen\"\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("paths.attachments_root"), "{err}");
+    }
+}
