@@ -3,6 +3,7 @@ mod architecture;
 mod attachments;
 mod common;
 mod crash;
+mod drift;
 mod execution_details;
 mod expiry;
 mod explain;

@@ -22,7 +22,7 @@ use sexton_jobs::trace_cleanup::TraceCleanup;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::config::{AnySettings, ConfigError, PathSettings, Section, Settings};
+use crate::config::{AnySettings, ConfigError, PathSettings, PoolBudget, Section, Settings};
 use crate::context::{JobContext, JobFailure, decode};
 use crate::hop;
 use crate::queue::{PushOutcome, QueueError};
@@ -292,6 +292,12 @@ impl<J: Job> Kind for Registered<J> {
 /// The settings sections of every kind, for [`Settings::load`].
 pub fn sections() -> Vec<&'static dyn Section> {
     KINDS.iter().map(|kind| *kind as &dyn Section).collect()
+}
+
+/// The pool a worker running `concurrency` hops of the registered kinds needs (FL-6): what
+/// configuration checks `database.max_connections` against.
+pub fn pool_budget(concurrency: usize) -> PoolBudget {
+    PoolBudget::new(concurrency, &sections())
 }
 
 /// Loads the configuration with every registered job's section.

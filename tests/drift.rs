@@ -1,0 +1,131 @@
+//! Figures and lists that documentation and deploy files repeat from the code, held to the
+//! code: each is computed here from the registry, so that a job kind added, or a hop holding
+//! one connection more, fails a test until the text says so too.
+
+use std::path::Path;
+
+use sexton::registry;
+
+/// A file of the repository.
+fn read(path: &str) -> String {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
+/// The part of `text` after `start` up to the next `end` (or the end of `text`).
+fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+    let from = text
+        .find(start)
+        .unwrap_or_else(|| panic!("no {start:?} in the text"))
+        + start.len();
+    let rest = &text[from..];
+    &rest[..rest.find(end).unwrap_or(rest.len())]
+}
+
+/// The number written right after `marker` in `text`.
+fn number_after(text: &str, marker: &str) -> u64 {
+    let at = text
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker:?} in:\n{text}"))
+        + marker.len();
+    let digits: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {marker:?} in:\n{text}"))
+}
+
+/// The number written right before `marker` in `text`.
+fn number_before(text: &str, marker: &str) -> u64 {
+    let at = text
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker:?} in:\n{text}"));
+    let digits: String = text[..at]
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number before {marker:?} in:\n{text}"))
+}
+
+/// How a spare count of connections is written.
+fn spare_in_words(spare: u64) -> &'static str {
+    ["no", "one", "two", "three", "four"]
+        .get(spare as usize)
+        .copied()
+        .unwrap_or_else(|| panic!("{spare} connections spare: write the test's word for it"))
+}
+
+#[test]
+fn fl6_the_pool_arithmetic_in_default_toml_and_the_readme_is_the_registrys() {
+    let settings = registry::load_settings(None).expect("the defaults load");
+    let budget = registry::pool_budget(settings.queue.concurrency);
+    let (max, needed) = (
+        u64::from(settings.database.max_connections),
+        budget.needed(),
+    );
+    assert!(
+        max >= needed,
+        "the default pool is refused by its own check"
+    );
+    let spare = format!("leaves {} spare", spare_in_words(max - needed));
+    let toml = read("config/default.toml");
+    let comment = between(&toml, "[database]", "max_connections =");
+    let said = (
+        number_after(comment, "widest job kind ("),
+        number_after(comment, "one per job kind: "),
+        number_before(comment, " more ("),
+        number_before(comment, " with the defaults"),
+    );
+    let computed = (
+        u64::from(budget.per_hop),
+        budget.queues,
+        u64::from(sexton::config::FIXED_CONNECTIONS),
+        needed,
+    );
+    assert_eq!(
+        said, computed,
+        "config/default.toml's [database] comment: (connections per hop, queues, fixed, needed)"
+    );
+    assert!(
+        comment.contains(&spare),
+        "config/default.toml says it {spare}"
+    );
+
+    let readme = read("README.md");
+    let sizing = between(&readme, "### Sizing", "\n## ");
+    let said = (
+        number_after(sizing, "`database.max_connections` ("),
+        number_after(sizing, "`queue.concurrency` ("),
+        number_after(sizing, "the widest hop's connections ("),
+        number_after(sizing, "each of the "),
+        number_after(sizing, "+ `queues` + "),
+        number_before(sizing, " with the defaults;"),
+        number_after(sizing, "; the default "),
+    );
+    let computed = (
+        max,
+        settings.queue.concurrency as u64,
+        u64::from(budget.per_hop),
+        budget.queues,
+        u64::from(sexton::config::FIXED_CONNECTIONS),
+        needed,
+        max,
+    );
+    assert_eq!(
+        said, computed,
+        "README's Sizing: (max_connections, concurrency, connections per hop, queues, fixed, \
+         needed, max_connections again)"
+    );
+    assert!(
+        sizing.contains(&spare),
+        "the README says the default {spare}"
+    );
+}
