@@ -2,9 +2,10 @@
 //! code: each is computed here from the registry, so that a job kind added, or a hop holding
 //! one connection more, fails a test until the text says so too.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
-use sexton::registry;
+use sexton::registry::{self, KINDS};
 
 /// A file of the repository.
 fn read(path: &str) -> String {
@@ -128,4 +129,16 @@ fn fl6_the_pool_arithmetic_in_default_toml_and_the_readme_is_the_registrys() {
         sizing.contains(&spare),
         "the README says the default {spare}"
     );
+}
+
+#[test]
+fn op1_the_readme_lists_every_subject_explain_knows() {
+    let readme = read("README.md");
+    let list = between(&readme, "Subjects: ", ". It is read-only");
+    let listed: BTreeSet<&str> = list.split('`').skip(1).step_by(2).collect();
+    let registered: BTreeSet<&str> = KINDS
+        .iter()
+        .flat_map(|kind| kind.subjects().iter().copied())
+        .collect();
+    assert_eq!(listed, registered, "README's explain subjects: {list}");
 }

@@ -361,3 +361,46 @@ async fn explain_records_agree_with_the_next_pass_and_bad_ids_exit_2(pool: PgPoo
         .unwrap();
     assert_eq!(missing.status.code(), Some(2));
 }
+
+/// OP-1: `sexton explain --help` names every subject of every registered kind and the id each
+/// takes, from the registry: a kind registered with a subject of its own shows up unasked.
+#[test]
+fn op1_explain_help_lists_every_registered_subject_and_its_id() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sexton"))
+        .args(["explain", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    let line = |arg: &str| -> String {
+        help.lines()
+            .find_map(|l| l.trim_start().strip_prefix(arg))
+            .unwrap_or_else(|| panic!("no {arg} in:\n{help}"))
+            .trim()
+            .to_owned()
+    };
+    let listed: Vec<String> = line("<SUBJECT>")
+        .strip_prefix("What to explain: ")
+        .unwrap_or_else(|| panic!("SUBJECT's help:\n{help}"))
+        .split(", ")
+        .map(str::to_owned)
+        .collect();
+    let registered: Vec<&str> = sexton::registry::KINDS
+        .iter()
+        .flat_map(|kind| kind.subjects().iter().copied())
+        .collect();
+    assert!(!registered.is_empty());
+    assert_eq!(listed, registered, "{help}");
+    // Each id form as the subject's own job states it; UUIDs for the rest.
+    let ids = line("<ID>");
+    assert!(ids.starts_with("The subject's id: a UUID"), "{ids}");
+    assert!(
+        ids.contains("for trace, a path under the traces root"),
+        "{ids}"
+    );
+    assert!(
+        ids.contains("for conversation_event, a whole number"),
+        "{ids}"
+    );
+    assert!(!ids.contains("for run,"), "a run's id is a UUID: {ids}");
+}

@@ -62,10 +62,12 @@ pub enum Command {
         command: SessionsCommand,
     },
     /// Why a row or file is still here (or was removed): the owning job's verdict with every
-    /// reason and its rule id. SUBJECT: run, session, attachment, trace (ID is a path under the
-    /// traces root), handoff, dream_preload, working_record, conversation_event.
+    /// reason and its rule id.
     Explain {
+        // The subjects and their ids are the registry's (`Job::SUBJECTS`, `Job::parse_id`).
+        #[arg(help = explain::subjects_help())]
         subject: String,
+        #[arg(help = explain::ids_help())]
         id: String,
         /// Print one JSON object (documented in the README).
         #[arg(long)]

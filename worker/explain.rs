@@ -21,6 +21,45 @@ pub fn subjects() -> Vec<&'static str> {
         .collect()
 }
 
+/// The help of `explain`'s SUBJECT: every subject, in the registry's order.
+pub fn subjects_help() -> String {
+    format!("What to explain: {}", subjects().join(", "))
+}
+
+/// The help of `explain`'s ID: the form of id each subject takes, as its job's own check of
+/// an id says it (the usual form first, then each exception).
+pub fn ids_help() -> String {
+    let forms: Vec<(&str, String)> = KINDS
+        .iter()
+        .flat_map(|kind| {
+            kind.subjects()
+                .iter()
+                .map(move |subject| (*subject, id_form(*kind, subject)))
+        })
+        .collect();
+    let usual = forms
+        .iter()
+        .max_by_key(|(_, form)| forms.iter().filter(|(_, f)| f == form).count())
+        .map(|(_, form)| form.clone())
+        .unwrap_or_default();
+    let mut help = format!("The subject's id: {usual}");
+    for (subject, form) in forms.iter().filter(|(_, form)| *form != usual) {
+        help.push_str(&format!("; for {subject}, {form}"));
+    }
+    help
+}
+
+/// The form of `subject`'s id, from what its job says of an empty one ("expected a UUID, got
+/// \"\"" gives "a UUID").
+fn id_form(kind: &dyn Kind, subject: &str) -> String {
+    let why = kind.parse_id(subject, "").err().unwrap_or_default();
+    let form = why.strip_prefix("expected ").unwrap_or(&why);
+    match form.split(", got ").next() {
+        Some(form) if !form.is_empty() => form.to_owned(),
+        _ => "an id".to_owned(),
+    }
+}
+
 fn owner(subject: &str) -> Option<(&'static dyn Kind, &'static str)> {
     KINDS.iter().find_map(|kind| {
         kind.subjects()
