@@ -6,6 +6,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use sexton::registry::{self, KINDS};
+use sexton_jobs::job::Cadence;
+
+use crate::common;
 
 /// A file of the repository.
 fn read(path: &str) -> String {
@@ -141,4 +144,63 @@ fn op1_the_readme_lists_every_subject_explain_knows() {
         .flat_map(|kind| kind.subjects().iter().copied())
         .collect();
     assert_eq!(listed, registered, "README's explain subjects: {list}");
+}
+
+/// The kinds `SextonNoSuccessfulPass` leaves out, as its expression's `job!=` or `job!~`
+/// matcher names them.
+fn left_out_of_the_nightly_alert(alerts: &str) -> BTreeSet<String> {
+    let rule = between(alerts, "- alert: SextonNoSuccessfulPass", "- alert:");
+    let expr = rule
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("expr:"))
+        .unwrap_or_else(|| panic!("no expr in:\n{rule}"));
+    let mut left_out = BTreeSet::new();
+    for (matcher, regex) in [("job!=\"", false), ("job!~\"", true)] {
+        for (at, _) in expr.match_indices(matcher) {
+            let value = &expr[at + matcher.len()..];
+            let value = &value[..value.find('"').unwrap()];
+            if regex {
+                left_out.extend(value.split('|').map(str::to_owned));
+            } else {
+                left_out.insert(value.to_owned());
+            }
+        }
+    }
+    left_out
+}
+
+/// OP-5: the alert for a missed nightly pass leaves out exactly the kinds that do not run with
+/// the nightly slot — a cadence of their own, or off — under the defaults or with every job
+/// switched on: a kind given a cadence of its own would otherwise page every 26 hours, and a
+/// nightly kind left out would never page.
+#[test]
+fn op5_the_missed_nightly_pass_alert_leaves_out_exactly_the_kinds_not_run_nightly() {
+    let defaults = registry::load_settings(None).expect("the defaults load");
+    let every_job = common::every_job(common::settings(Path::new("/nonexistent")));
+    let not_nightly: BTreeSet<String> = KINDS
+        .iter()
+        .filter(|kind| {
+            [&defaults, &every_job]
+                .iter()
+                .any(|settings| kind.cadence(settings) != Cadence::Nightly)
+        })
+        .map(|kind| kind.name().to_owned())
+        .collect();
+    let alerts = read("deploy/prometheus/alerts.yml");
+    assert_eq!(
+        left_out_of_the_nightly_alert(&alerts),
+        not_nightly,
+        "SextonNoSuccessfulPass in deploy/prometheus/alerts.yml must leave out exactly the \
+         kinds not run nightly"
+    );
+}
+
+#[test]
+fn op5_the_alert_matcher_reader_reads_both_forms() {
+    let alerts = "- alert: SextonNoSuccessfulPass\n  expr: max(x{job!=\"a\", job!~\"b|c\"})\n\
+                  - alert: SextonNoPassEverRecorded\n  expr: absent(x{job!=\"d\"})\n";
+    assert_eq!(
+        left_out_of_the_nightly_alert(alerts),
+        ["a", "b", "c"].map(str::to_owned).into()
+    );
 }
