@@ -330,7 +330,7 @@ async fn record<J: Job>(
     .await;
     match recorded {
         Err(err) => tracing::warn!(error = %err, "could not record the hop in the pass ledger"),
-        Ok(()) if report.next.is_none() => ledger::publish_last_success(&ctx.pool).await,
+        Ok(()) if report.next.is_none() => metrics::publish_last_success(&ctx.pool).await,
         Ok(()) => {}
     }
 }

@@ -8,8 +8,6 @@ use sexton_jobs::job::Report;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::telemetry::metrics;
-
 /// The scope a pass is recorded under: the account, or the nil uuid for a global job.
 pub fn scope(account: Option<Uuid>) -> Uuid {
     account.unwrap_or_default()
@@ -270,19 +268,6 @@ pub async fn last_success(pool: &PgPool) -> Result<Vec<(String, DateTime<Utc>)>,
     )
     .fetch_all(pool)
     .await
-}
-
-/// Sets `sexton_last_success_timestamp_seconds` of every job from the ledger; a failure is
-/// logged and the gauge keeps its value.
-pub async fn publish_last_success(pool: &PgPool) {
-    match last_success(pool).await {
-        Ok(jobs) => {
-            for (job, slot) in jobs {
-                metrics::last_success(job, slot);
-            }
-        }
-        Err(err) => tracing::warn!(error = %err, "could not read the last successful passes"),
-    }
 }
 
 /// Forgets passes of slots older than `before` (FL-7's age), in bounded batches.

@@ -14,6 +14,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::config::QueueSettings;
+use crate::telemetry::metrics;
 
 /// The storage of one queue, with the fleet's heartbeat settings (FL-4).
 pub fn storage(
@@ -172,6 +173,18 @@ impl QueueCounts {
     /// Nothing left to do.
     pub fn idle(&self) -> bool {
         self.pending == 0 && self.running == 0
+    }
+
+    /// Sets `sexton_queue_jobs` by state to these counts (OP-3).
+    pub fn publish(&self) {
+        for (state, jobs) in [
+            ("pending", self.pending),
+            ("running", self.running),
+            ("done", self.done),
+            ("failed", self.failed),
+        ] {
+            metrics::queue_jobs(state, jobs);
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use crate::registry::{self, Kind};
 use crate::telemetry::metrics;
 use crate::tick::{self, NightlySlot};
 use crate::wakeups::Wakeups;
-use crate::{db, ledger, queue, schedule};
+use crate::{db, queue, schedule};
 
 /// What one queue's consumer runs: the nightly fan-out, or the hops of one job kind.
 #[derive(Clone, Copy)]
@@ -438,7 +438,7 @@ const WRITABLE_INTERVAL: Duration = Duration::from_secs(5);
 async fn refresh_gauges(ctx: JobContext) {
     loop {
         match queue::counts(&ctx.pool).await {
-            Ok(counts) => metrics::queue(&counts),
+            Ok(counts) => counts.publish(),
             Err(err) => tracing::warn!(error = %err, "could not count queue jobs"),
         }
         for kind in registry::KINDS {
@@ -457,7 +457,7 @@ async fn refresh_gauges(ctx: JobContext) {
                 }
             }
         }
-        ledger::publish_last_success(&ctx.pool).await;
+        metrics::publish_last_success(&ctx.pool).await;
         match sexton_jobs::files::quarantined(&ctx.pool).await {
             Ok(counts) => metrics::quarantined(&counts),
             Err(err) => tracing::warn!(error = %err, "could not count quarantined file deletions"),

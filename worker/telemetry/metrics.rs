@@ -4,8 +4,9 @@
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sexton_jobs::job::Report;
+use sqlx::PgPool;
 
-use crate::queue::QueueCounts;
+use crate::ledger;
 
 /// Installs the global recorder once; later calls return the same handle.
 ///
@@ -105,9 +106,18 @@ pub fn hop_failed(job: &'static str, seconds: f64) {
     histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
 }
 
-/// The latest slot of `job` for which every pass finished.
-pub fn last_success(job: String, slot: chrono::DateTime<chrono::Utc>) {
-    gauge!("sexton_last_success_timestamp_seconds", "job" => job).set(slot.timestamp() as f64);
+/// Sets `sexton_last_success_timestamp_seconds` of every job from the pass ledger, the same on
+/// every replica (OP-3); a failure is logged and the gauge keeps its value.
+pub async fn publish_last_success(pool: &PgPool) {
+    match ledger::last_success(pool).await {
+        Ok(jobs) => {
+            for (job, slot) in jobs {
+                gauge!("sexton_last_success_timestamp_seconds", "job" => job)
+                    .set(slot.timestamp() as f64);
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "could not read the last successful passes"),
+    }
 }
 
 /// A queue job's end: `succeeded`, `failed` (retried) or `rejected` (bad payload).
@@ -120,16 +130,9 @@ pub fn slot(outcome: &'static str) {
     counter!("sexton_schedule_slots_total", "outcome" => outcome).increment(1);
 }
 
-/// The queue's jobs by state.
-pub fn queue(counts: &QueueCounts) {
-    for (state, n) in [
-        ("pending", counts.pending),
-        ("running", counts.running),
-        ("done", counts.done),
-        ("failed", counts.failed),
-    ] {
-        gauge!("sexton_queue_jobs", "state" => state).set(n as f64);
-    }
+/// Jobs of sexton's queues in `state` (pending, running, done, failed).
+pub fn queue_jobs(state: &'static str, jobs: i64) {
+    gauge!("sexton_queue_jobs", "state" => state).set(jobs as f64);
 }
 
 /// Pending file deletions quarantined, by root (ER-3); roots with none read 0.
