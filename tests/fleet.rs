@@ -156,7 +156,7 @@ async fn fl2_a_fleet_started_late_catches_up_only_the_latest_missed_slot_once(po
         catch_up: chrono::Duration::hours(3),
     };
     let started = Utc::now();
-    let latest = sexton::tick::slot_at(&schedule, started).unwrap();
+    let latest = sexton::schedule::slot_at(&schedule, started).unwrap();
     let workers: Vec<Proc> = (0..3)
         .map(|_| {
             let mut cmd = fleet_worker(&url, dir.path());

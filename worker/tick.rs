@@ -1,18 +1,25 @@
-//! Nightly slots: which slot a moment belongs to, enqueuing it exactly once fleet-wide, and
-//! fanning a slot out into the first hop of every registered job kind — per account, or once
-//! for a global kind.
+//! Slots into the queue: each nightly slot enqueued exactly once fleet-wide — on the schedule's
+//! timer, on catch-up at start, or by `sexton tick` — and fanned out into the first hop of every
+//! registered job kind (per account, or once for a global kind); and the periods of kinds on a
+//! cadence of their own. When a slot falls due is `schedule`'s arithmetic.
 
-use chrono::{DateTime, SubsecRound, Utc};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sexton_jobs::clock::SharedClock;
 use sexton_jobs::job::{AccountRange, Cadence, Scope};
 use sexton_jobs::payload::V1;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::config::{ScheduleSettings, Settings};
+use crate::config::Settings;
 use crate::context::JobContext;
 use crate::queue::{self, PushOptions, PushOutcome, QueueError};
-use crate::{ledger, registry};
+use crate::registry::{self, Kind};
+use crate::telemetry::metrics;
+use crate::{ledger, schedule};
 
 /// The queue of nightly slots.
 pub const NIGHTLY: &str = "sexton.nightly";
@@ -33,17 +40,6 @@ pub struct Ticked {
     pub outcome: PushOutcome,
 }
 
-/// The last slot of the schedule at or before `at`.
-pub fn slot_at(schedule: &ScheduleSettings, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let local =
-        (at.trunc_subsecs(0) + chrono::Duration::seconds(1)).with_timezone(&schedule.timezone);
-    schedule
-        .cron
-        .after(&local)
-        .next_back()
-        .map(|slot| slot.with_timezone(&Utc))
-}
-
 /// The idempotency key of a slot: one job per slot, whoever pushes it.
 fn slot_key(slot: DateTime<Utc>) -> String {
     format!("nightly:{}", slot.to_rfc3339())
@@ -58,7 +54,7 @@ pub async fn tick(
     settings: &Settings,
     at: DateTime<Utc>,
 ) -> Result<Ticked, TickError> {
-    let slot = slot_at(&settings.schedule, at).ok_or(TickError::NoSlot(at))?;
+    let slot = schedule::slot_at(&settings.schedule, at).ok_or(TickError::NoSlot(at))?;
     let outcome = enqueue_slot(pool, settings, slot).await?;
     Ok(Ticked { slot, outcome })
 }
@@ -87,6 +83,74 @@ pub async fn enqueue_slot(
     .await?;
     tracing::info!(slot = %slot.to_rfc3339(), %outcome, "nightly slot");
     Ok(outcome)
+}
+
+/// Runs the nightly schedule until the task is dropped: the slot missed last within the
+/// catch-up window once on start, then every slot when it comes (FL-2).
+pub async fn run_schedule(pool: PgPool, settings: Arc<Settings>, clock: SharedClock) {
+    if let Some(slot) = schedule::catch_up_slot(&settings.schedule, clock.now()) {
+        let outcome = enqueue_retrying(&pool, &settings, slot).await;
+        metrics::slot(match outcome {
+            PushOutcome::Enqueued => "caught_up",
+            PushOutcome::Duplicate => "duplicate",
+        });
+        tracing::info!(slot = %slot.to_rfc3339(), %outcome, "catch-up of the last missed slot");
+    }
+    loop {
+        let now = clock.now();
+        let Some(slot) = schedule::next_slot(&settings.schedule, now) else {
+            tracing::warn!("the schedule has no further slot; scheduling stops");
+            return;
+        };
+        tokio::time::sleep((slot - now).to_std().unwrap_or_default()).await;
+        let outcome = enqueue_retrying(&pool, &settings, slot).await;
+        metrics::slot(match outcome {
+            PushOutcome::Enqueued => "enqueued",
+            PushOutcome::Duplicate => "duplicate",
+        });
+    }
+}
+
+/// Enqueues a slot, retrying while the database is away: any replica may win, and the key
+/// keeps it to one job.
+async fn enqueue_retrying(pool: &PgPool, settings: &Settings, slot: DateTime<Utc>) -> PushOutcome {
+    loop {
+        match enqueue_slot(pool, settings, slot).await {
+            Ok(outcome) => return outcome,
+            Err(err) => {
+                tracing::warn!(slot = %slot.to_rfc3339(), error = %err, "could not enqueue the slot; retrying");
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+        }
+    }
+}
+
+/// Runs a kind on its own cadence: the current period's pass on start, then one per period, each
+/// once fleet-wide (its first hop is keyed by the period's start, TR-4).
+pub async fn run_every(ctx: JobContext, kind: &'static dyn Kind, period: chrono::Duration) {
+    loop {
+        let slot = schedule::period_start(ctx.clock.now(), period);
+        loop {
+            match start_period(&ctx, kind, slot).await {
+                Ok(outcome) => {
+                    tracing::info!(job = kind.name(), slot = %slot.to_rfc3339(), %outcome, "period");
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        job = kind.name(),
+                        error = format!("{err:#}"),
+                        "could not start the period; retrying"
+                    );
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                }
+            }
+        }
+        let wait = (slot + period - ctx.clock.now())
+            .to_std()
+            .unwrap_or_default();
+        tokio::time::sleep(wait).await;
+    }
 }
 
 /// Why a slot could not be enqueued.
@@ -142,7 +206,7 @@ pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()>
 /// The fan-out of one per-account kind: discovery batch by batch over the accounts in id order.
 async fn fan_out_accounts(
     ctx: &JobContext,
-    kind: &'static dyn registry::Kind,
+    kind: &'static dyn Kind,
     slot: DateTime<Utc>,
 ) -> anyhow::Result<ledger::FanOut> {
     ledger::fan_out_begun(&ctx.pool, kind.name(), slot).await?;
@@ -173,7 +237,7 @@ async fn fan_out_accounts(
 /// A database or queue error.
 pub async fn start_period(
     ctx: &JobContext,
-    kind: &'static dyn registry::Kind,
+    kind: &'static dyn Kind,
     slot: DateTime<Utc>,
 ) -> anyhow::Result<PushOutcome> {
     Ok(start_global(ctx, kind, slot).await?.0)
@@ -182,7 +246,7 @@ pub async fn start_period(
 /// The one pass of a global kind for `slot`, recorded as a fan-out of one.
 async fn start_global(
     ctx: &JobContext,
-    kind: &'static dyn registry::Kind,
+    kind: &'static dyn Kind,
     slot: DateTime<Utc>,
 ) -> anyhow::Result<(PushOutcome, ledger::FanOut)> {
     ledger::fan_out_begun(&ctx.pool, kind.name(), slot).await?;
@@ -190,48 +254,4 @@ async fn start_global(
     let outcome = kind.push_first(ctx, None, slot).await?;
     let done = ledger::fan_out_done(&ctx.pool, kind.name(), slot, 1).await?;
     Ok((outcome, done))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::parse_cron;
-
-    fn at(s: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
-    }
-
-    #[test]
-    fn fl2_slot_is_the_last_due_at_or_before() {
-        let schedule = ScheduleSettings {
-            cron: parse_cron("0 3 * * *").unwrap(),
-            timezone: chrono_tz::UTC,
-            catch_up: chrono::Duration::hours(24),
-        };
-        assert_eq!(
-            slot_at(&schedule, at("2026-12-01T03:00:00Z")),
-            Some(at("2026-12-01T03:00:00Z"))
-        );
-        assert_eq!(
-            slot_at(&schedule, at("2026-12-01T02:59:59Z")),
-            Some(at("2026-11-30T03:00:00Z"))
-        );
-        assert_eq!(
-            slot_at(&schedule, at("2026-12-01T17:30:00.5Z")),
-            Some(at("2026-12-01T03:00:00Z"))
-        );
-    }
-
-    #[test]
-    fn fl2_slot_follows_the_configured_time_zone() {
-        let schedule = ScheduleSettings {
-            cron: parse_cron("0 3 * * *").unwrap(),
-            timezone: chrono_tz::Europe::Berlin,
-            catch_up: chrono::Duration::hours(24),
-        };
-        assert_eq!(
-            slot_at(&schedule, at("2026-12-01T12:00:00Z")),
-            Some(at("2026-12-01T02:00:00Z"))
-        );
-    }
 }

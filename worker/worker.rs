@@ -24,7 +24,7 @@ use crate::registry::{self, Kind};
 use crate::telemetry::metrics;
 use crate::tick::{self, NightlySlot};
 use crate::wakeups::Wakeups;
-use crate::{db, queue, schedule};
+use crate::{db, queue};
 
 /// What one queue's consumer runs: the nightly fan-out, or the hops of one job kind.
 #[derive(Clone, Copy)]
@@ -233,7 +233,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
         background.push(tokio::spawn(async move {
             watch.await;
         }));
-        background.push(tokio::spawn(schedule::run(
+        background.push(tokio::spawn(tick::run_schedule(
             pool.clone(),
             settings.clone(),
             ctx.clock.clone(),
@@ -241,7 +241,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
         background.push(tokio::spawn(refresh_gauges(ctx.clone())));
         for kind in registry::KINDS {
             if let Cadence::Every(period) = kind.cadence(&settings) {
-                background.push(tokio::spawn(schedule::every(ctx.clone(), *kind, period)));
+                background.push(tokio::spawn(tick::run_every(ctx.clone(), *kind, period)));
             }
         }
     }
