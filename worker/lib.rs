@@ -1,9 +1,16 @@
 //! sexton's worker side: how retention jobs are run — configuration, database, queue, schedule,
 //! CLI, seed data and demo. What is pruned, and why, lives in the `sexton-jobs` crate.
 //!
-//! Dependencies run one way (checked by `tests/architecture.rs`):
-//! config ← clock, db, queue ← context, ledger, telemetry ← hop ← registry ← tick, schedule, status
-//! ← worker (the runtime) ← demo, sessions, cli.
+//! Dependencies run one way, in layers (checked by `tests/architecture.rs`); a module uses its
+//! own layer's modules (without a cycle) or lower ones':
+//! 1. configuration, and what needs nothing above it: config, clock, context, db, http, ledger,
+//!    schedule (the slot arithmetic), seed, telemetry, text, wakeups;
+//! 2. the queue and one hop off it: queue, hop;
+//! 3. the job kinds: registry;
+//! 4. what runs over the kinds: tick (slots and their fan-out), status, explain, preview,
+//!    sessions, traces;
+//! 5. the runtime: worker;
+//! 6. the CLI: demo, cli.
 
 pub mod cli;
 pub mod clock;
