@@ -195,41 +195,14 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             };
             worker::run(&settings, mode).await
         }
-        Command::Tick { at, json } => {
-            let pool = db::connect(&settings.database).await?;
-            // The database's now, not this host's: a host clock days ahead would enqueue a
-            // slot days out (FL-2).
-            let now = clock::database_now(&pool).await?;
-            let ticked = tick::tick(&pool, &settings, at.unwrap_or(now)).await?;
-            if ticked.slot > now {
-                // Accepted, and harmless: a pass never cuts off later than the database's
-                // now minus the window (EX-1).
-                eprintln!(
-                    "sexton: note: slot {} is in the future; its passes prune only what is \
-                     already past each account's window now",
-                    ticked.slot.to_rfc3339()
-                );
-            }
-            if json {
-                println!("{}", serde_json::to_string(&ticked)?);
-            } else {
-                println!("slot {}: {}", ticked.slot.to_rfc3339(), ticked.outcome);
-            }
-            Ok(())
-        }
+        Command::Tick { at, json } => run_tick(&settings, at, json).await,
         Command::Preview { account, all, json } => {
-            let pool = db::connect(&settings.database).await?;
-            let mut conn = pool.acquire().await?;
-            let now = clock::database_now(&pool).await?;
             let shown = match (account, all) {
                 (Some(account), _) => preview::Shown::Account(account),
                 (None, true) => preview::Shown::All,
                 (None, false) => preview::Shown::Summary,
             };
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            preview::write(&mut conn, &settings, now, shown, json, &mut out).await?;
-            out.flush()?;
-            Ok(())
+            run_preview(&settings, shown, json).await
         }
         Command::Sessions {
             command:
@@ -238,15 +211,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                     account,
                     json,
                 },
-        } => {
-            let outcome = sessions::prune(&settings, account, confirm, json).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&outcome)?);
-            } else {
-                print!("{}", outcome.render());
-            }
-            Ok(())
-        }
+        } => run_sessions_prune(&settings, account, confirm, json).await,
         Command::Explain { subject, id, json } => {
             explain::explain(&settings, &subject, &id, json).await
         }
@@ -258,31 +223,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             all,
             account,
             job,
-        } => {
-            if let Some(job) = &job
-                && !registry::KINDS.iter().any(|kind| kind.name() == job)
-            {
-                return Err(explain::UsageError(format!(
-                    "--job: expected one of {}, got {job:?}",
-                    registry::KINDS
-                        .iter()
-                        .map(|kind| kind.name())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-                .into());
-            }
-            let pool = db::connect(&settings.database).await?;
-            let now = clock::database_now(&pool).await?;
-            let listed = status::Listed { all, account, job };
-            let status = status::read(&pool, &settings, now, &listed).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
-            } else {
-                print!("{}", status.render());
-            }
-            Ok(())
-        }
+        } => run_status(&settings, status::Listed { all, account, job }, json).await,
         Command::Seed {
             scale,
             seed: random_seed,
@@ -291,18 +232,6 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             force,
             checked,
         } => {
-            let pool = db::connect(&settings.database).await?;
-            let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
-                .fetch_one(&pool)
-                .await
-                .context("could not count the accounts (run `sexton migrate` first?)")?;
-            if existing > 0 && !force {
-                anyhow::bail!(
-                    "the database already holds {existing} accounts; `sexton seed` writes \
-                     synthetic accounts and files, so it refuses a database in use \
-                     (pass --force to seed anyway)"
-                );
-            }
             let options = SeedOptions {
                 scale,
                 seed: random_seed,
@@ -310,26 +239,129 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 show_progress: !json,
                 checked,
             };
-            let started = std::time::Instant::now();
-            let report = seed(&pool, &settings.paths, &options)
-                .await
-                .context("seeding failed (what was written stays: recreate the database before seeding again)")?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                println!(
-                    "seeded {} accounts, {} conversations, {} runs: {} rows and {} files ({} bytes) in {:.1}s",
-                    report.accounts,
-                    report.conversations,
-                    report.runs,
-                    report.rows,
-                    report.files,
-                    report.file_bytes,
-                    started.elapsed().as_secs_f64()
-                );
-            }
-            Ok(())
+            run_seed(&settings, &options, force, json).await
         }
         Command::Demo { scale } => demo::run(&settings, scale).await,
     }
+}
+
+/// `sexton tick`: the slot due at `at` (the database's now by default), enqueued once.
+async fn run_tick(
+    settings: &Settings,
+    at: Option<DateTime<Utc>>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let pool = db::connect(&settings.database).await?;
+    // The database's now, not this host's: a host clock days ahead would enqueue a
+    // slot days out (FL-2).
+    let now = clock::database_now(&pool).await?;
+    let ticked = tick::tick(&pool, settings, at.unwrap_or(now)).await?;
+    if ticked.slot > now {
+        // Accepted, and harmless: a pass never cuts off later than the database's
+        // now minus the window (EX-1).
+        eprintln!(
+            "sexton: note: slot {} is in the future; its passes prune only what is \
+             already past each account's window now",
+            ticked.slot.to_rfc3339()
+        );
+    }
+    if json {
+        println!("{}", serde_json::to_string(&ticked)?);
+    } else {
+        println!("slot {}: {}", ticked.slot.to_rfc3339(), ticked.outcome);
+    }
+    Ok(())
+}
+
+/// `sexton preview`, written to stdout as it goes.
+async fn run_preview(settings: &Settings, shown: preview::Shown, json: bool) -> anyhow::Result<()> {
+    let pool = db::connect(&settings.database).await?;
+    let mut conn = pool.acquire().await?;
+    let now = clock::database_now(&pool).await?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    preview::write(&mut conn, settings, now, shown, json, &mut out).await?;
+    out.flush()?;
+    Ok(())
+}
+
+/// `sexton sessions prune`: the sessions the ages would delete, deleted with `confirm`.
+async fn run_sessions_prune(
+    settings: &Settings,
+    account: Option<uuid::Uuid>,
+    confirm: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let outcome = sessions::prune(settings, account, confirm, json).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
+    } else {
+        print!("{}", outcome.render());
+    }
+    Ok(())
+}
+
+/// `sexton status`; an unknown `--job` is bad usage.
+async fn run_status(settings: &Settings, listed: status::Listed, json: bool) -> anyhow::Result<()> {
+    if let Some(job) = &listed.job
+        && !registry::KINDS.iter().any(|kind| kind.name() == job)
+    {
+        return Err(explain::UsageError(format!(
+            "--job: expected one of {}, got {job:?}",
+            registry::KINDS
+                .iter()
+                .map(|kind| kind.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .into());
+    }
+    let pool = db::connect(&settings.database).await?;
+    let now = clock::database_now(&pool).await?;
+    let status = status::read(&pool, settings, now, &listed).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", status.render());
+    }
+    Ok(())
+}
+
+/// `sexton seed`, refusing a database that holds accounts unless `force`d.
+async fn run_seed(
+    settings: &Settings,
+    options: &SeedOptions,
+    force: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let pool = db::connect(&settings.database).await?;
+    let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(&pool)
+        .await
+        .context("could not count the accounts (run `sexton migrate` first?)")?;
+    if existing > 0 && !force {
+        anyhow::bail!(
+            "the database already holds {existing} accounts; `sexton seed` writes \
+             synthetic accounts and files, so it refuses a database in use \
+             (pass --force to seed anyway)"
+        );
+    }
+    let started = std::time::Instant::now();
+    let report = seed(&pool, &settings.paths, options).await.context(
+        "seeding failed (what was written stays: recreate the database before seeding again)",
+    )?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "seeded {} accounts, {} conversations, {} runs: {} rows and {} files ({} bytes) in {:.1}s",
+            report.accounts,
+            report.conversations,
+            report.runs,
+            report.rows,
+            report.files,
+            report.file_bytes,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
 }
