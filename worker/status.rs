@@ -196,94 +196,7 @@ impl Status {
         let mut out = String::new();
         let _ = writeln!(out, "sexton status at {}", time(Some(self.at)));
         for job in &self.jobs {
-            let _ = writeln!(
-                out,
-                "\n{} ({}): last complete slot {}, backlog {}",
-                job.job,
-                if job.scope == "global" {
-                    "one global pass per slot"
-                } else {
-                    "one pass per account per slot"
-                },
-                time(job.last_success_slot),
-                job.backlog_seconds
-                    .map_or_else(|| "not measured".to_owned(), |s| format!("{s:.0} s")),
-            );
-            let _ = writeln!(out, "  queue: {}", counts(&job.queue));
-            if let Some(f) = &job.fan_out {
-                let _ = writeln!(
-                    out,
-                    "  slot {}: {} accounts looked at{}, {} passes started, {} with nothing due",
-                    time(Some(f.slot)),
-                    f.accounts,
-                    if f.complete {
-                        ""
-                    } else {
-                        " so far (fan-out not finished)"
-                    },
-                    f.passes_started,
-                    f.nothing_due,
-                );
-            }
-            let s = &job.pass_states;
-            if s.pending + s.running + s.failed + s.finished == 0 {
-                let _ = writeln!(out, "  no pass yet");
-            } else {
-                let _ = writeln!(
-                    out,
-                    "  latest passes: {} finished, {} running, {} pending, {} failed{}",
-                    s.finished,
-                    s.running,
-                    s.pending,
-                    s.failed,
-                    if job.passes.len() as u64 == s.finished + s.running + s.pending + s.failed {
-                        ""
-                    } else {
-                        " (sexton status --all lists every one)"
-                    },
-                );
-            }
-            for pass in &job.passes {
-                let who = match (&pass.account_name, pass.account_id) {
-                    (Some(name), Some(id)) => format!("account {name} ({id})"),
-                    (None, Some(id)) => format!("account {id} (deleted)"),
-                    _ => "global".to_owned(),
-                };
-                let _ = writeln!(
-                    out,
-                    "  {who}: slot {}, {} (last hop {}), {} hops, started {}, finished {}",
-                    time(Some(pass.slot)),
-                    pass.state,
-                    pass.outcome,
-                    pass.hops,
-                    time(pass.started_at),
-                    time(pass.finished_at),
-                );
-                let _ = writeln!(
-                    out,
-                    "    {} candidates, {} pruned; retained: {}; rows deleted: {}; {} files ({} bytes) deleted, {} file errors",
-                    pass.candidates,
-                    pass.pruned,
-                    pairs(&pass.retained),
-                    pairs(&pass.rows_deleted),
-                    pass.files_deleted,
-                    pass.bytes_reclaimed,
-                    pass.file_errors,
-                );
-                if let Some(error) = &pass.last_error {
-                    let _ = writeln!(out, "    last error: {error}");
-                }
-                if pass.throttles > 0 {
-                    let _ = writeln!(
-                        out,
-                        "    throttled {} times, last at {} by {} (the database was unhealthy; \
-                         hops wait [health] backoff_ms)",
-                        pass.throttles,
-                        time(pass.last_throttled_at),
-                        pass.last_throttled_by.as_deref().unwrap_or("?"),
-                    );
-                }
-            }
+            render_job(&mut out, job);
         }
         let _ = writeln!(out, "\nnightly slots: {}", counts(&self.nightly));
         let _ = writeln!(out, "all queues: {}", counts(&self.queue));
@@ -313,5 +226,103 @@ impl Status {
             );
         }
         crate::text::printable(&out)
+    }
+}
+
+/// One job's lines of [`Status::render`]: its last complete slot and backlog, its queue, its
+/// latest fan-out, its passes by state and the passes listed.
+fn render_job(out: &mut String, job: &JobStatus) {
+    let _ = writeln!(
+        out,
+        "\n{} ({}): last complete slot {}, backlog {}",
+        job.job,
+        if job.scope == "global" {
+            "one global pass per slot"
+        } else {
+            "one pass per account per slot"
+        },
+        time(job.last_success_slot),
+        job.backlog_seconds
+            .map_or_else(|| "not measured".to_owned(), |s| format!("{s:.0} s")),
+    );
+    let _ = writeln!(out, "  queue: {}", counts(&job.queue));
+    if let Some(f) = &job.fan_out {
+        let _ = writeln!(
+            out,
+            "  slot {}: {} accounts looked at{}, {} passes started, {} with nothing due",
+            time(Some(f.slot)),
+            f.accounts,
+            if f.complete {
+                ""
+            } else {
+                " so far (fan-out not finished)"
+            },
+            f.passes_started,
+            f.nothing_due,
+        );
+    }
+    let s = &job.pass_states;
+    if s.pending + s.running + s.failed + s.finished == 0 {
+        let _ = writeln!(out, "  no pass yet");
+    } else {
+        let _ = writeln!(
+            out,
+            "  latest passes: {} finished, {} running, {} pending, {} failed{}",
+            s.finished,
+            s.running,
+            s.pending,
+            s.failed,
+            if job.passes.len() as u64 == s.finished + s.running + s.pending + s.failed {
+                ""
+            } else {
+                " (sexton status --all lists every one)"
+            },
+        );
+    }
+    for pass in &job.passes {
+        render_pass(out, pass);
+    }
+}
+
+/// One listed pass's lines of [`Status::render`].
+fn render_pass(out: &mut String, pass: &Pass) {
+    let who = match (&pass.account_name, pass.account_id) {
+        (Some(name), Some(id)) => format!("account {name} ({id})"),
+        (None, Some(id)) => format!("account {id} (deleted)"),
+        _ => "global".to_owned(),
+    };
+    let _ = writeln!(
+        out,
+        "  {who}: slot {}, {} (last hop {}), {} hops, started {}, finished {}",
+        time(Some(pass.slot)),
+        pass.state,
+        pass.outcome,
+        pass.hops,
+        time(pass.started_at),
+        time(pass.finished_at),
+    );
+    let _ = writeln!(
+        out,
+        "    {} candidates, {} pruned; retained: {}; rows deleted: {}; {} files ({} bytes) deleted, {} file errors",
+        pass.candidates,
+        pass.pruned,
+        pairs(&pass.retained),
+        pairs(&pass.rows_deleted),
+        pass.files_deleted,
+        pass.bytes_reclaimed,
+        pass.file_errors,
+    );
+    if let Some(error) = &pass.last_error {
+        let _ = writeln!(out, "    last error: {error}");
+    }
+    if pass.throttles > 0 {
+        let _ = writeln!(
+            out,
+            "    throttled {} times, last at {} by {} (the database was unhealthy; \
+             hops wait [health] backoff_ms)",
+            pass.throttles,
+            time(pass.last_throttled_at),
+            pass.last_throttled_by.as_deref().unwrap_or("?"),
+        );
     }
 }
