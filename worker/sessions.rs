@@ -16,7 +16,7 @@ use sexton_jobs::files::FileCounts;
 use sexton_jobs::health::Health;
 use sexton_jobs::job::Job as _;
 use sexton_jobs::session_retention::{
-    self as job, Ages, Args, HopSettings, Policy, SessionRetention, Target,
+    self as job, Ages, Args, HopReport, HopSettings, Policy, SessionRetention, Target,
 };
 use uuid::Uuid;
 
@@ -139,17 +139,7 @@ async fn delete(
             .get::<HopSettings>(SessionRetention::NAME)
             .clone()
     };
-    let progress = if json || !std::io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(targets.len() as u64)
-    };
-    progress.set_style(
-        ProgressStyle::with_template(
-            "deleting {bar:40} {pos}/{len} sessions ({per_sec}, eta {eta})",
-        )
-        .expect("a valid progress template"),
-    );
+    let progress = progress(targets.len() as u64, json);
     let mut accounts: Vec<Uuid> = targets.iter().map(|t| t.account_id).collect();
     accounts.sort();
     accounts.dedup();
@@ -172,22 +162,7 @@ async fn delete(
                 }
             };
             progress.inc(report.deleted + report.retained.values().sum::<u64>());
-            deleted.sessions += report.deleted;
-            for (reason, n) in &report.retained {
-                *deleted.retained.entry(reason).or_default() += n;
-            }
-            for (table, n) in &report.rows {
-                *deleted.rows.entry(table).or_default() += n;
-            }
-            deleted.handoffs_unlinked += report.handoffs_unlinked;
-            let FileCounts {
-                deleted: files,
-                bytes,
-                errors,
-            } = report.files;
-            deleted.files_deleted += files;
-            deleted.bytes_reclaimed += bytes;
-            deleted.file_errors += errors;
+            deleted.add(&report);
             if let Some(indicator) = report.throttled {
                 // As a nightly pass would: wait, then go on where it stopped.
                 progress.println(format!(
@@ -206,6 +181,44 @@ async fn delete(
     }
     progress.finish_and_clear();
     Ok(deleted)
+}
+
+/// The progress of deleting `sessions`, shown on a terminal unless the output is JSON.
+fn progress(sessions: u64, json: bool) -> ProgressBar {
+    let progress = if json || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(sessions)
+    };
+    progress.set_style(
+        ProgressStyle::with_template(
+            "deleting {bar:40} {pos}/{len} sessions ({per_sec}, eta {eta})",
+        )
+        .expect("a valid progress template"),
+    );
+    progress
+}
+
+impl Deleted {
+    /// Adds what one hop did.
+    fn add(&mut self, report: &HopReport) {
+        self.sessions += report.deleted;
+        for (reason, n) in &report.retained {
+            *self.retained.entry(reason).or_default() += n;
+        }
+        for (table, n) in &report.rows {
+            *self.rows.entry(table).or_default() += n;
+        }
+        self.handoffs_unlinked += report.handoffs_unlinked;
+        let FileCounts {
+            deleted: files,
+            bytes,
+            errors,
+        } = report.files;
+        self.files_deleted += files;
+        self.bytes_reclaimed += bytes;
+        self.file_errors += errors;
+    }
 }
 
 /// The job's scope lock for `account`, waiting up to 30 s for a nightly hop that holds it.
