@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sexton_jobs::clock::SystemClock;
 use sexton_jobs::job::{Cadence, Job as _};
 use sexton_jobs::trace_cleanup::{Limits, TraceCleanup, TraceSettings};
@@ -16,7 +16,6 @@ use sexton_jobs::trace_cleanup::{Limits, TraceCleanup, TraceSettings};
 use crate::config::{PathSettings, Settings};
 use crate::context::JobContext;
 use crate::seed::{SeedOptions, seed};
-
 use crate::{db, ledger, preview, queue, registry, schedule, tick, worker};
 
 /// Where the demo writes its files and log: a fresh directory per run.
@@ -83,93 +82,12 @@ struct Snapshot {
 /// any step fails.
 pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     let root = root();
-    let mut settings = settings.clone();
-    // The demo shows every job: background trace cleanup is switched on with an age limit
-    // unless the configuration already enables it.
-    let traces: &TraceSettings = settings.jobs.get(TraceCleanup::NAME);
-    if !traces.enabled {
-        let demo_traces = TraceSettings {
-            enabled: true,
-            limits: Limits {
-                max_age_days: 30,
-                ..traces.limits
-            },
-            ..traces.clone()
-        };
-        settings.jobs.set(TraceCleanup::NAME, demo_traces);
-    }
-    // Freshly seeded tables are what autovacuum works on first: the demo does not wait for it.
-    settings.health = sexton_jobs::health::HealthSettings::OFF;
-    settings.paths = PathSettings {
-        output_root: root.join("outputs"),
-        attachments_root: root.join("attachments"),
-        artifacts_root: root.join("artifacts"),
-        sessions_root: root.join("sessions"),
-        traces_root: root.join("traces"),
-    };
-
+    let settings = demo_settings(settings, &root);
     let pool = db::connect(&settings.database).await?;
-    db::migrate(&pool).await?;
-    let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
-        .fetch_one(&pool)
-        .await?;
-    if existing > 0 {
-        bail!(
-            "the database already holds {existing} accounts; `sexton demo` seeds synthetic data \
-             and only runs against an empty, throw-away database"
-        );
-    }
-
-    let now = Utc::now();
-    println!(
-        "sexton demo: seeding scale {scale} (files under {})",
-        root.display()
-    );
-    let report = seed(
-        &pool,
-        &settings.paths,
-        &SeedOptions {
-            scale,
-            seed: 1,
-            now,
-            show_progress: true,
-            checked: false,
-        },
-    )
-    .await
-    .context("seeding failed")?;
-    println!(
-        "seeded {} accounts, {} conversations, {} runs, {} rows, {} files",
-        report.accounts, report.conversations, report.runs, report.rows, report.files
-    );
+    let now = seed_empty(&pool, &settings, scale, &root).await?;
 
     let before = snapshot(&pool, &settings.paths).await?;
-    println!("\nwhat the pass will do (sexton preview --all):");
-    let mut conn = pool.acquire().await?;
-    let mut out = std::io::stdout().lock();
-    preview::write(
-        &mut conn,
-        &settings,
-        now,
-        preview::Shown::All,
-        false,
-        &mut out,
-    )
-    .await?;
-    drop(out);
-    drop(conn);
-    let ticked = tick::tick(&pool, &settings, now).await?;
-    // Kinds on a cadence of their own (trace cleanup, when enabled) start their period too.
-    let ctx = JobContext::new(
-        pool.clone(),
-        Arc::new(settings.clone()),
-        Arc::new(SystemClock),
-    );
-    for kind in registry::KINDS {
-        if let Cadence::Every(period) = kind.cadence(&settings) {
-            tick::start_period(&ctx, *kind, schedule::period_start(now, period)).await?;
-        }
-    }
+    let ticked = start_night(&pool, &settings, now).await?;
     println!(
         "\nnightly slot {}: {}; running it (worker log: {})",
         ticked.slot.to_rfc3339(),
@@ -195,6 +113,114 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
         root.display()
     );
     Ok(())
+}
+
+/// The configured settings as the demo runs them: every job on (background trace cleanup with
+/// an age limit unless the configuration already enables it), no health pauses, and the file
+/// roots under `root`.
+fn demo_settings(settings: &Settings, root: &Path) -> Settings {
+    let mut settings = settings.clone();
+    let traces: &TraceSettings = settings.jobs.get(TraceCleanup::NAME);
+    if !traces.enabled {
+        let demo_traces = TraceSettings {
+            enabled: true,
+            limits: Limits {
+                max_age_days: 30,
+                ..traces.limits
+            },
+            ..traces.clone()
+        };
+        settings.jobs.set(TraceCleanup::NAME, demo_traces);
+    }
+    // Freshly seeded tables are what autovacuum works on first: the demo does not wait for it.
+    settings.health = sexton_jobs::health::HealthSettings::OFF;
+    settings.paths = PathSettings {
+        output_root: root.join("outputs"),
+        attachments_root: root.join("attachments"),
+        artifacts_root: root.join("artifacts"),
+        sessions_root: root.join("sessions"),
+        traces_root: root.join("traces"),
+    };
+    settings
+}
+
+/// Migrates and seeds the database at `scale`, refusing one that already holds accounts; the
+/// moment the data was seeded relative to.
+async fn seed_empty(
+    pool: &sqlx::PgPool,
+    settings: &Settings,
+    scale: u64,
+    root: &Path,
+) -> anyhow::Result<DateTime<Utc>> {
+    db::migrate(pool).await?;
+    let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(pool)
+        .await?;
+    if existing > 0 {
+        bail!(
+            "the database already holds {existing} accounts; `sexton demo` seeds synthetic data \
+             and only runs against an empty, throw-away database"
+        );
+    }
+    let now = Utc::now();
+    println!(
+        "sexton demo: seeding scale {scale} (files under {})",
+        root.display()
+    );
+    let report = seed(
+        pool,
+        &settings.paths,
+        &SeedOptions {
+            scale,
+            seed: 1,
+            now,
+            show_progress: true,
+            checked: false,
+        },
+    )
+    .await
+    .context("seeding failed")?;
+    println!(
+        "seeded {} accounts, {} conversations, {} runs, {} rows, {} files",
+        report.accounts, report.conversations, report.runs, report.rows, report.files
+    );
+    Ok(now)
+}
+
+/// Prints what the pass will do, then enqueues the nightly slot at `now` and the current
+/// period of every kind on a cadence of its own.
+async fn start_night(
+    pool: &sqlx::PgPool,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> anyhow::Result<tick::Ticked> {
+    println!("\nwhat the pass will do (sexton preview --all):");
+    let mut conn = pool.acquire().await?;
+    let mut out = std::io::stdout().lock();
+    preview::write(
+        &mut conn,
+        settings,
+        now,
+        preview::Shown::All,
+        false,
+        &mut out,
+    )
+    .await?;
+    drop(out);
+    drop(conn);
+    let ticked = tick::tick(pool, settings, now).await?;
+    // Kinds on a cadence of their own (trace cleanup, when enabled) start their period too.
+    let ctx = JobContext::new(
+        pool.clone(),
+        Arc::new(settings.clone()),
+        Arc::new(SystemClock),
+    );
+    for kind in registry::KINDS {
+        if let Cadence::Every(period) = kind.cadence(settings) {
+            tick::start_period(&ctx, *kind, schedule::period_start(now, period)).await?;
+        }
+    }
+    Ok(ticked)
 }
 
 async fn snapshot(pool: &sqlx::PgPool, paths: &PathSettings) -> anyhow::Result<Snapshot> {
