@@ -253,32 +253,53 @@ async fn run_locked<J: Job>(
     // `locked_at`) before this release's round trip is back.
     let unlocked_at = ctx.clock.now();
     lock.release().await;
-    match result {
-        Ok(()) => {}
-        Err(err) => {
-            // What it committed before it failed is done: counted all the same.
-            metrics::committed(J::NAME, J::RETAIN_REASONS, &report);
-            if let Err(error) = ledger::record_committed(
-                &ctx.pool,
-                J::NAME,
-                ledger::scope(position.account),
-                position.pass_started_at,
-                &report,
-            )
-            .await
-            {
-                tracing::warn!(%error, "could not count a failed hop's work in the pass ledger");
-            }
-            let retry = J::retryable(&err);
-            let err = anyhow::Error::new(err).context(format!("{} hop failed", J::NAME));
-            return Err(if retry {
-                JobFailure::Retryable(err)
-            } else {
-                JobFailure::Fatal(err)
-            });
-        }
+    if let Err(err) = result {
+        return Err(failed::<J>(ctx, position, &report, err).await);
     }
     let seconds = started.elapsed().as_secs_f64();
+    hand_over::<J>(ctx, position, &report, seconds, locked_at, unlocked_at).await
+}
+
+/// A hop whose run failed: what it committed before it failed is done, and counted all the
+/// same (metrics, pass ledger); the failure says whether the job is tried again.
+async fn failed<J: Job>(
+    ctx: &JobContext,
+    position: Position,
+    report: &Report<J::Args>,
+    err: J::Error,
+) -> JobFailure {
+    metrics::committed(J::NAME, J::RETAIN_REASONS, report);
+    if let Err(error) = ledger::record_committed(
+        &ctx.pool,
+        J::NAME,
+        ledger::scope(position.account),
+        position.pass_started_at,
+        report,
+    )
+    .await
+    {
+        tracing::warn!(%error, "could not count a failed hop's work in the pass ledger");
+    }
+    let retry = J::retryable(&err);
+    let err = anyhow::Error::new(err).context(format!("{} hop failed", J::NAME));
+    if retry {
+        JobFailure::Retryable(err)
+    } else {
+        JobFailure::Fatal(err)
+    }
+}
+
+/// The end of a hop that ran (its scope locked from `locked_at` to `unlocked_at`): the next
+/// hop pushed (after the backoff when throttled), the hop counted and logged, its pass updated
+/// in the ledger.
+async fn hand_over<J: Job>(
+    ctx: &JobContext,
+    position: Position,
+    report: &Report<J::Args>,
+    seconds: f64,
+    locked_at: DateTime<Utc>,
+    unlocked_at: DateTime<Utc>,
+) -> Result<(), JobFailure> {
     // The hop's work is done and counted whatever happens to the hand-over.
     // A throttled pass waits before its next hop.
     let delay = report.throttled.map(|_| ctx.settings.health.backoff);
@@ -293,7 +314,7 @@ async fn run_locked<J: Job>(
     span.record("window", report.window);
     match &pushed {
         Ok(()) => {
-            metrics::hop(J::NAME, J::RETAIN_REASONS, &report, seconds);
+            metrics::hop(J::NAME, J::RETAIN_REASONS, report, seconds);
             span.record("outcome", report.outcome);
         }
         Err(_) => {
@@ -305,10 +326,11 @@ async fn run_locked<J: Job>(
             span.record("outcome", "failed");
         }
     }
-    log_hop_done(&report, seconds, locked_at, unlocked_at);
-    record::<J>(ctx, position, locked_at, &report).await;
-    pushed
-        .map_err(|err| retryable(anyhow::Error::new(err).context("could not enqueue the next hop")))
+    log_hop_done(report, seconds, locked_at, unlocked_at);
+    record::<J>(ctx, position, locked_at, report).await;
+    pushed.map_err(|err| {
+        JobFailure::Retryable(anyhow::Error::new(err).context("could not enqueue the next hop"))
+    })
 }
 
 /// Adds the hop to the pass ledger, and refreshes the last-success gauge when a pass ended.
