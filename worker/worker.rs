@@ -192,20 +192,8 @@ pub enum Mode {
 pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     let settings = Arc::new(settings.clone());
     let health = Arc::new(Health::default());
-    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match mode {
-        Mode::Fleet => {
-            let listener = TcpListener::bind(settings.http.listen)
-                .await
-                .with_context(|| {
-                    format!("http.listen: cannot listen on {}", settings.http.listen)
-                })?;
-            tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
-            let serve = http::serve(listener, metrics::install(), health.clone(), async {
-                let _ = http_stopped.await;
-            });
-            Some(tokio::spawn(serve))
-        }
+        Mode::Fleet => Some(serve_http(&settings, &health).await?),
         Mode::UntilIdle => None,
     };
 
@@ -219,40 +207,13 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     }
     let ctx = JobContext::new(pool.clone(), settings.clone(), clock.clone());
     let wakeups = Arc::new(Wakeups::default());
-    let mut background = vec![
-        tokio::spawn(wakeups.clone().run(pool.clone())),
-        tokio::spawn(clock.keep(pool.clone())),
-    ];
-    if mode == Mode::Fleet {
-        let watch = db::watch_writable(
-            pool.clone(),
-            settings.database.clone(),
-            WRITABLE_INTERVAL,
-            false,
-        );
-        background.push(tokio::spawn(async move {
-            watch.await;
-        }));
-        background.push(tokio::spawn(tick::run_schedule(
-            pool.clone(),
-            settings.clone(),
-            ctx.clock.clone(),
-        )));
-        background.push(tokio::spawn(refresh_gauges(ctx.clone())));
-        for kind in registry::KINDS {
-            if let Cadence::Every(period) = kind.cadence(&settings) {
-                background.push(tokio::spawn(tick::run_every(ctx.clone(), *kind, period)));
-            }
-        }
-    }
+    let background = start_background(&ctx, mode, &wakeups, clock);
 
     let name = worker_name(&settings);
     let monitor = monitor(&ctx, &wakeups, &health, &name);
 
     tracing::info!(worker = %name, queues = Consumer::all().count(), "worker started");
     health.consuming(true);
-    let stopping = ctx.stopping.clone();
-    let handling = ctx.handling.clone();
     let watch = (mode == Mode::UntilIdle).then(|| {
         db::watch_writable(
             pool.clone(),
@@ -261,18 +222,9 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
             true,
         )
     });
-    let stop = async move {
-        let result = tokio::select! {
-            signal = shutdown_signal() => signal,
-            idle = wait_until_idle(&pool, &handling), if mode == Mode::UntilIdle => idle,
-        };
-        // Running hops finish the owner in hand and hand the rest over (FL-5).
-        stopping.store(true, Ordering::Relaxed);
-        result
-    };
     // The monitor on a task of its own: its restart pauses hold its thread (see `monitor`),
     // never the watch beside it.
-    let run = tokio::spawn(monitor.run_with_signal(stop));
+    let run = tokio::spawn(monitor.run_with_signal(stop(ctx.clone(), mode)));
     let run = async move {
         match run.await {
             Ok(outcome) => outcome.context("the worker monitor failed"),
@@ -298,13 +250,86 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     for task in background {
         task.abort();
     }
-    let _ = http_stop.send(());
-    if let Some(http) = http {
+    if let Some((stop, http)) = http {
+        let _ = stop.send(());
         http.await??;
     }
     outcome?;
     tracing::info!(worker = %name, "worker stopped");
     Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT or, running until idle, once idle; running hops are then told
+/// to stop.
+async fn stop(ctx: JobContext, mode: Mode) -> std::io::Result<()> {
+    let result = tokio::select! {
+        signal = shutdown_signal() => signal,
+        idle = wait_until_idle(&ctx.pool, &ctx.handling), if mode == Mode::UntilIdle => idle,
+    };
+    // Running hops finish the owner in hand and hand the rest over (FL-5).
+    ctx.stopping.store(true, Ordering::Relaxed);
+    result
+}
+
+/// Serves /metrics, /healthz and /readyz on `http.listen` until the sender is used.
+///
+/// # Errors
+/// The address cannot be bound.
+async fn serve_http(
+    settings: &Settings,
+    health: &Arc<Health>,
+) -> anyhow::Result<(
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let listener = TcpListener::bind(settings.http.listen)
+        .await
+        .with_context(|| format!("http.listen: cannot listen on {}", settings.http.listen))?;
+    tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    let serve = http::serve(listener, metrics::install(), health.clone(), async {
+        let _ = stopped.await;
+    });
+    Ok((stop, tokio::spawn(serve)))
+}
+
+/// The tasks a worker runs beside its queue consumers, aborted when it stops: the LISTEN
+/// wake-ups and the clock's measurement; in a fleet member also the writable watch, the
+/// nightly schedule, the gauges, and the timer of every kind on a cadence of its own.
+fn start_background(
+    ctx: &JobContext,
+    mode: Mode,
+    wakeups: &Arc<Wakeups>,
+    clock: Arc<DatabaseClock>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let pool = &ctx.pool;
+    let mut background = vec![
+        tokio::spawn(wakeups.clone().run(pool.clone())),
+        tokio::spawn(clock.keep(pool.clone())),
+    ];
+    if mode == Mode::Fleet {
+        let watch = db::watch_writable(
+            pool.clone(),
+            ctx.settings.database.clone(),
+            WRITABLE_INTERVAL,
+            false,
+        );
+        background.push(tokio::spawn(async move {
+            watch.await;
+        }));
+        background.push(tokio::spawn(tick::run_schedule(
+            pool.clone(),
+            ctx.settings.clone(),
+            ctx.clock.clone(),
+        )));
+        background.push(tokio::spawn(refresh_gauges(ctx.clone())));
+        for kind in registry::KINDS {
+            if let Cadence::Every(period) = kind.cadence(&ctx.settings) {
+                background.push(tokio::spawn(tick::run_every(ctx.clone(), *kind, period)));
+            }
+        }
+    }
+    background
 }
 
 /// One apalis worker per queue under one monitor, which stops claiming on shutdown and waits
