@@ -103,8 +103,8 @@ fn fl6_the_pool_arithmetic_in_default_toml_and_the_readme_is_the_registrys() {
         "config/default.toml says it {spare}"
     );
 
-    let readme = read("README.md");
-    let sizing = between(&readme, "### Sizing", "\n## ");
+    let operating = read("docs/operating.md");
+    let sizing = between(&operating, "## Sizing", "\n## ");
     let said = (
         number_after(sizing, "`database.max_connections` ("),
         number_after(sizing, "`queue.concurrency` ("),
@@ -125,25 +125,25 @@ fn fl6_the_pool_arithmetic_in_default_toml_and_the_readme_is_the_registrys() {
     );
     assert_eq!(
         said, computed,
-        "README's Sizing: (max_connections, concurrency, connections per hop, queues, fixed, \
+        "docs/operating.md's Sizing: (max_connections, concurrency, connections per hop, queues, fixed, \
          needed, max_connections again)"
     );
     assert!(
         sizing.contains(&spare),
-        "the README says the default {spare}"
+        "docs/operating.md says the default {spare}"
     );
 }
 
 #[test]
-fn op1_the_readme_lists_every_subject_explain_knows() {
-    let readme = read("README.md");
-    let list = between(&readme, "Subjects: ", ". It is read-only");
+fn op1_the_docs_list_every_subject_explain_knows() {
+    let jobs = read("docs/jobs.md");
+    let list = between(&jobs, "Subjects: ", ". It is read-only");
     let listed: BTreeSet<&str> = list.split('`').skip(1).step_by(2).collect();
     let registered: BTreeSet<&str> = KINDS
         .iter()
         .flat_map(|kind| kind.subjects().iter().copied())
         .collect();
-    assert_eq!(listed, registered, "README's explain subjects: {list}");
+    assert_eq!(listed, registered, "docs/jobs.md's explain subjects: {list}");
 }
 
 /// The kinds `SextonNoSuccessfulPass` leaves out, as its expression's `job!=` or `job!~`
