@@ -143,7 +143,10 @@ fn op1_the_docs_list_every_subject_explain_knows() {
         .iter()
         .flat_map(|kind| kind.subjects().iter().copied())
         .collect();
-    assert_eq!(listed, registered, "docs/jobs.md's explain subjects: {list}");
+    assert_eq!(
+        listed, registered,
+        "docs/jobs.md's explain subjects: {list}"
+    );
 }
 
 /// The kinds `SextonNoSuccessfulPass` leaves out, as its expression's `job!=` or `job!~`

@@ -13,6 +13,7 @@ mod fleet;
 mod foundation;
 mod health;
 mod hostile;
+mod kind;
 mod registry;
 mod sessions;
 mod shutdown;
