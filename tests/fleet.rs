@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sexton::config::{ScheduleSettings, parse_cron};
@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, RESCUE_BOUND_SECS, fleet_worker, free_port, http_get, poll_until, serving_fleet_worker,
-    wait_until_idle, worker_like,
+    Proc, RESCUE_BOUND_SECS, SHUTDOWN_GRACE, fleet_worker, free_port, http_get, poll_until,
+    serving_fleet_worker, wait_until_idle, worker_like,
 };
 use crate::common::{self, audit};
 
@@ -614,6 +614,13 @@ async fn fl4_a_worker_whose_hops_all_wait_keeps_heartbeating_with_more_jobs_due(
     other.stop().await;
 }
 
+/// What a worker may take past its grace to end the process: it stops its HTTP server and
+/// background tasks, and its runtime gets up to a second (`SHUTDOWN_WAIT` in `main.rs`) for tasks
+/// still on it — none here, so the process ends some 50 ms past the grace; the rest is this
+/// machine's scheduling. A worker that waited for the hop instead would take as long as the hop's
+/// lock wait: 30 s, where the statement timeout ends it.
+const PAST_THE_GRACE: Duration = Duration::from_secs(1);
+
 #[sqlx::test]
 async fn fl5_sigterm_mid_pass_exits_within_the_grace_and_the_pass_resumes(pool: PgPool) {
     let common::Backlog {
@@ -622,7 +629,19 @@ async fn fl5_sigterm_mid_pass_exits_within_the_grace_and_the_pass_resumes(pool: 
         before,
         url,
     } = common::seeded_backlog(&pool, 6).await;
-    let mut cmd = fleet_worker(&url, dir.path());
+    // A hop that cannot finish within the grace: its owner waits (until the 30 s statement
+    // timeout) on a conversation the platform holds, so that the grace, not the hop, ends the
+    // worker.
+    let held: Uuid = sqlx::query_scalar(
+        "SELECT conversation_id FROM runs WHERE id = ANY($1) ORDER BY account_id, id LIMIT 1",
+    )
+    .bind(&before.eligible)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let mut writer = pool.begin().await.unwrap();
+    fixture::lock_conversation(&mut writer, held).await;
+    let mut cmd = patient_worker(&url, dir.path());
     cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "50");
     let mut worker = Proc::spawn(cmd);
     sexton::tick::tick(&pool, &settings, pass_start())
@@ -632,17 +651,39 @@ async fn fl5_sigterm_mid_pass_exits_within_the_grace_and_the_pass_resumes(pool: 
         audit::pruned_count(&pool).await > 0
     })
     .await;
+    common::wait_for_lock_waiter(&pool, "conversations").await;
+    let signalled = Instant::now();
     worker.sigterm();
-    // Grace is 5 s; the hang guard allows start-up noise on a loaded machine.
-    let status = common::wait(&mut worker.child, Duration::from_secs(15)).await;
+    // A hang guard past the held hop's wait, so that a worker waiting for it is measured.
+    let status = common::wait(&mut worker.child, Duration::from_secs(90)).await;
+    let took = signalled.elapsed();
     assert!(status.success(), "exit after SIGTERM: {status}");
+    assert!(
+        took <= SHUTDOWN_GRACE + PAST_THE_GRACE,
+        "exited {took:?} after SIGTERM, with a grace of {SHUTDOWN_GRACE:?}"
+    );
+    // The case at hand: the held hop was still running when the worker went, left to be resumed.
+    let abandoned: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM apalis.jobs
+         WHERE job_type = 'sexton.prune_execution_details' AND status = 'Running'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(abandoned >= 1, "no hop outlasted the grace");
     assert!(
         (audit::pruned_count(&pool).await as usize) < before.eligible.len(),
         "stopped mid-pass"
     );
     audit::verify(&pool, &settings.paths.output_root, &before, false).await;
+    writer.rollback().await.unwrap();
 
-    common::run_until_idle(&pool, dir.path()).await;
+    // A replica of the fleet rescues the abandoned hop (within the rescue bound) and completes
+    // the pass.
+    let mut resume = fleet_worker(&url, dir.path());
+    resume.arg("--exit-when-idle");
+    let (status, lines) = Proc::spawn(resume).finish(Duration::from_secs(120)).await;
+    assert!(status.success(), "worker exited with {status}: {lines:?}");
     audit::verify(&pool, &settings.paths.output_root, &before, true).await;
 }
 

@@ -110,6 +110,9 @@ pub const MISSED_HEARTBEATS: u64 = 6;
 /// The test fleet's rescue bound, in seconds.
 pub const RESCUE_BOUND_SECS: f64 = (HEARTBEAT_MS * MISSED_HEARTBEATS) as f64 / 1000.0;
 
+/// A test fleet worker's shutdown grace (FL-5).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// A `LIKE` pattern for the names the worker process `pid` registers and locks jobs under.
 pub fn worker_like(pid: u32) -> String {
     format!("%-{pid}.%")
@@ -126,7 +129,10 @@ pub fn fleet_worker(url: &str, dir: &std::path::Path) -> Command {
             "SEXTON_QUEUE__MISSED_HEARTBEATS",
             MISSED_HEARTBEATS.to_string(),
         )
-        .env("SEXTON_QUEUE__SHUTDOWN_GRACE_MS", "5000");
+        .env(
+            "SEXTON_QUEUE__SHUTDOWN_GRACE_MS",
+            SHUTDOWN_GRACE.as_millis().to_string(),
+        );
     cmd
 }
 
