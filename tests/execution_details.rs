@@ -726,7 +726,27 @@ async fn ex3_a_file_recorded_before_a_crash_is_deleted_by_the_next_hop(pool: PgP
         .execute(&env.pool)
         .await
         .unwrap();
+    // The control: a young run's file that the crashed hop recorded too, as the pruned run it
+    // went with named it as well; the young run's row still does.
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let young = env
+        .run(RunSpec::conversation(account, conversation, 5.0))
+        .await;
+    let young_file = env.output_file(account, young.id);
+    sqlx::query(
+        "INSERT INTO sexton.pending_file_deletions (account_id, relative_path) VALUES ($1, $2)",
+    )
+    .bind(account)
+    .bind(format!("{account}/{}/out.bin", young.id))
+    .execute(&env.pool)
+    .await
+    .unwrap();
     let report = env.hop(&Args::first(account, pass_start())).await;
+    assert!(
+        young_file.exists(),
+        "a file a surviving run references was deleted"
+    );
+    assert!(fixture::has_detail(&env.pool, young.id).await);
     assert!(!leftover.exists());
     assert_eq!(report.files_deleted, 1);
 }
