@@ -293,18 +293,30 @@ async fn hl3_a_wal_budget_holds_the_rate_of_a_pass_within_20_percent(pool: PgPoo
 #[tokio::test]
 async fn hl_invalid_health_settings_exit_2_naming_each() {
     let dir = tempfile::tempdir().unwrap();
+    // Every file root is a path that is missing, here on any machine: whether or not it has the
+    // default ones (under /var/lib/platform), and whatever this process's environment says.
+    let missing = dir.path().join("missing");
     let check = |toml: &'static str| {
         let file = dir.path().join("health.toml");
         std::fs::write(&file, toml).unwrap();
-        async move {
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_sexton"))
-                .arg("check-config")
-                .arg("--config")
-                .arg(&file)
-                .output()
-                .await
-                .unwrap()
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sexton"));
+        cmd.env_clear()
+            .arg("check-config")
+            .arg("--config")
+            .arg(&file);
+        for root in [
+            "output_root",
+            "attachments_root",
+            "artifacts_root",
+            "sessions_root",
+            "traces_root",
+        ] {
+            cmd.env(
+                format!("SEXTON_PATHS__{}", root.to_uppercase()),
+                missing.join(root),
+            );
         }
+        async move { cmd.output().await.unwrap() }
     };
     let bad = check(
         "[health]\nmax_replication_lag_bytes = -1\npause_on_vacuum = \"often\"\n\
@@ -328,8 +340,8 @@ async fn hl_invalid_health_settings_exit_2_naming_each() {
          max_wal_bytes_per_second = 1000000\nbackoff_ms = 1000\ncache_ms = 5000\n",
     )
     .await;
-    // This machine has no platform directories, so check-config still refuses the paths; the
-    // health settings are not among its problems.
+    // The roots are missing, so check-config still refuses the paths; the health settings are
+    // not among its problems.
     let stderr = String::from_utf8_lossy(&good.stderr);
     assert!(stderr.contains("paths."), "{stderr}");
     assert!(
