@@ -178,6 +178,7 @@ async fn writable(pool: &PgPool, settings: &DatabaseSettings, fresh_only: bool) 
             if pooled_read_only {
                 renew_connections();
                 tracing::info!(
+                    event = crate::event::DATABASE_WRITABLE,
                     "the database takes writes again: renewing the connections opened while it \
                      was read-only"
                 );
@@ -191,6 +192,7 @@ async fn writable(pool: &PgPool, settings: &DatabaseSettings, fresh_only: bool) 
                 "default_transaction_read_only is on"
             };
             tracing::warn!(
+                event = crate::event::DATABASE_READ_ONLY,
                 in_recovery = recovery,
                 "the database is read-only ({why}): no job can run until it takes writes"
             );
@@ -217,7 +219,7 @@ pub async fn connect_with_retry(settings: &DatabaseSettings) -> Result<PgPool, D
             Err(err @ DbError::BadUrl(_)) => return Err(err),
             Err(err) if attempt >= settings.connect_attempts => return Err(err),
             Err(err) => {
-                tracing::warn!(attempt, of = settings.connect_attempts, error = %err, "database unreachable; retrying");
+                tracing::warn!(event = crate::event::DATABASE_UNREACHABLE, attempt, of = settings.connect_attempts, error = %err, "database unreachable; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(std::time::Duration::from_secs(10));
                 attempt += 1;

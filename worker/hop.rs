@@ -225,7 +225,10 @@ async fn run_locked<J: Job>(
         .map_err(retryable)?
     else {
         tracing::Span::current().record("outcome", "account_busy");
-        tracing::info!("another hop of this scope is running; trying again later");
+        tracing::info!(
+            event = crate::event::HOP_DEFERRED,
+            "another hop of this scope is running; trying again later"
+        );
         defer::<J>(ctx, args)
             .await
             .map_err(|e| retryable(e.into()))?;
@@ -365,6 +368,7 @@ fn log_hop_done<A>(
     unlocked_at: DateTime<Utc>,
 ) {
     tracing::info!(
+        event = crate::event::HOP_DONE,
         candidates = report.candidates,
         pruned = report.pruned,
         retained = report.retained_total(),

@@ -94,7 +94,7 @@ pub async fn run_schedule(pool: PgPool, settings: Arc<Settings>, clock: SharedCl
             PushOutcome::Enqueued => "caught_up",
             PushOutcome::Duplicate => "duplicate",
         });
-        tracing::info!(slot = %slot.to_rfc3339(), %outcome, "catch-up of the last missed slot");
+        tracing::info!(event = crate::event::SLOT_CAUGHT_UP, slot = %slot.to_rfc3339(), %outcome, "catch-up of the last missed slot");
     }
     loop {
         let now = clock.now();
@@ -133,7 +133,7 @@ pub async fn run_every(ctx: JobContext, kind: &'static dyn Kind, period: chrono:
         loop {
             match start_period(&ctx, kind, slot).await {
                 Ok(outcome) => {
-                    tracing::info!(job = kind.name(), slot = %slot.to_rfc3339(), %outcome, "period");
+                    tracing::info!(event = crate::event::PERIOD_PUSHED, job = kind.name(), slot = %slot.to_rfc3339(), %outcome, "period");
                     break;
                 }
                 Err(err) => {

@@ -212,7 +212,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     let name = worker_name(&settings);
     let monitor = monitor(&ctx, &wakeups, &health, &name);
 
-    tracing::info!(worker = %name, queues = Consumer::all().count(), "worker started");
+    tracing::info!(event = crate::event::WORKER_STARTED, worker = %name, queues = Consumer::all().count(), "worker started");
     health.consuming(true);
     let watch = (mode == Mode::UntilIdle).then(|| {
         db::watch_writable(
@@ -442,6 +442,7 @@ impl RestartPacer {
             .is_none_or(|at| now.duration_since(at) >= Self::LOG_EVERY)
         {
             tracing::warn!(
+                event = crate::event::CONSUMER_RESTARTING,
                 worker = consumer,
                 failures = self.unlogged,
                 in_a_row = streak,
@@ -514,6 +515,7 @@ async fn wait_until_idle(pool: &PgPool, handling: &AtomicUsize) -> std::io::Resu
             Ok(counts) if handled == 0 && counts.idle() => return Ok(()),
             Ok(counts) if counts.idle() && !said => {
                 tracing::info!(
+                    event = crate::event::WAITING_FOR_OWN_JOBS,
                     jobs = handled,
                     "the queue holds no job, but this worker still handles some (their rows \
                      gone?): waiting for them, as they may push more"
