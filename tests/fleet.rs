@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sexton::config::{ScheduleSettings, parse_cron};
+use sexton::event;
 use sexton::queue::{self, PushOutcome};
 use sqlx::PgPool;
 use tokio::process::Command;
@@ -13,7 +14,7 @@ use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, RESCUE_BOUND_SECS, SHUTDOWN_GRACE, fleet_worker, free_port, http_get, poll_until,
+    Proc, RESCUE_BOUND_SECS, SHUTDOWN_GRACE, events, fleet_worker, free_port, http_get, poll_until,
     serving_fleet_worker, wait_until_idle, worker_like,
 };
 use crate::common::{self, audit};
@@ -59,7 +60,7 @@ async fn fl2_each_slot_is_enqueued_exactly_once_across_the_fleet(pool: PgPool) {
         .map(|_| Proc::spawn(fleet_worker(&url, dir.path())))
         .collect();
     for worker in &workers {
-        worker.wait_for_log("worker started").await;
+        worker.wait_for(event::WORKER_STARTED).await;
     }
     let slots: Vec<DateTime<Utc>> = (0..50)
         .map(|day| pass_start() + chrono::Duration::days(day))
@@ -166,9 +167,7 @@ async fn fl2_a_fleet_started_late_catches_up_only_the_latest_missed_slot_once(po
         })
         .collect();
     for worker in &workers {
-        worker
-            .wait_for_log("catch-up of the last missed slot")
-            .await;
+        worker.wait_for(event::SLOT_CAUGHT_UP).await;
     }
     for worker in workers {
         worker.stop().await;
@@ -206,11 +205,8 @@ type Interval = (DateTime<Utc>, DateTime<Utc>);
 /// Hop intervals per account, from the workers' JSON logs.
 fn hop_intervals(lines: &[String]) -> BTreeMap<String, Vec<Interval>> {
     let mut intervals: BTreeMap<String, Vec<_>> = BTreeMap::new();
-    for line in lines {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if event["message"] != "hop done" || event["span"]["job"] != "prune_execution_details" {
+    for event in events(lines, event::HOP_DONE) {
+        if event["span"]["job"] != "prune_execution_details" {
             continue;
         }
         let at = |field: &str| -> DateTime<Utc> { event[field].as_str().unwrap().parse().unwrap() };
@@ -234,8 +230,7 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
     let workers: Vec<Proc> = (0..3)
         .map(|_| {
             let mut cmd = fleet_worker(&url, dir.path());
-            cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "20")
-                .env("SEXTON_LOG__FORMAT", "json");
+            cmd.env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "20");
             Proc::spawn(cmd)
         })
         .collect();
@@ -265,9 +260,7 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
         sexton::tick::tick(&pool, &settings, slot).await.unwrap();
     }
     poll_until(Duration::from_secs(60), || async {
-        workers
-            .iter()
-            .any(|w| w.logged("another hop of this scope is running"))
+        workers.iter().any(|w| w.saw(event::HOP_DEFERRED))
     })
     .await;
     lock.release().await;
@@ -276,13 +269,8 @@ async fn fl3_hops_of_one_account_never_overlap_across_the_fleet(pool: PgPool) {
     for worker in workers {
         lines.extend(worker.stop().await);
     }
-    let busy: Vec<serde_json::Value> = lines
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| {
-            e["message"] == "another hop of this scope is running; trying again later"
-                && e["span"]["job"] == "prune_execution_details"
-        })
+    let busy: Vec<serde_json::Value> = events(&lines, event::HOP_DEFERRED)
+        .filter(|e| e["span"]["job"] == "prune_execution_details")
         .collect();
     assert!(
         busy.iter()
@@ -714,7 +702,7 @@ async fn op3_a_real_prometheus_scrapes_the_contract_series(pool: PgPool) {
         .env("SEXTON_SCHEDULE__CRON", "0 * * * *")
         .env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "2");
     let worker = Proc::spawn(cmd);
-    worker.wait_for_log("worker started").await;
+    worker.wait_for(event::WORKER_STARTED).await;
     poll_until(Duration::from_secs(60), || async {
         fixture::is_pruned_any(&pool).await
     })
@@ -792,11 +780,12 @@ async fn er2_a_database_down_at_start_is_retried_with_readyz_false_then_a_clear_
     assert_eq!(http_get(&address, "/readyz").await.map(|r| r.0), Some(503));
     let (status, lines) = worker.finish(Duration::from_secs(60)).await;
     assert_eq!(status.code(), Some(1));
-    let logged = |needle: &str| lines.iter().any(|l| l.contains(needle));
     assert!(
-        logged("database unreachable; retrying"),
+        events(&lines, event::DATABASE_UNREACHABLE).next().is_some(),
         "retries are logged"
     );
+    // What the operator reads last, on the process's own stderr.
+    let logged = |needle: &str| lines.iter().any(|l| l.contains(needle));
     assert!(
         logged(&format!(
             "could not connect to PostgreSQL at 127.0.0.1:{closed}/platform"
@@ -878,14 +867,11 @@ async fn op4_each_hop_is_a_span_with_account_pass_hop_window_and_outcome(pool: P
     let url = common::database_url(&pool).await;
     let mut cmd = common::sexton(&url, dir.path());
     cmd.args(["worker", "--exit-when-idle"])
-        .env("SEXTON_LOG__FORMAT", "json")
         .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "7");
     let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(60)).await;
     assert!(status.success());
-    let hop: serde_json::Value = lines
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|e| e["message"] == "hop done" && e["span"]["job"] == "prune_execution_details")
+    let hop: serde_json::Value = events(&lines, event::HOP_DONE)
+        .find(|e| e["span"]["job"] == "prune_execution_details")
         .expect("a structured hop event");
     let span = &hop["span"];
     assert_eq!(span["name"], "hop");
@@ -1118,11 +1104,11 @@ async fn er6_a_database_that_takes_writes_again_is_noticed_and_the_pass_complete
     // Every connection the worker opens now is read-only; then the database takes writes again.
     read_only_database(&pool, true).await;
     let worker = Proc::spawn(fleet_worker(&url, dir.path()));
-    worker.wait_for_log("the database is read-only").await;
+    worker.wait_for(event::DATABASE_READ_ONLY).await;
     assert!(!fixture::is_pruned(&pool, due.id).await);
     read_only_database(&pool, false).await;
 
-    worker.wait_for_log("takes writes again").await;
+    worker.wait_for(event::DATABASE_WRITABLE).await;
     poll_until(Duration::from_secs(60), || async {
         fixture::is_pruned(&pool, due.id).await
     })
@@ -1180,7 +1166,7 @@ async fn fl5_a_run_until_idle_waits_for_a_hop_whose_row_was_deleted_by_hand(pool
         .execute(&pool)
         .await
         .unwrap();
-    worker.wait_for_log("waiting for them").await;
+    worker.wait_for(event::WAITING_FOR_OWN_JOBS).await;
     writer.rollback().await.unwrap();
 
     let (status, lines) = worker.finish(Duration::from_secs(120)).await;

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use sexton::event;
 use sexton::tick;
 use sexton_jobs::files::PathSettings;
 use sexton_jobs::health::{Health, HealthSettings, Indicator, wal_position};
@@ -14,7 +15,7 @@ use uuid::Uuid;
 use crate::common;
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, metric, poll_until, scrape, serving_fleet_worker, status_json, wait_until_idle,
+    Proc, events, metric, poll_until, scrape, serving_fleet_worker, status_json, wait_until_idle,
 };
 use crate::common::run;
 
@@ -363,12 +364,11 @@ async fn hl4_a_throttled_pass_is_counted_logged_and_shown_in_status(pool: PgPool
 
     let url = common::database_url(&pool).await;
     let (mut cmd, address) = serving_fleet_worker(&url, dir.path());
-    cmd.env("SEXTON_LOG__FORMAT", "json")
-        .env("SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES", "1048576")
+    cmd.env("SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES", "1048576")
         .env("SEXTON_HEALTH__BACKOFF_MS", "200")
         .env("SEXTON_HEALTH__CACHE_MS", "1");
     let worker = Proc::spawn(cmd);
-    worker.wait_for_log("worker started").await;
+    worker.wait_for(event::WORKER_STARTED).await;
     let settings = common::settings(dir.path());
     tick::tick(&pool, &settings, pass_start()).await.unwrap();
     let throttled =
@@ -402,10 +402,8 @@ async fn hl4_a_throttled_pass_is_counted_logged_and_shown_in_status(pool: PgPool
         .unwrap();
     wait_until_idle(&pool).await;
     let lines = worker.stop().await;
-    let named = lines
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["message"] == "hop done" && e["throttled_by"] == "replication_lag")
+    let named = events(&lines, event::HOP_DONE)
+        .filter(|e| e["throttled_by"] == "replication_lag")
         .count();
     assert!(named >= 2, "hop events naming the indicator: {named}");
     assert_eq!(pruned(&pool, account).await, 6, "the pass completes");

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton::context::JobContext;
+use sexton::event;
 use sexton::registry::KINDS;
 use sexton::tick::{self, NightlySlot};
 use sexton_jobs::clock::ManualClock;
@@ -18,7 +19,7 @@ use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{
-    Proc, metric, poll_until, scrape, serving_fleet_worker, status_json, wait_until_idle,
+    Proc, events, metric, poll_until, scrape, serving_fleet_worker, status_json, wait_until_idle,
 };
 use crate::common::{self};
 
@@ -35,13 +36,9 @@ async fn account_with_old_runs(pool: &PgPool, root: &std::path::Path, runs: usiz
     (account, conversation)
 }
 
-/// A metric's value in a Prometheus text page, by its full name with labels.
+/// The `hop done` events among a worker's log lines.
 fn hop_events(lines: &[String]) -> Vec<serde_json::Value> {
-    lines
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["message"] == "hop done")
-        .collect()
+    events(lines, event::HOP_DONE).collect()
 }
 
 #[sqlx::test]
@@ -87,7 +84,6 @@ async fn fl6_every_job_kind_busy_at_once_fits_the_default_pool(pool: PgPool) {
     let url = common::database_url(&pool).await;
     let mut cmd = common::sexton(&url, dir.path());
     cmd.args(["worker", "--exit-when-idle"])
-        .env("SEXTON_LOG__FORMAT", "json")
         .envs(common::EVERY_JOB_ENV);
     let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
     app.rollback().await.unwrap();
@@ -166,7 +162,7 @@ async fn op3_last_success_advances_only_when_every_accounts_pass_finished(pool: 
     cmd.env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "100")
         .env("SEXTON_QUEUE__MAX_ATTEMPTS", "2");
     let worker = Proc::spawn(cmd);
-    worker.wait_for_log("worker started").await;
+    worker.wait_for(event::WORKER_STARTED).await;
     let slots = [2, 1, 0].map(|d| pass_start() - chrono::Duration::days(d));
 
     tick::tick(&pool, &settings, slots[0]).await.unwrap();
@@ -282,7 +278,7 @@ async fn op3_a_hop_whose_next_push_fails_still_counts_its_rows_and_a_failed_hop(
         // count. The retry completes the pass once the gate opens.
         .env("SEXTON_QUEUE__RETRY_BACKOFF_MS", "30000");
     let worker = Proc::spawn(cmd);
-    worker.wait_for_log("worker started").await;
+    worker.wait_for(event::WORKER_STARTED).await;
     tick::tick(&pool, &settings, pass_start()).await.unwrap();
     let failed = format!("sexton_hops_total{{job=\"{PED}\",outcome=\"failed\"}}");
     poll_until(Duration::from_secs(60), || async {

@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
+use sexton::event;
 use sexton_jobs::trace_cleanup::{
     self as job, Lease, Limits, Observer, Planned, Quiet, TraceReport,
 };
@@ -21,7 +22,7 @@ use uuid::Uuid;
 
 use crate::common;
 use crate::common::fixture::{self, pass_start};
-use crate::common::process::{Proc, fleet_worker, poll_until};
+use crate::common::process::{Proc, events, fleet_worker, poll_until};
 
 /// A traces root with agents' directories, and the moment the cleaner runs at.
 struct Traces {
@@ -457,17 +458,16 @@ async fn tr4_the_background_job_runs_once_per_period_fleet_wide_only_when_enable
     };
     let (a, b) = (Proc::spawn(worker()), Proc::spawn(worker()));
     poll_until(Duration::from_secs(60), || async { !old.exists() }).await;
-    a.wait_for_log("period").await;
-    b.wait_for_log("period").await;
+    a.wait_for(event::PERIOD_PUSHED).await;
+    b.wait_for(event::PERIOD_PUSHED).await;
     common::process::wait_until_idle(&pool).await;
     let mut lines = a.stop().await;
     lines.extend(b.stop().await);
     // Both replicas pushed the period: one enqueued it, the other found it there.
-    let periods: Vec<&String> = lines
-        .iter()
-        .filter(|l| l.contains("period") && l.contains("trace_cleanup"))
+    let periods: Vec<serde_json::Value> = events(&lines, event::PERIOD_PUSHED)
+        .filter(|e| e["job"] == "trace_cleanup")
         .collect();
-    let said = |outcome: &str| periods.iter().filter(|l| l.contains(outcome)).count();
+    let said = |outcome: &str| periods.iter().filter(|e| e["outcome"] == outcome).count();
     assert_eq!((said("enqueued"), said("duplicate")), (1, 1), "{periods:?}");
     let jobs = trace_jobs(&pool).await;
     assert_eq!(

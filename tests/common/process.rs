@@ -1,5 +1,5 @@
-//! Worker processes for the fleet tests: spawned with their log lines collected, polled with a
-//! hang guard, scraped over HTTP.
+//! Worker processes for the fleet tests: spawned with their log lines collected and read as
+//! events (`sexton::event`), polled with a hang guard, scraped over HTTP.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -10,28 +10,39 @@ use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// A worker process whose log lines are collected as they come.
+/// A worker process logging JSON, whose lines are collected as they come, and its events (the
+/// lines with an `event` field, parsed) beside them.
 pub struct Proc {
     pub child: Child,
     pub lines: Arc<Mutex<Vec<String>>>,
+    events: Arc<Mutex<Vec<serde_json::Value>>>,
     reader: tokio::task::JoinHandle<()>,
 }
 
 impl Proc {
     pub fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+        let mut child = cmd
+            .env("SEXTON_LOG__FORMAT", "json")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let events: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
         let stderr = child.stderr.take().unwrap();
-        let sink = lines.clone();
+        let (line_sink, event_sink) = (lines.clone(), events.clone());
         let reader = tokio::spawn(async move {
             let mut reader = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = reader.next_line().await {
-                sink.lock().unwrap().push(line);
+                if let Some(event) = event(&line) {
+                    event_sink.lock().unwrap().push(event);
+                }
+                line_sink.lock().unwrap().push(line);
             }
         });
         Self {
             child,
             lines,
+            events,
             reader,
         }
     }
@@ -40,17 +51,18 @@ impl Proc {
         self.child.id().unwrap()
     }
 
-    pub fn logged(&self, needle: &str) -> bool {
-        self.lines
+    /// Whether the worker has logged the event `name` (a `sexton::event` constant).
+    pub fn saw(&self, name: &str) -> bool {
+        self.events
             .lock()
             .unwrap()
             .iter()
-            .any(|l| l.contains(needle))
+            .any(|e| e["event"] == name)
     }
 
-    /// Waits until a log line contains `needle` (a hang guard bounds the wait).
-    pub async fn wait_for_log(&self, needle: &str) {
-        poll_until(Duration::from_secs(60), || async { self.logged(needle) }).await;
+    /// Waits until the worker logs the event `name` (a hang guard bounds the wait).
+    pub async fn wait_for(&self, name: &str) {
+        poll_until(Duration::from_secs(60), || async { self.saw(name) }).await;
     }
 
     pub fn sigterm(&self) {
@@ -84,6 +96,23 @@ impl Proc {
         self.reader.await.unwrap();
         self.lines.lock().unwrap().clone()
     }
+}
+
+/// A JSON log line with an `event` field, parsed.
+fn event(line: &str) -> Option<serde_json::Value> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    value["event"].is_string().then_some(value)
+}
+
+/// The events named `name` (a `sexton::event` constant) among a [`Proc`]'s log lines.
+pub fn events<'a>(
+    lines: &'a [String],
+    name: &'a str,
+) -> impl Iterator<Item = serde_json::Value> + 'a {
+    lines
+        .iter()
+        .filter_map(|line| event(line))
+        .filter(move |e| e["event"] == name)
 }
 
 /// Re-checks `condition` until it holds; panics after `limit` (a hang guard, not a timing test).
