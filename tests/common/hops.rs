@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton_jobs::clock::ManualClock;
-use sexton_jobs::prune_execution_details::{self as job, Args, HopReport, HopSettings};
+use sexton_jobs::prune_execution_details::{
+    self as job, Args, HopReport, HopSettings, RetainReason,
+};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -111,4 +113,12 @@ pub fn run_at(account: Uuid, conversation: Uuid, completed_at: DateTime<Utc>) ->
         completed_at: Some(completed_at),
         ..RunSpec::conversation(account, conversation, 0.0)
     }
+}
+
+/// How many owners the hops of `reports` retained for `reason`.
+pub fn retained(reports: &[HopReport], reason: RetainReason) -> u32 {
+    reports
+        .iter()
+        .map(|r| r.retained.get(&reason).copied().unwrap_or_default())
+        .sum()
 }
