@@ -1,6 +1,6 @@
 //! The job registry's promises, for every registered kind: connections budgeted (FL-6), the
-//! pass ledger behind the last-success gauge (OP-3) and `sexton status` (OP-1), and a hop whose
-//! hand-over fails still counted.
+//! pass ledger behind the last-success gauge (OP-3) and `sexton status` (OP-1), and what a hop
+//! committed counted even when its hand-over, or the hop itself, fails.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -488,4 +488,97 @@ async fn op1_the_demo_runs_every_job_kind_and_reports_each(pool: PgPool) {
         .unwrap();
     assert_eq!(again.status.code(), Some(1), "a database in use is refused");
     assert!(String::from_utf8_lossy(&again.stderr).contains("already holds"));
+}
+
+#[sqlx::test]
+async fn op3_a_slot_ticked_ahead_of_time_is_never_the_last_success(pool: PgPool) {
+    common::migrate(&pool).await;
+    let account = fixture::account(&pool, Some(30)).await;
+    for slot in ["2026-11-01T03:00:00Z", "2030-01-01T03:00:00Z"] {
+        sqlx::query(
+            "INSERT INTO sexton.passes (job, scope, slot, finished_at, outcome)
+             VALUES ('prune_execution_details', $1, $2::timestamptz, now(), 'finished')",
+        )
+        .bind(account)
+        .bind(slot)
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO sexton.fan_outs (job, slot, finished_at, accounts, started)
+             VALUES ('prune_execution_details', $1::timestamptz, now(), 1, 1)",
+        )
+        .bind(slot)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let last = sexton::ledger::last_success(&pool).await.unwrap();
+    assert_eq!(last, [("prune_execution_details".to_owned(), pass_start())]);
+}
+
+#[sqlx::test]
+async fn op1_the_ledger_counts_what_a_failed_hop_had_committed(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let root = &settings.paths.output_root;
+    let mut due = Vec::new();
+    for days in [45.0, 44.0, 43.0, 42.0, 41.0] {
+        due.push(
+            fixture::run(
+                &pool,
+                root,
+                RunSpec::conversation(account, conversation, days),
+            )
+            .await,
+        );
+    }
+    // The youngest due owner's transaction fails, after the four before it committed one by one.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION fail_on_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.run_id = '{}' THEN RAISE EXCEPTION 'injected failure'; END IF;
+             RETURN OLD;
+         END $$",
+        due[4].id
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER fail_on_delete BEFORE DELETE ON tool_results
+         FOR EACH ROW EXECUTE FUNCTION fail_on_delete()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+
+    let mut cmd = common::sexton(&url, dir.path());
+    cmd.args(["worker", "--exit-when-idle"])
+        .env("SEXTON_QUEUE__MAX_ATTEMPTS", "1")
+        .env("SEXTON_EXECUTION_DETAILS__OWNERS_PER_TRANSACTION", "1");
+    let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
+    assert!(status.success(), "{lines:?}");
+    let mut pruned = 0;
+    for run in &due {
+        pruned += i64::from(fixture::is_pruned(&pool, run.id).await);
+    }
+    assert_eq!(pruned, 4, "the failing owner stays, the others went");
+    let (recorded, error): (i64, Option<String>) = sqlx::query_as(
+        "SELECT pruned, last_error FROM sexton.passes
+         WHERE job = 'prune_execution_details' AND scope = $1",
+    )
+    .bind(account)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, pruned, "the ledger counts what was done");
+    assert!(error.unwrap_or_default().contains("injected failure"));
 }

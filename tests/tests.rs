@@ -1,20 +1,44 @@
 // One integration binary; each module proves a group of rules against a real PostgreSQL.
+// The worker's modules depend on each other one way.
 mod architecture;
+// AT-1: attachment bytes expire by the file's age.
 mod attachments;
 mod common;
+// EX-8 for real: workers killed with SIGKILL mid-pass.
 mod crash;
+// ER-2, ER-6: the database down, restarted, refusing the worker's role, or read-only.
+mod database_faults;
+// Figures and lists the docs and deploy files repeat, held to the registry.
 mod drift;
+// EX-1 … EX-9: PruneExecutionDetails, one module per group of its rules.
 mod execution_details;
+// TTL-1 … TTL-5, FL-7: short-lived records and the queue's own rows expire.
 mod expiry;
+// `sexton explain`: what it says of a row or file is what the next pass does.
 mod explain;
+// EX-8: what a retry may cure is retried; what the database refuses fails for good.
 mod failures;
+// FL-8: a night costs what is due.
 mod fanout;
+// FL-2 … FL-6: real worker processes on one database.
 mod fleet;
-mod foundation;
+// HL-1 … HL-4: hops throttled by the database's health.
 mod health;
-mod hostile;
+// Adding a job kind: one written in the tests alone runs through the worker and the owner loop.
 mod kind;
+// OP-1 … OP-5: configuration, the CLI's output, metrics, logs and the deploy.
+mod operations;
+// FL-1: each queue's jobs run, and bad rows, payloads and panics fail alone.
+mod queue;
+// FL-6, OP-1, OP-3 for every registered job kind: connections, the pass ledger, status.
 mod registry;
+// SPEC §1: migrations and the data contract.
+mod schema;
+// `sexton seed`: deterministic data, real files.
+mod seed;
+// SS-1 … SS-6: SessionRetention.
 mod sessions;
+// FL-5 for every row-owning kind: a stopping worker takes nothing and hands its pass over.
 mod shutdown;
+// TR-1 … TR-4: trace cleanup.
 mod traces;

@@ -2,6 +2,7 @@
 //! fresh database, and the `sexton` binary pointed at that database.
 
 pub mod audit;
+pub mod contract;
 pub mod fixture;
 pub mod hops;
 pub mod process;

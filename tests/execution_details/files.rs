@@ -10,6 +10,15 @@ use uuid::Uuid;
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::hops::Env;
 
+async fn set_path(pool: &PgPool, run: Uuid, path: &str) {
+    sqlx::query("UPDATE output_files SET relative_path = $2 WHERE run_id = $1")
+        .bind(run)
+        .bind(path)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 #[sqlx::test]
 async fn ex3_a_file_recorded_before_a_crash_is_deleted_by_the_next_hop(pool: PgPool) {
     let env = Env::new(pool).await;
@@ -172,4 +181,253 @@ async fn ex3_a_drain_beside_the_hop_removes_what_is_recorded_once_enough_waits(p
             .unwrap();
     assert_eq!(left, vec![other]);
     assert!(others.iter().all(|f| f.exists()));
+}
+
+#[sqlx::test]
+async fn ex3_a_symlinked_directory_in_the_output_root_is_never_followed(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let secret = elsewhere.path().join("secret.txt");
+    std::fs::write(&secret, b"keep me").unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), env.root().join("evil")).unwrap();
+    let evil = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    set_path(&env.pool, evil.id, "evil/secret.txt").await;
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+    let control_file = env.root().join(format!("{account}/{}/out.bin", control.id));
+
+    let reports = env.pass(account).await;
+    assert!(
+        secret.exists(),
+        "a file outside the output root was deleted"
+    );
+    assert!(
+        !control_file.exists(),
+        "the control's file inside the root went"
+    );
+    assert!(fixture::is_pruned(&env.pool, evil.id).await);
+    assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 1);
+    assert_eq!(reports.iter().map(|r| r.files_deleted).sum::<u64>(), 1);
+}
+
+#[sqlx::test]
+async fn ex3_a_file_still_referenced_by_a_surviving_run_stays(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let old = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    let young = env
+        .run(RunSpec::conversation(account, conversation, 5.0))
+        .await;
+    let shared = format!("{account}/{}/out.bin", young.id);
+    set_path(&env.pool, old.id, &shared).await;
+    let alone = env
+        .run(RunSpec::conversation(account, conversation, 45.0))
+        .await;
+
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, old.id).await);
+    assert!(!fixture::is_pruned(&env.pool, young.id).await);
+    assert!(
+        env.root().join(&shared).exists(),
+        "the young run's file is still referenced and stays"
+    );
+    assert!(
+        !env.root()
+            .join(format!("{account}/{}/out.bin", alone.id))
+            .exists(),
+        "an unshared file of a pruned run goes"
+    );
+}
+
+#[sqlx::test]
+async fn ex3_an_output_path_naming_a_directory_never_removes_a_tree(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let other = fixture::account(&env.pool, Some(30)).await;
+    let other_conversation = fixture::conversation(&env.pool, other).await;
+    let theirs = env
+        .run(RunSpec::conversation(other, other_conversation, 5.0))
+        .await;
+    let their_file = env.output_file(other, theirs.id);
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let hostile = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    set_path(&env.pool, hostile.id, &other.to_string()).await;
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+
+    let reports = env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, hostile.id).await);
+    assert!(
+        their_file.exists(),
+        "another account's directory was removed"
+    );
+    assert!(
+        !env.output_file(account, control.id).exists(),
+        "the control's own file goes"
+    );
+    assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 1);
+}
+
+#[sqlx::test]
+async fn ex3_another_spelling_of_a_referenced_path_is_never_deleted(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let young = env
+        .run(RunSpec::conversation(account, conversation, 5.0))
+        .await;
+    let young_file = env.output_file(account, young.id);
+    let old = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    set_path(
+        &env.pool,
+        old.id,
+        &format!("./{account}//{}/out.bin", young.id),
+    )
+    .await;
+    // A record made before a surviving row took the path (a crash, a late writer): the drain
+    // checks again just before unlinking.
+    sqlx::query("INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path) VALUES ('outputs', $1, $2)")
+        .bind(account)
+        .bind(format!("{account}/{}/out.bin", young.id))
+        .execute(&env.pool)
+        .await
+        .unwrap();
+
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, old.id).await);
+    assert!(young_file.exists(), "a surviving run's file was deleted");
+    assert!(
+        !env.output_file(account, control.id).exists(),
+        "an unreferenced file in canonical spelling goes"
+    );
+}
+
+#[sqlx::test]
+async fn ex3_a_retained_run_naming_the_file_another_way_keeps_it(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let spellings = [
+        "{a}//{r}/out.bin",
+        "./{a}/{r}/out.bin",
+        "{a}/./{r}/out.bin",
+        "{a}/{r}//out.bin",
+        ".//{a}/././{r}/out.bin/",
+    ];
+    let mut shared = Vec::new();
+    for spelling in spellings {
+        let old = env
+            .run(RunSpec::conversation(account, conversation, 40.0))
+            .await;
+        let young = env
+            .run(RunSpec::conversation(account, conversation, 5.0))
+            .await;
+        let path = spelling
+            .replace("{a}", &account.to_string())
+            .replace("{r}", &old.id.to_string());
+        set_path(&env.pool, young.id, &path).await;
+        shared.push((old, young, env.output_file(account, old.id)));
+    }
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+
+    env.pass(account).await;
+    for (old, young, file) in &shared {
+        assert!(fixture::is_pruned(&env.pool, old.id).await);
+        assert!(!fixture::is_pruned(&env.pool, young.id).await);
+        assert!(file.exists(), "a retained run's file went: {file:?}");
+    }
+    assert!(
+        !env.output_file(account, control.id).exists(),
+        "an unreferenced file goes"
+    );
+
+    // Once the last row naming it goes, so does the file, whichever spelling recorded it.
+    sqlx::query("UPDATE accounts SET execution_details_retention_days = 1 WHERE id = $1")
+        .bind(account)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let reports = env.pass(account).await;
+    for (_, young, file) in &shared {
+        assert!(fixture::is_pruned(&env.pool, young.id).await);
+        assert!(!file.exists(), "left forever: {file:?}");
+    }
+    assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 0);
+}
+
+#[sqlx::test]
+async fn op3_bytes_reclaimed_counts_what_was_unlinked(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let present = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    let missing = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+    sqlx::query("UPDATE output_files SET bytes = 999999")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let present_file = env.root().join(format!("{account}/{}/out.bin", present.id));
+    std::fs::write(&present_file, b"twelve bytes").unwrap();
+    std::fs::remove_file(env.root().join(format!("{account}/{}/out.bin", missing.id))).unwrap();
+
+    let reports = env.pass(account).await;
+    assert!(!present_file.exists());
+    assert_eq!(reports.iter().map(|r| r.files_deleted).sum::<u64>(), 1);
+    assert_eq!(
+        reports.iter().map(|r| r.bytes_reclaimed).sum::<u64>(),
+        12,
+        "the bytes of the one file unlinked, not what the rows said"
+    );
+}
+
+#[sqlx::test]
+async fn er3_a_missing_output_root_fails_the_hop_and_forgets_nothing(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let run = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    let file = env.root().join(format!("{account}/{}/out.bin", run.id));
+    let parked = env.dir.path().join("parked");
+    std::fs::rename(env.root(), &parked).unwrap();
+
+    let err = env
+        .try_hop(&Args::first(account, pass_start()))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot be opened"), "{err}");
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM sexton.pending_file_deletions")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 1, "the file is not forgotten as already gone");
+
+    std::fs::rename(&parked, env.root()).unwrap();
+    assert!(file.exists());
+    env.pass(account).await;
+    assert!(!file.exists(), "the retried hop deletes it");
 }

@@ -82,6 +82,44 @@ async fn ex7_the_cutoff_is_fixed_at_pass_start(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn ex7_a_spent_budget_still_moves_every_hop_forward(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.budget = Duration::from_millis(1);
+    env.settings.owners_per_transaction = 1;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let mut runs = Vec::new();
+    for days in [40.0, 41.0, 42.0] {
+        runs.push(
+            env.run(RunSpec::conversation(account, conversation, days))
+                .await
+                .id,
+        );
+    }
+    let young = env
+        .run(RunSpec::conversation(account, conversation, 5.0))
+        .await;
+    let mut args = Args::first(account, pass_start());
+    for _ in 0..20 {
+        let report = env.hop(&args).await;
+        match report.next {
+            Some(next) => args = next,
+            None => break,
+        }
+    }
+    for run in runs {
+        assert!(
+            fixture::is_pruned(&env.pool, run).await,
+            "the pass got through"
+        );
+    }
+    assert!(
+        !fixture::is_pruned(&env.pool, young.id).await,
+        "inside its window"
+    );
+}
+
+#[sqlx::test]
 async fn ex8_the_same_hop_twice_gives_the_same_end_state(pool: PgPool) {
     let env = Env::new(pool).await;
     let account = fixture::account(&env.pool, Some(30)).await;

@@ -80,6 +80,36 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
     assert!(!fixture::is_pruned(&env.pool, run.id).await);
 }
 
+#[sqlx::test]
+async fn ex6_a_detail_row_an_application_holds_is_busy_not_a_failed_hop(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let held = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    let free = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+    let mut app = env.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tool_results WHERE run_id = $1 FOR UPDATE")
+        .bind(held.id)
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    let report = env.hop(&Args::first(account, pass_start())).await;
+    app.rollback().await.unwrap();
+    assert!(!fixture::is_pruned(&env.pool, held.id).await);
+    assert!(
+        fixture::is_pruned(&env.pool, free.id).await,
+        "the other owner still goes"
+    );
+    assert_eq!(
+        report.retained.get(&job::RetainReason::Busy).copied(),
+        Some(1)
+    );
+}
+
 /// Many old owners over a few conversations, for the concurrency cases.
 async fn many_owners(
     env: &Env,

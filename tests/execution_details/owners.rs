@@ -1,12 +1,15 @@
 //! EX-3, EX-4, EX-5: an eligible owner's detail goes and its markers are set, everything else
 //! stays; pending work, settlement, delegation and open history requests hold it back.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sexton_jobs::prune_execution_details::RetainReason;
+use sexton_jobs::prune_execution_details::{self as job, Args, RetainReason};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::common;
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::hops::{Env, retained};
 
@@ -131,6 +134,59 @@ async fn ex3_ex4_detail_goes_markers_are_set_and_everything_else_stays(pool: PgP
         "another account is untouched"
     );
     assert!(env.output_file(other, other_run.id).is_file());
+}
+
+#[sqlx::test]
+async fn ex4_a_variant_of_another_account_is_never_marked(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let other = fixture::account(&env.pool, None).await;
+    let other_conversation = fixture::conversation(&env.pool, other).await;
+    let theirs = env
+        .run(RunSpec::conversation(other, other_conversation, 40.0))
+        .await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let crossing = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    let own_variant = crossing.variant.unwrap();
+    sqlx::query("UPDATE runs SET variant_id = $2 WHERE id = $1")
+        .bind(crossing.id)
+        .bind(theirs.variant.unwrap())
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, crossing.id).await);
+    let marked = |variant: Uuid| {
+        let pool = env.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT details_pruned_at IS NOT NULL FROM variants WHERE id = $1",
+            )
+            .bind(variant)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert!(
+        !marked(theirs.variant.unwrap()).await,
+        "another account's variant"
+    );
+    assert!(
+        marked(control.variant.unwrap()).await,
+        "the control's own variant"
+    );
+    assert!(
+        !marked(own_variant).await,
+        "not referenced by the pruned run"
+    );
+    assert!(!fixture::is_pruned(&env.pool, theirs.id).await);
 }
 
 #[sqlx::test]
@@ -285,4 +341,47 @@ async fn ex5_a_sealed_history_request_holds_nothing_back(pool: PgPool) {
     .unwrap();
     env.pass(account).await;
     assert!(fixture::is_pruned(&env.pool, source.id).await);
+}
+
+#[sqlx::test]
+async fn ex5_pending_work_committed_while_an_owner_waits_for_its_run_wins(pool: PgPool) {
+    let mut env = Env::new(pool).await;
+    env.settings.owner_lock_timeout = Duration::from_secs(30);
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let run = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    // A writer adds pending work: its foreign key holds the run until it commits.
+    let mut writer = env.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO invocation_attempts (run_id, attempt, status) VALUES ($1, 2, 'pending')",
+    )
+    .bind(run.id)
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    let elsewhere = fixture::conversation(&env.pool, account).await;
+    let control = env
+        .run(RunSpec::conversation(account, elsewhere, 41.0))
+        .await;
+    let hop = env.spawn_hop(Args::first(account, pass_start()));
+    common::wait_for_lock_waiter(&env.pool, "runs").await;
+    writer.commit().await.unwrap();
+    let report = hop.await.unwrap();
+    assert!(
+        !fixture::is_pruned(&env.pool, run.id).await,
+        "the writer wins"
+    );
+    assert!(
+        fixture::is_pruned(&env.pool, control.id).await,
+        "an owner no writer held goes"
+    );
+    assert_eq!(
+        report
+            .retained
+            .get(&job::RetainReason::PendingWork)
+            .copied(),
+        Some(1)
+    );
 }

@@ -1,6 +1,7 @@
 //! EX-1, EX-2: an owner goes once it is older than its account's window (default 90 days; none,
 //! zero or beyond the calendar: nothing is old), aged from its own timestamps.
 
+use chrono::{DateTime, Utc};
 use sexton_jobs::job::Job;
 use sexton_jobs::prune_execution_details::{self as job, Args, HopOutcome, RetainReason};
 use sqlx::PgPool;
@@ -8,7 +9,7 @@ use uuid::Uuid;
 
 use crate::common;
 use crate::common::fixture::{self, RunSpec, days_before_pass, pass_start};
-use crate::common::hops::{Env, retained};
+use crate::common::hops::{Env, retained, run_at};
 
 #[sqlx::test]
 async fn ex1_default_window_is_90_days(pool: PgPool) {
@@ -213,6 +214,99 @@ async fn ex1_a_window_of_zero_or_less_means_nothing_is_old(pool: PgPool) {
     assert!(!env.output_file(normal, control.id).exists());
 }
 
+async fn database_now(pool: &PgPool) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test]
+async fn ex1_a_slot_in_the_future_prunes_nothing_inside_the_window(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let now = database_now(&env.pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let young = env
+        .run(run_at(
+            account,
+            conversation,
+            now - chrono::Duration::days(1),
+        ))
+        .await;
+    let old = env
+        .run(run_at(
+            account,
+            conversation,
+            now - chrono::Duration::days(40),
+        ))
+        .await;
+    let future: DateTime<Utc> = "2027-06-01T03:00:00Z".parse().unwrap();
+    env.clock.set(future);
+    env.pass_from(Args::first(account, future)).await;
+    assert!(
+        !fixture::is_pruned(&env.pool, young.id).await,
+        "a run one day old stays"
+    );
+    assert!(
+        fixture::is_pruned(&env.pool, old.id).await,
+        "the control goes"
+    );
+
+    // A hand-written payload: a pass start and a carried cutoff in the year 262000.
+    let far = DateTime::<Utc>::from_timestamp(8_205_000_000_000, 0).unwrap();
+    let payload = Args {
+        cutoff: Some(far),
+        ..Args::first(account, far)
+    };
+    env.clock.set(far);
+    let reports = env.pass_from(payload).await;
+    assert!(!fixture::is_pruned(&env.pool, young.id).await);
+    assert_eq!(reports.last().unwrap().outcome, HopOutcome::Finished);
+}
+
+#[sqlx::test]
+async fn ex1_a_window_beyond_the_calendar_means_nothing_is_old_enough(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let ancient: DateTime<Utc> = "1000-01-01T00:00:00Z".parse().unwrap();
+    let mut absurd = Vec::new();
+    for days in [100_000_000, 3_000_000] {
+        let account = fixture::account(&env.pool, Some(days)).await;
+        let conversation = fixture::conversation(&env.pool, account).await;
+        let run = env.run(run_at(account, conversation, ancient)).await;
+        absurd.push((account, run.id));
+    }
+    let normal = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, normal).await;
+    let control = env
+        .run(RunSpec::conversation(normal, conversation, 40.0))
+        .await;
+    let waiting = env
+        .run(RunSpec::conversation(normal, conversation, 45.0))
+        .await;
+
+    let mut conn = env.pool.acquire().await.unwrap();
+    let previews = job::preview(&mut conn, pass_start(), None).await.unwrap();
+    assert_eq!(previews.len(), 3, "the preview covers every account");
+    for (account, _) in &absurd {
+        let p = previews.iter().find(|p| p.account_id == *account).unwrap();
+        assert_eq!((p.cutoff, p.eligible_owners), (None, 0));
+    }
+    let backlog = fixture::execution_backlog(&env.pool, pass_start()).await;
+    assert!(
+        (backlog - 15.0 * 86_400.0).abs() < 1.0,
+        "the gauge still measures the normal account: {backlog}"
+    );
+    for (account, run) in &absurd {
+        let reports = env.pass(*account).await;
+        assert_eq!(reports.last().unwrap().outcome, HopOutcome::Finished);
+        assert!(!fixture::is_pruned(&env.pool, *run).await);
+    }
+    env.pass(normal).await;
+    assert!(fixture::is_pruned(&env.pool, control.id).await);
+    assert!(fixture::is_pruned(&env.pool, waiting.id).await);
+}
+
 #[sqlx::test]
 async fn ex2_conversation_runs_age_from_completed_at_not_delivered_at(pool: PgPool) {
     let env = Env::new(pool).await;
@@ -321,4 +415,48 @@ async fn ex2_regenerated_candidates_and_delegated_children_age_on_their_own(pool
     assert!(fixture::has_detail(&env.pool, regenerated.id).await);
     assert!(fixture::is_pruned(&env.pool, child.id).await);
     assert!(fixture::has_detail(&env.pool, parent.id).await);
+}
+
+#[sqlx::test]
+async fn ex2_very_old_and_infinite_timestamps_are_pruned_or_counted(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    let year_900 = env
+        .run(run_at(
+            account,
+            conversation,
+            "0900-06-01T00:00:00Z".parse().unwrap(),
+        ))
+        .await;
+    let infinite = env
+        .run(RunSpec::conversation(account, conversation, 40.0))
+        .await;
+    sqlx::query("UPDATE runs SET completed_at = '-infinity' WHERE id = $1")
+        .bind(infinite.id)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+
+    let mut conn = env.pool.acquire().await.unwrap();
+    let preview = job::preview(&mut conn, pass_start(), Some(&[account]))
+        .await
+        .unwrap();
+    assert_eq!(preview[0].eligible_owners, 1, "the year-900 run");
+    assert_eq!(
+        preview[0]
+            .retained
+            .get(&job::RetainReason::NotEligible)
+            .copied(),
+        Some(1),
+        "the infinite one is counted, not eligible"
+    );
+    let backlog = fixture::execution_backlog(&env.pool, pass_start()).await;
+    assert!(backlog > 1000.0 * 365.0 * 86_400.0, "{backlog}");
+
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, year_900.id).await);
+    assert!(!fixture::is_pruned(&env.pool, infinite.id).await);
+    let backlog = fixture::execution_backlog(&env.pool, pass_start()).await;
+    assert_eq!(backlog, 0.0);
 }

@@ -1,371 +1,14 @@
-//! The foundation: schema contract, migrations, configuration, seed data and the queue.
+//! Seed data (OP-1 `sexton seed`): every table filled and real files written, the same data for
+//! the same seed whether written in lanes or checked row by row, and never over a database that
+//! holds accounts unless forced.
 
 use chrono::{DateTime, Utc};
-use sexton::queue::{self, PushOptions, PushOutcome};
-use sexton::registry::{self, KINDS};
 use sexton::seed::{SeedOptions, seed};
-use sexton::tick::NIGHTLY;
-use sexton_jobs::job::{Cadence, Scope};
 use sqlx::PgPool;
 
 use crate::common;
-
-/// Every table and column of SPEC §1: the contract acceptance tests write and read.
-const CONTRACT: &[(&str, &[&str])] = &[
-    (
-        "accounts",
-        &[
-            "id",
-            "name",
-            "execution_details_retention_days",
-            "created_at",
-        ],
-    ),
-    (
-        "conversations",
-        &[
-            "id",
-            "account_id",
-            "forked_from_conversation_id",
-            "forked_at_position",
-            "usage_summary",
-            "created_at",
-        ],
-    ),
-    (
-        "turns",
-        &["id", "conversation_id", "position", "created_at"],
-    ),
-    (
-        "variants",
-        &[
-            "id",
-            "turn_id",
-            "prompt",
-            "requested_model",
-            "final_content",
-            "selected",
-            "details_pruned_at",
-            "runner_effects",
-            "created_at",
-        ],
-    ),
-    (
-        "follow_ups",
-        &["id", "variant_id", "position", "landed_at", "body"],
-    ),
-    ("fragments", &["id", "account_id", "content", "created_at"]),
-    (
-        "runs",
-        &[
-            "id",
-            "account_id",
-            "conversation_id",
-            "variant_id",
-            "parent_run_id",
-            "kind",
-            "status",
-            "requested_model",
-            "terminal_model",
-            "delivered_at",
-            "completed_at",
-            "terminal_at",
-            "settled_at",
-            "details_pruned_at",
-            "runner_effects",
-            "created_at",
-        ],
-    ),
-    (
-        "run_tasks",
-        &[
-            "id",
-            "run_id",
-            "parent_task_id",
-            "name",
-            "status",
-            "input",
-            "output",
-        ],
-    ),
-    ("run_task_edges", &["run_id", "from_task_id", "to_task_id"]),
-    (
-        "tool_results",
-        &["id", "run_id", "task_id", "tool_name", "body"],
-    ),
-    (
-        "sealed_requests",
-        &[
-            "id",
-            "run_id",
-            "provider",
-            "request",
-            "response",
-            "sealed_at",
-        ],
-    ),
-    ("reasoning_traces", &["id", "run_id", "content"]),
-    (
-        "invocation_attempts",
-        &[
-            "id",
-            "run_id",
-            "attempt",
-            "status",
-            "started_at",
-            "ended_at",
-        ],
-    ),
-    ("output_files", &["id", "run_id", "relative_path", "bytes"]),
-    (
-        "settlement_receipts",
-        &["id", "run_id", "status", "created_at", "settled_at"],
-    ),
-    (
-        "delegations",
-        &[
-            "id",
-            "parent_run_id",
-            "child_run_id",
-            "status",
-            "created_at",
-        ],
-    ),
-    (
-        "history_requests",
-        &["id", "conversation_id", "run_id", "sealed_at", "created_at"],
-    ),
-    (
-        "history_request_sources",
-        &["history_request_id", "source_run_id"],
-    ),
-    (
-        "usage_records",
-        &[
-            "id",
-            "account_id",
-            "run_id",
-            "conversation_id",
-            "tokens",
-            "cost_micros",
-            "created_at",
-        ],
-    ),
-    (
-        "conversation_events",
-        &[
-            "id",
-            "conversation_id",
-            "run_id",
-            "kind",
-            "payload",
-            "created_at",
-        ],
-    ),
-    (
-        "agents",
-        &[
-            "id",
-            "account_id",
-            "name",
-            "current_session_id",
-            "main_session_id",
-            "default_session_id",
-        ],
-    ),
-    (
-        "sessions",
-        &[
-            "id",
-            "account_id",
-            "agent_id",
-            "kind",
-            "state",
-            "metadata",
-            "last_activity_at",
-            "created_at",
-        ],
-    ),
-    (
-        "board_tasks",
-        &["id", "account_id", "status", "terminal_at"],
-    ),
-    (
-        "session_retention_policies",
-        &[
-            "account_id",
-            "enabled",
-            "main_days",
-            "task_days",
-            "subagent_days",
-        ],
-    ),
-    (
-        "conversation_entries",
-        &[
-            "id",
-            "session_id",
-            "entry_id",
-            "seq",
-            "idempotency_key",
-            "payload",
-            "created_at",
-        ],
-    ),
-    (
-        "conversation_archives",
-        &["id", "session_id", "kind", "generation", "created_at"],
-    ),
-    (
-        "conversation_archive_entries",
-        &["archive_id", "entry_id", "seq", "payload"],
-    ),
-    (
-        "handoffs",
-        &[
-            "id",
-            "account_id",
-            "agent_id",
-            "from_session_id",
-            "to_session_id",
-            "payload",
-            "created_at",
-        ],
-    ),
-    (
-        "dream_preloads",
-        &["id", "account_id", "agent_id", "payload", "created_at"],
-    ),
-    (
-        "working_records",
-        &[
-            "id",
-            "account_id",
-            "agent_id",
-            "kind",
-            "pinned",
-            "body",
-            "updated_at",
-        ],
-    ),
-    (
-        "brain_memories",
-        &[
-            "id",
-            "account_id",
-            "agent_id",
-            "revision",
-            "body",
-            "deleted_at",
-        ],
-    ),
-    (
-        "attachments",
-        &[
-            "id",
-            "account_id",
-            "relative_path",
-            "bytes",
-            "created_at",
-            "bytes_expired_at",
-        ],
-    ),
-];
-
-#[sqlx::test]
-async fn migrate_twice_and_the_catalog_matches_the_contract(pool: PgPool) {
-    common::migrate(&pool).await;
-    common::migrate(&pool).await;
-    for (table, columns) in CONTRACT {
-        let present: Vec<String> = sqlx::query_scalar(
-            "SELECT column_name::text FROM information_schema.columns
-             WHERE table_schema = 'public' AND table_name = $1",
-        )
-        .bind(table)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        for column in *columns {
-            assert!(
-                present.iter().any(|c| c == column),
-                "{table}.{column} is missing"
-            );
-        }
-    }
-    let payload_type: String = sqlx::query_scalar(
-        "SELECT data_type FROM information_schema.columns
-         WHERE table_name = 'conversation_entries' AND column_name = 'payload'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        payload_type, "json",
-        "original payloads are json, not jsonb"
-    );
-}
-
-#[sqlx::test]
-async fn contract_defaults_let_a_row_name_only_ids_and_keys(pool: PgPool) {
-    // The contract's promise to tests: ids, foreign keys and the columns of the case suffice.
-    let account: uuid::Uuid =
-        sqlx::query_scalar("INSERT INTO accounts DEFAULT VALUES RETURNING id")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let days: Option<i32> =
-        sqlx::query_scalar("SELECT execution_details_retention_days FROM accounts WHERE id = $1")
-            .bind(account)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(days, Some(90), "EX-1: the default window is 90 days");
-    let conversation: uuid::Uuid =
-        sqlx::query_scalar("INSERT INTO conversations (account_id) VALUES ($1) RETURNING id")
-            .bind(account)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let summary: serde_json::Value =
-        sqlx::query_scalar("SELECT usage_summary FROM conversations WHERE id = $1")
-            .bind(conversation)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(summary, serde_json::json!({"tokens": 0, "cost_micros": 0}));
-    let run: uuid::Uuid = sqlx::query_scalar(
-        "INSERT INTO runs (account_id, conversation_id) VALUES ($1, $2) RETURNING id",
-    )
-    .bind(account)
-    .bind(conversation)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    for statement in [
-        "INSERT INTO run_tasks (run_id) VALUES ($1)",
-        "INSERT INTO tool_results (run_id) VALUES ($1)",
-        "INSERT INTO sealed_requests (run_id) VALUES ($1)",
-        "INSERT INTO reasoning_traces (run_id) VALUES ($1)",
-        "INSERT INTO invocation_attempts (run_id) VALUES ($1)",
-        "INSERT INTO settlement_receipts (run_id) VALUES ($1)",
-        "INSERT INTO delegations (parent_run_id) VALUES ($1)",
-    ] {
-        sqlx::query(statement)
-            .bind(run)
-            .execute(&pool)
-            .await
-            .unwrap();
-    }
-    let refused =
-        sqlx::query("UPDATE accounts SET execution_details_retention_days = 0 WHERE id = $1")
-            .bind(account)
-            .execute(&pool)
-            .await;
-    assert!(
-        refused.is_err(),
-        "EX-1: a retention of 0 days is refused by the schema"
-    );
-}
+use crate::common::contract::CONTRACT;
+use crate::common::fixture;
 
 #[sqlx::test]
 async fn seed_fills_every_table_and_writes_real_files(pool: PgPool) {
@@ -598,6 +241,38 @@ async fn seed_in_lanes_writes_what_a_checked_seed_writes(pool: PgPool) {
     );
 }
 
+#[sqlx::test]
+async fn op1_seed_refuses_a_database_that_holds_accounts(pool: PgPool) {
+    common::migrate(&pool).await;
+    fixture::account(&pool, Some(30)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = common::database_url(&pool).await;
+    let output = common::sexton(&url, dir.path())
+        .args(["seed", "--scale", "1", "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--force"));
+    let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(accounts, 1, "nothing was written");
+    // The control: --force seeds all the same.
+    let forced = common::sexton(&url, dir.path())
+        .args(["seed", "--scale", "1", "--json", "--force"])
+        .output()
+        .await
+        .unwrap();
+    assert!(forced.status.success(), "{forced:?}");
+    let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(accounts > 1, "seeded beside the existing account");
+}
+
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_owned()];
@@ -612,156 +287,6 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
-}
-
-#[tokio::test]
-async fn op2_three_invalid_values_exit_2_naming_all_three() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("bad.toml");
-    std::fs::write(
-        &file,
-        "[database]\nmax_connections = 0\n[schedule]\ntimezone = \"Mars/Olympus\"\n[queue]\nmax_attempts = \"many\"\n",
-    )
-    .unwrap();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_sexton"))
-        .arg("check-config")
-        .arg("--config")
-        .arg(&file)
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    for setting in [
-        "database.max_connections",
-        "schedule.timezone",
-        "queue.max_attempts",
-    ] {
-        assert!(stderr.contains(setting), "{setting} not named in: {stderr}");
-    }
-    assert!(
-        stderr.contains("\"many\""),
-        "the bad value is shown: {stderr}"
-    );
-}
-
-#[tokio::test]
-async fn op2_environment_overrides_are_validated_too() {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_sexton"))
-        .arg("check-config")
-        .env("SEXTON_DATABASE__LOCK_TIMEOUT_MS", "-5")
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("database.lock_timeout_ms"));
-}
-
-#[sqlx::test]
-async fn fl1_a_job_on_each_queue_runs_and_the_worker_exits_when_idle(pool: PgPool) {
-    common::migrate(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
-    let settings = common::settings(dir.path());
-    for (queue, payload) in sample_payloads() {
-        let outcome = queue::push(
-            &pool,
-            queue,
-            &settings.queue,
-            &payload,
-            PushOptions::default(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(outcome, PushOutcome::Enqueued);
-    }
-    common::run_until_idle(&pool, dir.path()).await;
-    for (queue, _) in sample_payloads() {
-        // The nightly slot fans out one more first hop to every global kind (the database has
-        // no accounts, so none to a per-account kind); two hops of one global kind that meet
-        // each other's scope lock leave one more, deferred, job (FL-3).
-        let fanned_out = registry::by_queue(queue).is_some_and(|k| {
-            k.scope() == Scope::Global && k.cadence(&settings) == Cadence::Nightly
-        });
-        let (done, other): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE status = 'Done'), count(*) FILTER (WHERE status <> 'Done')
-             FROM apalis.jobs WHERE job_type = $1",
-        )
-        .bind(queue)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        assert!(
-            done > i64::from(fanned_out),
-            "the job on {queue} ran ({done} done)"
-        );
-        assert_eq!(other, 0, "every job on {queue} is done");
-    }
-    let counts = queue::counts(&pool).await.unwrap();
-    assert_eq!((counts.pending, counts.running, counts.failed), (0, 0, 0));
-}
-
-#[sqlx::test]
-async fn fl1_a_malformed_payload_fails_its_job_and_the_worker_lives_on(pool: PgPool) {
-    common::migrate(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
-    let settings = common::settings(dir.path());
-    let bad = serde_json::json!({"version": 99, "slot": "2026-12-01T03:00:00Z"});
-    queue::push(
-        &pool,
-        NIGHTLY,
-        &settings.queue,
-        &bad,
-        PushOptions::default(),
-    )
-    .await
-    .unwrap();
-    let good = nightly_payload();
-    queue::push(
-        &pool,
-        NIGHTLY,
-        &settings.queue,
-        &good,
-        PushOptions::default(),
-    )
-    .await
-    .unwrap();
-    common::run_until_idle(&pool, dir.path()).await;
-    let (status, result): (String, String) = sqlx::query_as(
-        "SELECT status, last_result::text FROM apalis.jobs WHERE convert_from(job, 'UTF8')::jsonb ->> 'version' = '99'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        status, "Killed",
-        "a bad payload is failed for good, not retried"
-    );
-    assert!(
-        result.contains("unsupported payload version 99"),
-        "{result}"
-    );
-    let done: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM apalis.jobs WHERE job_type = 'sexton.nightly' AND status = 'Done'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(done, 1, "the good job beside it ran");
-}
-
-fn nightly_payload() -> serde_json::Value {
-    serde_json::json!({"version": 1, "slot": "2026-12-01T03:00:00Z"})
-}
-
-/// One job for every queue a worker serves: a nightly slot, and a first hop of every kind.
-fn sample_payloads() -> Vec<(&'static str, serde_json::Value)> {
-    let slot = "2026-12-01T03:00:00Z".parse().unwrap();
-    std::iter::once((NIGHTLY, nightly_payload()))
-        .chain(KINDS.iter().map(|kind| {
-            let payload = kind.first_payload(Some(uuid::Uuid::new_v4()), slot);
-            (kind.queue(), payload)
-        }))
-        .collect()
 }
 
 /// Whether a trace file's first line is the signature of TR-3: a JSON object with
