@@ -110,6 +110,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "clock",
             "context",
             "db",
+            "event",
             "http",
             "ledger",
             "schedule",
