@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 use sexton::context::JobContext;
 use sexton_jobs::clock::ManualClock;
 use sexton_jobs::cutoff::{EARLIEST, days_before};
-use sexton_jobs::files::{DrainError, PathSettings};
-use sexton_jobs::job::{Env, Job, Position, Report, Scope};
+use sexton_jobs::files::PathSettings;
+use sexton_jobs::job::{Env, Inspect, Job, Look, Position, Report};
 use sexton_jobs::owner_loop::{
-    self, Bounds, Candidates, Chunks, Hop, Mode, Taken, Window, Windowed,
+    self, Bounds, Candidates, Chunks, Error, Hop, Mode, Taken, Window, Windowed,
 };
 use sexton_jobs::payload::V1;
 use sexton_jobs::settings::{Check, Raw};
@@ -50,14 +50,6 @@ struct Args {
     hop: u32,
 }
 
-#[derive(Debug, thiserror::Error)]
-enum Error {
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Files(#[from] DrainError),
-}
-
 #[derive(Debug, Serialize)]
 struct Preview;
 
@@ -77,7 +69,6 @@ impl Window for Notes {
     type Candidate = (Uuid, DateTime<Utc>);
     type Cursor = (DateTime<Utc>, Uuid);
     type Report = Report<Args>;
-    type Error = Error;
 
     const TABLES: &'static [&'static str] = &["probe_notes"];
 
@@ -138,21 +129,15 @@ impl Window for Notes {
 impl Job for Probe {
     const NAME: &'static str = "probe";
     const QUEUE: &'static str = "sexton.probe";
-    const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "probe";
     const RETAIN_REASONS: &'static [&'static str] = &[];
 
     type Args = Args;
+    type Raw = RawSettings;
     type Settings = ProbeSettings;
-    type Preview = Preview;
     type Error = Error;
 
-    fn settings(
-        section: &serde_json::Value,
-        _paths: &PathSettings,
-        c: &mut Check<'_>,
-    ) -> Option<ProbeSettings> {
-        let s: RawSettings = c.section(Self::SECTION, section)?;
+    fn settings(s: RawSettings, _paths: &PathSettings, c: &mut Check<'_>) -> Option<ProbeSettings> {
         let max_age_days = c.int("probe.max_age_days", &s.max_age_days, 1..=3650, "days");
         let window_size = c.int("probe.window_size", &s.window_size, 1..=1000, "rows");
         Some(ProbeSettings {
@@ -208,20 +193,13 @@ impl Job for Probe {
         });
         Ok(())
     }
+}
 
-    async fn backlog_seconds(
-        _pool: &PgPool,
-        _settings: &ProbeSettings,
-        _now: DateTime<Utc>,
-    ) -> Result<Option<f64>, Error> {
-        Ok(None)
-    }
+impl Inspect for Probe {
+    type Preview = Preview;
 
     async fn preview(
-        _conn: &mut PgConnection,
-        _settings: &ProbeSettings,
-        _paths: &PathSettings,
-        _now: DateTime<Utc>,
+        _look: Look<'_, ProbeSettings>,
         _accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
         Ok(vec![Preview])
@@ -266,9 +244,10 @@ async fn a_kind_written_in_its_own_module_runs_through_the_worker_and_the_owner_
     let dir = tempfile::tempdir().unwrap();
     let mut settings = common::settings(dir.path());
     let mut problems = Vec::new();
+    let mut check = Check::new(&mut problems);
     let section = serde_json::json!({"max_age_days": 30, "window_size": 2});
-    let probe = Probe::settings(&section, &settings.paths, &mut Check::new(&mut problems))
-        .expect("the section is valid");
+    let raw = check.section(Probe::SECTION, &section).unwrap();
+    let probe = Probe::settings(raw, &settings.paths, &mut check).expect("the section is valid");
     assert!(problems.is_empty());
     settings.jobs.set(Probe::NAME, probe);
     let ctx = JobContext::new(

@@ -328,16 +328,15 @@ struct PanickingArgs {
 impl sexton_jobs::job::Job for Panicking {
     const NAME: &'static str = "test_panicking";
     const QUEUE: &'static str = "sexton.test_panicking";
-    const SCOPE: sexton_jobs::job::Scope = sexton_jobs::job::Scope::Account;
     const SECTION: &'static str = "test_panicking";
     const RETAIN_REASONS: &'static [&'static str] = &[];
     type Args = PanickingArgs;
+    type Raw = serde_json::Value;
     type Settings = ();
-    type Preview = String;
-    type Error = std::io::Error;
+    type Error = sexton_jobs::owner_loop::Error;
 
     fn settings(
-        _: &serde_json::Value,
+        _: serde_json::Value,
         _: &sexton_jobs::files::PathSettings,
         _: &mut sexton_jobs::settings::Check<'_>,
     ) -> Option<()> {
@@ -363,25 +362,18 @@ impl sexton_jobs::job::Job for Panicking {
         _: &(),
         _: &PanickingArgs,
         _: &mut sexton_jobs::job::Report<PanickingArgs>,
-    ) -> Result<(), std::io::Error> {
+    ) -> Result<(), sexton_jobs::owner_loop::Error> {
         panic!("a bug in a job");
     }
+}
 
-    async fn backlog_seconds(
-        _: &PgPool,
-        _: &(),
-        _: DateTime<Utc>,
-    ) -> Result<Option<f64>, std::io::Error> {
-        Ok(None)
-    }
+impl sexton_jobs::job::Inspect for Panicking {
+    type Preview = String;
 
     async fn preview(
-        _: &mut sqlx::PgConnection,
-        _: &(),
-        _: &sexton_jobs::files::PathSettings,
-        _: DateTime<Utc>,
+        _: sexton_jobs::job::Look<'_, ()>,
         _: Option<&[Uuid]>,
-    ) -> Result<Vec<String>, std::io::Error> {
+    ) -> Result<Vec<String>, sexton_jobs::owner_loop::Error> {
         Ok(Vec::new())
     }
 }

@@ -39,6 +39,22 @@ impl Env {
         }
     }
 
+    /// The preview of `accounts` (every account when `None`) at `now`.
+    async fn preview(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        accounts: Option<&[Uuid]>,
+    ) -> Vec<job::Preview> {
+        common::run::preview::<job::SessionRetention>(
+            &self.pool,
+            &self.settings,
+            self.dir.path(),
+            now,
+            accounts,
+        )
+        .await
+    }
+
     fn frames(&self, session: Uuid) -> PathBuf {
         self.settings.sessions_root.join(session.to_string())
     }
@@ -650,9 +666,9 @@ async fn ss2_an_infinite_last_activity_breaks_neither_the_cli_nor_the_preview(po
         targets.iter().map(|t| t.session_id).collect::<Vec<_>>(),
         [normal]
     );
-    let previews = job::preview(&mut conn, sexton_now(&env.pool).await, Some(&[account]))
-        .await
-        .unwrap();
+    let previews = env
+        .preview(sexton_now(&env.pool).await, Some(&[account]))
+        .await;
     assert_eq!(previews[0].eligible.values().sum::<i64>(), 1);
     env.nightly(account).await;
     assert!(env.exists(odd).await && !env.exists(normal).await);
@@ -1029,8 +1045,7 @@ async fn ss1_a_policy_age_of_zero_or_less_means_nothing_of_that_kind_is_old(pool
     kept.push(env.session(session(mixed, agent, "main", 400.0)).await);
     let goes = env.session(session(mixed, agent, "subagent", 8.0)).await;
 
-    let mut conn = env.pool.acquire().await.unwrap();
-    let previews = job::preview(&mut conn, pass_start(), None).await.unwrap();
+    let previews = env.preview(pass_start(), None).await;
     for account in &absurd {
         let p = previews.iter().find(|p| p.account_id == *account).unwrap();
         assert_eq!(p.eligible.values().sum::<i64>(), 0, "{p:?}");
@@ -1039,7 +1054,6 @@ async fn ss1_a_policy_age_of_zero_or_less_means_nothing_of_that_kind_is_old(pool
     let p = previews.iter().find(|p| p.account_id == mixed).unwrap();
     assert_eq!(p.retained.get("invalid_policy"), Some(&1), "{p:?}");
     assert_eq!(p.eligible.get("subagent"), Some(&1), "{p:?}");
-    drop(conn);
     for account in &absurd {
         let reports = env.nightly(*account).await;
         assert_eq!(deleted(&reports), 0);

@@ -64,7 +64,7 @@ pub enum Command {
     /// Why a row or file is still here (or was removed): the owning job's verdict with every
     /// reason and its rule id.
     Explain {
-        // The subjects and their ids are the registry's (`Job::SUBJECTS`, `Job::parse_id`).
+        // The subjects and their ids are the registry's (`Inspect::SUBJECTS`, `Inspect::parse_id`).
         #[arg(help = explain::subjects_help())]
         subject: String,
         #[arg(help = explain::ids_help())]

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::explain::Explanation;
-use sexton_jobs::job::{AccountRange, Cadence, Job, Scope};
+use sexton_jobs::job::{AccountRange, Cadence, Inspect, Job, Look, Scope};
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
 use sexton_jobs::queue_retention::QueueRetention;
 use sexton_jobs::record_expiry::{
@@ -99,7 +99,7 @@ pub trait Kind: Section + Send + Sync {
         settings: &'a Settings,
         now: DateTime<Utc>,
     ) -> BoxFuture<'a, anyhow::Result<Option<f64>>>;
-    /// What a pass would do now, for `accounts` or every one ([`Job::preview`]): per line
+    /// What a pass would do now, for `accounts` or every one ([`Inspect::preview`]): per line
     /// its JSON object (with `"job"`), its text and its tally.
     fn preview<'a>(
         &'a self,
@@ -116,7 +116,7 @@ pub struct PreviewLine {
     pub json: serde_json::Value,
     /// The line for people.
     pub text: String,
-    /// What it counts ([`Job::tally`]).
+    /// What it counts ([`Inspect::tally`]).
     pub tally: Vec<(String, i64)>,
 }
 
@@ -142,11 +142,12 @@ impl<J: Job> Section for Registered<J> {
         paths: &PathSettings,
         check: &mut Check<'_>,
     ) -> Option<Arc<dyn AnySettings>> {
-        J::settings(section, paths, check).map(|s| Arc::new(s) as Arc<dyn AnySettings>)
+        let raw = check.section(J::SECTION, section)?;
+        J::settings(raw, paths, check).map(|s| Arc::new(s) as Arc<dyn AnySettings>)
     }
 }
 
-impl<J: Job> Kind for Registered<J> {
+impl<J: Inspect> Kind for Registered<J> {
     fn name(&self) -> &'static str {
         J::NAME
     }
@@ -180,8 +181,13 @@ impl<J: Job> Kind for Registered<J> {
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<Explanation>>> {
         Box::pin(async move {
-            let job = settings.jobs.get::<J::Settings>(J::NAME);
-            Ok(J::explain(conn, job, &settings.paths, now, subject, id).await?)
+            let look = Look {
+                conn,
+                settings: settings.jobs.get::<J::Settings>(J::NAME),
+                paths: &settings.paths,
+                now,
+            };
+            Ok(J::explain(look, subject, id).await?)
         })
     }
 
@@ -261,14 +267,13 @@ impl<J: Job> Kind for Registered<J> {
         accounts: Option<&'a [Uuid]>,
     ) -> BoxFuture<'a, anyhow::Result<Vec<PreviewLine>>> {
         Box::pin(async move {
-            let lines = J::preview(
+            let look = Look {
                 conn,
-                settings.jobs.get::<J::Settings>(J::NAME),
-                &settings.paths,
+                settings: settings.jobs.get::<J::Settings>(J::NAME),
+                paths: &settings.paths,
                 now,
-                accounts,
-            )
-            .await?;
+            };
+            let lines = J::preview(look, accounts).await?;
             Ok(lines
                 .into_iter()
                 .map(|line| {

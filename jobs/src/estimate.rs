@@ -5,7 +5,10 @@
 //! statistics it keeps choose instead: a million quiet accounts read by probes cost seconds,
 //! ten accounts with a hundred million runs read by a scan cost minutes.
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
+
+use crate::cutoff::EARLIEST;
 
 /// Candidates per account below which one scan of the table is the cheaper read: a probe of a
 /// window index costs about as much as reading ten rows of a sequential scan.
@@ -30,17 +33,50 @@ impl Read {
     }
 }
 
-/// A backlog in seconds, from the one value of its statement: no row (a scan that found
-/// nothing) or NULL (a per-account read that found nothing) is 0, and it is never below 0.
-///
-/// # Errors
-/// A database error.
-pub async fn backlog_seconds(
-    pool: &sqlx::PgPool,
-    query: sqlx::query::QueryScalar<'_, sqlx::Postgres, Option<f64>, sqlx::postgres::PgArguments>,
-) -> Result<f64, sqlx::Error> {
-    let seconds = query.fetch_optional(pool).await?.flatten();
-    Ok(seconds.unwrap_or(0.0).max(0.0))
+/// A kind's backlog (OP-3) as one statement written both ways: `$1` the time it is measured at,
+/// `$2` the calendar's earliest instant, then `extra`; its one value is how far past its cutoff
+/// the oldest candidate is, in seconds.
+pub struct Backlog {
+    /// The candidates' table and the table of what they belong to, which choose the read.
+    pub over: (&'static str, &'static str),
+    pub probes: &'static str,
+    pub scan: &'static str,
+    pub extra: &'static [i32],
+}
+
+impl Backlog {
+    /// The backlog, read the cheaper way ([`cheaper_read`]).
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn seconds(&self, pool: &PgPool, now: DateTime<Utc>) -> Result<f64, sqlx::Error> {
+        let (table, accounts) = self.over;
+        let read = cheaper_read(pool, table, accounts).await?;
+        self.read(pool, now, read).await
+    }
+
+    /// The backlog read one way or the other (both are tested to agree): no row (a scan that
+    /// found nothing) or NULL (a per-account read that found nothing) is 0, and it is never
+    /// below 0.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn read(
+        &self,
+        pool: &PgPool,
+        now: DateTime<Utc>,
+        read: Read,
+    ) -> Result<f64, sqlx::Error> {
+        let sql = read.pick(self.probes, self.scan);
+        let mut query = sqlx::query_scalar::<_, Option<f64>>(sqlx::AssertSqlSafe(sql))
+            .bind(now)
+            .bind(EARLIEST);
+        for value in self.extra {
+            query = query.bind(value);
+        }
+        let seconds = query.fetch_optional(pool).await?.flatten();
+        Ok(seconds.unwrap_or(0.0).max(0.0))
+    }
 }
 
 /// [`Read::Scan`] when one scan of `table` costs less than a probe per row of `accounts` (both

@@ -14,6 +14,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::estimate::Backlog;
 use crate::explain::Explanation;
 use crate::files::{FileCounts, PathSettings};
 use crate::health::{Health, Indicator};
@@ -225,28 +226,27 @@ pub trait Job: Send + Sync + 'static {
     /// The queue's name in `apalis.jobs.job_type`: `sexton.<NAME>`, stable whatever the Rust
     /// types are called.
     const QUEUE: &'static str;
-    const SCOPE: Scope;
+    /// Per account (one pass each) unless the kind is global.
+    const SCOPE: Scope = Scope::Account;
     /// The configuration section of its settings.
     const SECTION: &'static str;
     /// Connections one hop holds at once, the one carrying its scope lock included.
     const CONNECTIONS: u32 = 1;
-    /// What `sexton explain <subject> <id>` asks this job about.
-    const SUBJECTS: &'static [&'static str] = &[];
     /// Every reason an owner may be retained for: metric label values, reported as 0 until
     /// they happen.
     const RETAIN_REASONS: &'static [&'static str];
 
     /// The typed, versioned payload of one hop.
     type Args: Serialize + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static;
+    /// Its section as given, before it is checked (leaves are [`crate::settings::Raw`]).
+    type Raw: DeserializeOwned;
     type Settings: fmt::Debug + Clone + Send + Sync + 'static;
-    /// One line of `sexton preview`: serialized for `--json`, displayed for people.
-    type Preview: Serialize + fmt::Display + Send + 'static;
-    type Error: std::error::Error + Send + Sync + 'static;
+    type Error: std::error::Error + From<sqlx::Error> + Send + Sync + 'static;
 
-    /// Reads the job's section (a JSON object with every default filled in); problems go to
-    /// `check`, each naming its setting as `<SECTION>.<name>`.
+    /// Checks the job's section as given (read into [`Job::Raw`], every default filled in);
+    /// problems go to `check`, each naming its setting as `<SECTION>.<name>`.
     fn settings(
-        section: &serde_json::Value,
+        raw: Self::Raw,
         paths: &PathSettings,
         check: &mut Check<'_>,
     ) -> Option<Self::Settings>;
@@ -295,27 +295,45 @@ pub trait Job: Send + Sync + 'static {
     fn retryable(error: &Self::Error) -> bool {
         !refused(error)
     }
+}
+
+/// What a read of a job kind's state is given: a connection, the kind's settings, the roots, and
+/// the time the verdicts are for.
+pub struct Look<'a, S> {
+    pub conn: &'a mut PgConnection,
+    pub settings: &'a S,
+    pub paths: &'a PathSettings,
+    pub now: DateTime<Utc>,
+}
+
+/// The read side of a job kind (`sexton preview`, `sexton explain`, the backlog gauge): what its
+/// passes would do, from the same code and statements as their decisions, deleting nothing. A
+/// kind implements it in its `read` module.
+pub trait Inspect: Job {
+    /// What `sexton explain <subject> <id>` asks this job about.
+    const SUBJECTS: &'static [&'static str] = &[];
+
+    /// One line of `sexton preview`: serialized for `--json`, displayed for people.
+    type Preview: Serialize + fmt::Display + Send + 'static;
+
+    /// The statement of its backlog, when the kind measures one by a statement of its own.
+    fn backlog() -> Option<Backlog> {
+        None
+    }
 
     /// How far past its cutoff the oldest eligible item is, in seconds (OP-3), if the job
-    /// measures a backlog.
+    /// measures a backlog: by default, what [`Inspect::backlog`] reads.
     fn backlog_seconds(
         pool: &PgPool,
-        settings: &Self::Settings,
-        now: DateTime<Utc>,
-    ) -> impl Future<Output = Result<Option<f64>, Self::Error>> + Send;
-
-    /// This job's verdict on one `subject` (one of [`Job::SUBJECTS`]) named by `id`, from the
-    /// same code as its own decision; `Ok(None)` when there is no such thing. `id` has been
-    /// checked by [`Job::parse_id`].
-    fn explain(
-        _conn: &mut PgConnection,
         _settings: &Self::Settings,
-        _paths: &PathSettings,
-        _now: DateTime<Utc>,
-        _subject: &'static str,
-        _id: &str,
-    ) -> impl Future<Output = Result<Option<Explanation>, Self::Error>> + Send {
-        async { Ok(None) }
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<Option<f64>, Self::Error>> + Send {
+        async move {
+            match Self::backlog() {
+                Some(backlog) => Ok(Some(backlog.seconds(pool, now).await?)),
+                None => Ok(None),
+            }
+        }
     }
 
     /// Whether `id` is well formed for `subject` (a UUID unless the job says otherwise).
@@ -325,18 +343,26 @@ pub trait Job: Send + Sync + 'static {
             .map_err(|_| format!("expected a UUID, got {id:?}"))
     }
 
+    /// This job's verdict on one `subject` (one of [`Inspect::SUBJECTS`]) named by `id`, from the
+    /// same code as its own decision; `Ok(None)` when there is no such thing. `id` has been
+    /// checked by [`Inspect::parse_id`].
+    fn explain(
+        _look: Look<'_, Self::Settings>,
+        _subject: &'static str,
+        _id: &str,
+    ) -> impl Future<Output = Result<Option<Explanation>, Self::Error>> + Send {
+        async { Ok(None) }
+    }
+
     /// What a pass would do now, deleting nothing (`sexton preview`): a per-account job gives
     /// a line per account of `accounts` (every account when `None`); a global job counts what
     /// it would remove of those accounts, or of all.
     fn preview(
-        conn: &mut PgConnection,
-        settings: &Self::Settings,
-        paths: &PathSettings,
-        now: DateTime<Utc>,
+        look: Look<'_, Self::Settings>,
         accounts: Option<&[Uuid]>,
     ) -> impl Future<Output = Result<Vec<Self::Preview>, Self::Error>> + Send;
 
-    /// What a line of [`Job::preview`] counts, as (what, how many) pairs that add up over
+    /// What a line of [`Inspect::preview`] counts, as (what, how many) pairs that add up over
     /// accounts: the summary `sexton preview` prints of a per-account job.
     fn tally(_preview: &Self::Preview) -> Vec<(String, i64)> {
         Vec::new()

@@ -154,12 +154,21 @@ impl<A> Progress for Report<A> {
     }
 }
 
+/// Why a hop on the owner loop failed; it is retried unless the database refused the statement
+/// itself ([`crate::job::refused`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Files(#[from] DrainError),
+}
+
 /// A row-owning job kind as its hop's loop sees it.
 pub trait Owners: Send {
     /// Where a pass stands.
     type Cursor: Clone + Send + Sync;
     type Report: Progress + Send;
-    type Error: From<sqlx::Error> + From<DrainError> + Send;
 
     /// Every table its transactions write: a vacuum on one of them pauses its hops.
     const TABLES: &'static [&'static str];
@@ -173,7 +182,7 @@ pub trait Owners: Send {
         at: Option<&Self::Cursor>,
         room: Option<u32>,
         report: &mut Self::Report,
-    ) -> impl Future<Output = Result<Took<Self::Cursor>, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Took<Self::Cursor>, Error>> + Send;
 }
 
 impl<'a> Hop<'a> {
@@ -217,7 +226,7 @@ impl<'a> Hop<'a> {
         owners: &mut O,
         start: Option<O::Cursor>,
         report: &mut O::Report,
-    ) -> Result<End<O::Cursor>, O::Error> {
+    ) -> Result<End<O::Cursor>, Error> {
         let Hop {
             conn,
             health,
@@ -287,7 +296,6 @@ pub trait Window: Send {
     type Candidate: Send + Sync;
     type Cursor: Clone + Send + Sync;
     type Report: Progress + Send;
-    type Error: From<sqlx::Error> + From<DrainError> + Send;
 
     const TABLES: &'static [&'static str];
 
@@ -298,7 +306,7 @@ pub trait Window: Send {
         at: Option<&Self::Cursor>,
         room: u32,
         report: &mut Self::Report,
-    ) -> impl Future<Output = Result<Candidates<Self::Candidate, Self::Cursor>, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Candidates<Self::Candidate, Self::Cursor>, Error>> + Send;
 
     /// Where the pass stands once `candidate` is taken.
     fn cursor(&self, candidate: &Self::Candidate) -> Self::Cursor;
@@ -309,7 +317,7 @@ pub trait Window: Send {
         conn: &mut PgConnection,
         chunk: &[Self::Candidate],
         report: &mut Self::Report,
-    ) -> impl Future<Output = Result<Taken, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Taken, Error>> + Send;
 }
 
 /// A window as [`Window::read`] read it.
@@ -400,7 +408,6 @@ impl<W: Window> Windowed<W> {
 impl<W: Window> Owners for Windowed<W> {
     type Cursor = W::Cursor;
     type Report = W::Report;
-    type Error = W::Error;
 
     const TABLES: &'static [&'static str] = W::TABLES;
 
@@ -410,7 +417,7 @@ impl<W: Window> Owners for Windowed<W> {
         at: Option<&W::Cursor>,
         room: Option<u32>,
         report: &mut W::Report,
-    ) -> Result<Took<W::Cursor>, W::Error> {
+    ) -> Result<Took<W::Cursor>, Error> {
         if self.taken == self.window.len() {
             if let Some(tail) = self.tail.take() {
                 return Ok(Took::end(tail));

@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff;
 use crate::files::PathSettings;
 use crate::health::Health;
 pub use crate::job::HopOutcome;
-use crate::job::{Env, Job, Position, Report, Scope};
+use crate::job::{Env, Inspect, Job, Look, Position, Report, Scope};
 use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
@@ -52,14 +52,7 @@ pub struct Args {
     pub hop: u32,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// Never for this job, which owns no files: the owner loop's drain can fail so.
-    #[error(transparent)]
-    Files(#[from] crate::files::DrainError),
-}
+pub use crate::owner_loop::Error;
 
 /// The tables this job deletes from, in the order reports list them.
 pub const TABLES: [&str; 2] = ["apalis.jobs", "apalis.workers"];
@@ -133,7 +126,6 @@ impl Owners for Finished {
     /// None: each batch takes the oldest left.
     type Cursor = ();
     type Report = Report<Args>;
-    type Error = Error;
 
     const TABLES: &'static [&'static str] = &TABLES;
 
@@ -169,7 +161,7 @@ impl Owners for Finished {
 
 /// The `[queue]` section, of which this job reads one setting.
 #[derive(Debug, Deserialize)]
-struct RawSettings {
+pub struct RawSettings {
     finished_job_retention_days: Raw<i64>,
 }
 
@@ -184,16 +176,15 @@ impl Job for QueueRetention {
     const RETAIN_REASONS: &'static [&'static str] = &[];
 
     type Args = Args;
+    type Raw = RawSettings;
     type Settings = QueueRetentionSettings;
-    type Preview = Preview;
     type Error = Error;
 
     fn settings(
-        section: &serde_json::Value,
+        s: RawSettings,
         _paths: &PathSettings,
         c: &mut Check<'_>,
     ) -> Option<QueueRetentionSettings> {
-        let s: RawSettings = c.section(Self::SECTION, section)?;
         Some(QueueRetentionSettings {
             retention: c.finished_job_retention(&s.finished_job_retention_days)?,
         })
@@ -223,22 +214,21 @@ impl Job for QueueRetention {
     ) -> Result<(), Error> {
         hop(env.conn, env.health, settings, args, env.stop, report).await
     }
+}
 
-    async fn backlog_seconds(
-        _pool: &PgPool,
-        _settings: &QueueRetentionSettings,
-        _now: DateTime<Utc>,
-    ) -> Result<Option<f64>, Error> {
-        Ok(None)
-    }
+impl Inspect for QueueRetention {
+    type Preview = Preview;
 
     async fn preview(
-        conn: &mut PgConnection,
-        settings: &QueueRetentionSettings,
-        _paths: &PathSettings,
-        now: DateTime<Utc>,
+        look: Look<'_, QueueRetentionSettings>,
         _accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
+        let Look {
+            conn,
+            settings,
+            now,
+            ..
+        } = look;
         let finished_before = now - settings.retention;
         let (jobs, workers): (i64, i64) = sqlx::query_as(
             "SELECT

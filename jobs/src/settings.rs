@@ -112,6 +112,11 @@ impl<'a> Check<'a> {
         .map(Duration::from_millis)
     }
 
+    /// How many candidates a hop reads at once: from 1 to 100,000.
+    pub fn window_size(&mut self, setting: &str, raw: &Raw<i64>) -> Option<u32> {
+        self.int(setting, raw, 1..=100_000, "an integer from 1 to 100000")
+    }
+
     /// `queue.finished_job_retention_days` (FL-7): how long finished queue jobs and the pass
     /// ledger are kept. The worker reads it (the catch-up bound, the ledger) and so does the
     /// queue's own retention job.

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use chrono::{DateTime, Duration, Utc};
 use sexton_jobs::estimate::Read;
+use sexton_jobs::job::Inspect;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -287,18 +288,20 @@ pub async fn session(
 /// The execution-details backlog at `now`, read both ways — account by account through the
 /// window index and in one scan of `runs` — which must agree (OP-3).
 pub async fn execution_backlog(pool: &PgPool, now: DateTime<Utc>) -> f64 {
-    use sexton_jobs::prune_execution_details::backlog_read;
-    let probes = backlog_read(pool, now, Read::Probes).await.unwrap();
-    let scan = backlog_read(pool, now, Read::Scan).await.unwrap();
+    use sexton_jobs::prune_execution_details::PruneExecutionDetails;
+    let backlog = PruneExecutionDetails::backlog().unwrap();
+    let probes = backlog.read(pool, now, Read::Probes).await.unwrap();
+    let scan = backlog.read(pool, now, Read::Scan).await.unwrap();
     assert_eq!(probes, scan, "the backlog read per account and in one scan");
     probes
 }
 
 /// The session backlog at `now`, read both ways, which must agree (OP-3).
 pub async fn session_backlog(pool: &PgPool, now: DateTime<Utc>) -> f64 {
-    use sexton_jobs::session_retention::backlog_read;
-    let probes = backlog_read(pool, now, Read::Probes).await.unwrap();
-    let scan = backlog_read(pool, now, Read::Scan).await.unwrap();
+    use sexton_jobs::session_retention::SessionRetention;
+    let backlog = SessionRetention::backlog().unwrap();
+    let probes = backlog.read(pool, now, Read::Probes).await.unwrap();
+    let scan = backlog.read(pool, now, Read::Scan).await.unwrap();
     assert_eq!(
         probes, scan,
         "the backlog read per policy and kind and in one scan"

@@ -43,6 +43,22 @@ impl Env {
         }
     }
 
+    /// The preview of `accounts` (every account when `None`) at `now`.
+    pub async fn preview(
+        &self,
+        now: DateTime<Utc>,
+        accounts: Option<&[Uuid]>,
+    ) -> Vec<job::Preview> {
+        super::run::preview::<job::PruneExecutionDetails>(
+            &self.pool,
+            &self.settings,
+            self.dir.path(),
+            now,
+            accounts,
+        )
+        .await
+    }
+
     pub fn root(&self) -> &std::path::Path {
         &self.settings.output_root
     }

@@ -3,11 +3,14 @@
 
 use std::sync::atomic::AtomicBool;
 
+use chrono::{DateTime, Utc};
 use sexton_jobs::clock::ManualClock;
+use sexton_jobs::explain::Explanation;
 use sexton_jobs::files::PathSettings;
 use sexton_jobs::health::Health;
-use sexton_jobs::job::{Env, Job, Report};
+use sexton_jobs::job::{Env, Inspect, Job, Look, Report};
 use sqlx::PgPool;
+use uuid::Uuid;
 
 use super::fixture::pass_start;
 
@@ -95,4 +98,43 @@ pub fn roots(dir: &std::path::Path) -> PathSettings {
         std::fs::create_dir_all(root).unwrap();
     }
     paths
+}
+
+/// `J`'s preview of `accounts` (every account when `None`) at `now`, its roots under `dir`.
+pub async fn preview<J: Inspect>(
+    pool: &PgPool,
+    settings: &J::Settings,
+    dir: &std::path::Path,
+    now: DateTime<Utc>,
+    accounts: Option<&[Uuid]>,
+) -> Vec<J::Preview> {
+    let mut conn = pool.acquire().await.unwrap();
+    let paths = roots(dir);
+    let look = Look {
+        conn: &mut conn,
+        settings,
+        paths: &paths,
+        now,
+    };
+    J::preview(look, accounts).await.unwrap()
+}
+
+/// `J`'s verdict on one `subject` at `now`, its roots under `dir`.
+pub async fn explain<J: Inspect>(
+    pool: &PgPool,
+    settings: &J::Settings,
+    dir: &std::path::Path,
+    now: DateTime<Utc>,
+    subject: &'static str,
+    id: &str,
+) -> Option<Explanation> {
+    let mut conn = pool.acquire().await.unwrap();
+    let paths = roots(dir);
+    let look = Look {
+        conn: &mut conn,
+        settings,
+        paths: &paths,
+        now,
+    };
+    J::explain(look, subject, id).await.unwrap()
 }

@@ -306,11 +306,7 @@ async fn op1_the_preview_counts_what_the_next_pass_then_does(pool: PgPool) {
     let elsewhere = fixture::conversation(&env.pool, other).await;
     env.run(RunSpec::conversation(other, elsewhere, 50.0)).await;
 
-    let mut conn = env.pool.acquire().await.unwrap();
-    let previews = job::preview(&mut conn, pass_start(), Some(&[account]))
-        .await
-        .unwrap();
-    drop(conn);
+    let previews = env.preview(pass_start(), Some(&[account])).await;
     let reports = env.pass(account).await;
 
     assert_eq!(previews.len(), 1);

@@ -2,7 +2,6 @@
 //! zero or beyond the calendar: nothing is old), aged from its own timestamps.
 
 use chrono::{DateTime, Utc};
-use sexton_jobs::job::Job;
 use sexton_jobs::prune_execution_details::{self as job, Args, HopOutcome, RetainReason};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -165,8 +164,7 @@ async fn ex1_a_window_of_zero_or_less_means_nothing_is_old(pool: PgPool) {
         .run(RunSpec::conversation(normal, conversation, 40.0))
         .await;
 
-    let mut conn = env.pool.acquire().await.unwrap();
-    let previews = job::preview(&mut conn, pass_start(), None).await.unwrap();
+    let previews = env.preview(pass_start(), None).await;
     for account in &absurd {
         let p = previews.iter().find(|p| p.account_id == *account).unwrap();
         assert_eq!((p.cutoff, p.eligible_owners), (None, 0), "{p:?}");
@@ -177,18 +175,16 @@ async fn ex1_a_window_of_zero_or_less_means_nothing_is_old(pool: PgPool) {
         (backlog - 10.0 * 86_400.0).abs() < 1.0,
         "only the normal account's backlog counts: {backlog}"
     );
-    let paths = common::run::roots(env.dir.path());
     for (_, run) in &kept {
-        let explained = job::PruneExecutionDetails::explain(
-            &mut conn,
+        let explained = common::run::explain::<job::PruneExecutionDetails>(
+            &env.pool,
             &env.settings,
-            &paths,
+            env.dir.path(),
             pass_start(),
             "run",
             &run.id.to_string(),
         )
         .await
-        .unwrap()
         .unwrap();
         assert!(
             explained.reasons.iter().any(|r| r.code == "invalid_window"),
@@ -285,8 +281,7 @@ async fn ex1_a_window_beyond_the_calendar_means_nothing_is_old_enough(pool: PgPo
         .run(RunSpec::conversation(normal, conversation, 45.0))
         .await;
 
-    let mut conn = env.pool.acquire().await.unwrap();
-    let previews = job::preview(&mut conn, pass_start(), None).await.unwrap();
+    let previews = env.preview(pass_start(), None).await;
     assert_eq!(previews.len(), 3, "the preview covers every account");
     for (account, _) in &absurd {
         let p = previews.iter().find(|p| p.account_id == *account).unwrap();
@@ -438,10 +433,7 @@ async fn ex2_very_old_and_infinite_timestamps_are_pruned_or_counted(pool: PgPool
         .await
         .unwrap();
 
-    let mut conn = env.pool.acquire().await.unwrap();
-    let preview = job::preview(&mut conn, pass_start(), Some(&[account]))
-        .await
-        .unwrap();
+    let preview = env.preview(pass_start(), Some(&[account])).await;
     assert_eq!(preview[0].eligible_owners, 1, "the year-900 run");
     assert_eq!(
         preview[0]

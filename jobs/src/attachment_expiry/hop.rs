@@ -117,7 +117,6 @@ impl Window for Live {
     /// The last attachment looked at.
     type Cursor = Uuid;
     type Report = Report<Args>;
-    type Error = Error;
 
     const TABLES: &'static [&'static str] = &["attachments", "pending_file_deletions"];
 

@@ -18,13 +18,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rustix::fs::FileType;
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::{self, days_before};
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, DrainError, PathSettings, Root};
-use crate::job::{AccountRange, Env, HopOutcome, Job, Position, Report, Scope};
+use crate::job::{AccountRange, Env, HopOutcome, Inspect, Job, Look, Position, Report};
 use crate::owner_loop::{Bounds, Candidates, Chunks, Files, Hop, Taken, Window, Windowed};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
@@ -33,6 +33,15 @@ mod hop;
 mod read;
 pub use hop::*;
 pub use read::*;
+
+/// The `[attachments]` section as given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSettings {
+    max_age_days: Raw<i64>,
+    window_size: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+}
 
 /// `[attachments]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,22 +81,7 @@ pub struct Args {
     pub hop: u32,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Files(#[from] DrainError),
-}
-
-/// The `[attachments]` section as given.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSettings {
-    max_age_days: Raw<i64>,
-    window_size: Raw<i64>,
-    hop_budget_ms: Raw<i64>,
-}
+pub use crate::owner_loop::Error;
 
 /// The job kind, as the worker registers it.
 pub struct AttachmentExpiry;
@@ -95,34 +89,26 @@ pub struct AttachmentExpiry;
 impl Job for AttachmentExpiry {
     const NAME: &'static str = "attachment_expiry";
     const QUEUE: &'static str = "sexton.attachment_expiry";
-    const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "attachments";
-    const SUBJECTS: &'static [&'static str] = &["attachment"];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;
+    type Raw = RawSettings;
     type Settings = AttachmentSettings;
-    type Preview = Preview;
     type Error = Error;
 
     fn settings(
-        section: &serde_json::Value,
+        s: RawSettings,
         _paths: &PathSettings,
         c: &mut Check<'_>,
     ) -> Option<AttachmentSettings> {
-        let s: RawSettings = c.section(Self::SECTION, section)?;
         let max_age_days = c.int(
             "attachments.max_age_days",
             &s.max_age_days,
             0..=36_500,
             "a number of days from 0 (never expire) to 36500",
         );
-        let window_size = c.int(
-            "attachments.window_size",
-            &s.window_size,
-            1..=100_000,
-            "an integer from 1 to 100000",
-        );
+        let window_size = c.window_size("attachments.window_size", &s.window_size);
         let budget = c.millis("attachments.hop_budget_ms", &s.hop_budget_ms);
         Some(AttachmentSettings {
             max_age_days: max_age_days?,
@@ -181,100 +167,5 @@ impl Job for AttachmentExpiry {
         report: &mut Report<Args>,
     ) -> Result<(), Error> {
         hop(env, settings, args, report).await
-    }
-
-    async fn backlog_seconds(
-        _pool: &PgPool,
-        _settings: &AttachmentSettings,
-        _now: DateTime<Utc>,
-    ) -> Result<Option<f64>, Error> {
-        // The mtime decides: measuring it means a stat per live attachment, not every refresh.
-        Ok(None)
-    }
-
-    async fn explain(
-        conn: &mut PgConnection,
-        settings: &AttachmentSettings,
-        paths: &PathSettings,
-        now: DateTime<Utc>,
-        _subject: &'static str,
-        id: &str,
-    ) -> Result<Option<Explanation>, Error> {
-        match Uuid::parse_str(id) {
-            Ok(id) => explain_attachment(conn, settings, paths, now, id).await,
-            Err(_) => Ok(None),
-        }
-    }
-
-    async fn preview(
-        conn: &mut PgConnection,
-        settings: &AttachmentSettings,
-        paths: &PathSettings,
-        now: DateTime<Utc>,
-        accounts: Option<&[Uuid]>,
-    ) -> Result<Vec<Preview>, Error> {
-        let ids: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM accounts WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY id",
-        )
-        .bind(accounts)
-        .fetch_all(&mut *conn)
-        .await?;
-        let cutoff = match settings.max_age_days {
-            0 => None,
-            days => days_before(now, days),
-        };
-        let root =
-            files::open_root(&paths.attachments_root).map_err(|source| DrainError::Root {
-                path: paths.attachments_root.clone(),
-                source,
-            })?;
-        let mut previews: Vec<Preview> = ids
-            .iter()
-            .map(|account_id| Preview {
-                account_id: *account_id,
-                max_age_days: settings.max_age_days,
-                cutoff,
-                expired: 0,
-                kept: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
-            })
-            .collect();
-        // Page by page over every account asked about, through the pass's own index: an
-        // account may hold millions.
-        let mut after = (Uuid::nil(), Uuid::nil());
-        while let Some(cutoff) = cutoff {
-            let rows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
-                "SELECT account_id, id, relative_path FROM attachments
-                 WHERE ($1::uuid[] IS NULL OR account_id = ANY($1))
-                   AND bytes_expired_at IS NULL AND (account_id, id) > ($2, $3)
-                 ORDER BY account_id, id LIMIT 1000",
-            )
-            .bind(accounts)
-            .bind(after.0)
-            .bind(after.1)
-            .fetch_all(&mut *conn)
-            .await?;
-            let Some((account, last, _)) = rows.last() else {
-                break;
-            };
-            after = (*account, *last);
-            for (account, _, path) in rows {
-                let Ok(at) = ids.binary_search(&account) else {
-                    continue;
-                };
-                let preview = &mut previews[at];
-                match judge(&root, &path, cutoff) {
-                    Verdict::Expired => preview.expired += 1,
-                    Verdict::Young => {}
-                    Verdict::Kept(reason) => count(&mut preview.kept, reason),
-                }
-            }
-        }
-        Ok(previews)
-    }
-
-    fn tally(p: &Preview) -> Vec<(String, i64)> {
-        let mut tally = vec![("expired".to_owned(), p.expired as i64)];
-        tally.extend(p.kept.iter().map(|(r, n)| (format!("kept {r}"), *n as i64)));
-        tally
     }
 }

@@ -3,14 +3,112 @@
 
 use super::*;
 
+/// The mtime decides (AT-1): measuring a backlog would mean a stat per live attachment at every
+/// refresh of the gauge, so the kind reports none.
+impl Inspect for AttachmentExpiry {
+    const SUBJECTS: &'static [&'static str] = &["attachment"];
+
+    type Preview = Preview;
+
+    async fn explain(
+        look: Look<'_, AttachmentSettings>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(id) => explain_attachment(look, id).await,
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Each account's live attachments judged as the pass judges them, page by page.
+    async fn preview(
+        look: Look<'_, AttachmentSettings>,
+        accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        let Look {
+            conn,
+            settings,
+            paths,
+            now,
+        } = look;
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM accounts WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY id",
+        )
+        .bind(accounts)
+        .fetch_all(&mut *conn)
+        .await?;
+        let cutoff = match settings.max_age_days {
+            0 => None,
+            days => days_before(now, days),
+        };
+        let root =
+            files::open_root(&paths.attachments_root).map_err(|source| DrainError::Root {
+                path: paths.attachments_root.clone(),
+                source,
+            })?;
+        let mut previews: Vec<Preview> = ids
+            .iter()
+            .map(|account_id| Preview {
+                account_id: *account_id,
+                max_age_days: settings.max_age_days,
+                cutoff,
+                expired: 0,
+                kept: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
+            })
+            .collect();
+        // Page by page over every account asked about, through the pass's own index: an
+        // account may hold millions.
+        let mut after = (Uuid::nil(), Uuid::nil());
+        while let Some(cutoff) = cutoff {
+            let rows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
+                "SELECT account_id, id, relative_path FROM attachments
+                 WHERE ($1::uuid[] IS NULL OR account_id = ANY($1))
+                   AND bytes_expired_at IS NULL AND (account_id, id) > ($2, $3)
+                 ORDER BY account_id, id LIMIT 1000",
+            )
+            .bind(accounts)
+            .bind(after.0)
+            .bind(after.1)
+            .fetch_all(&mut *conn)
+            .await?;
+            let Some((account, last, _)) = rows.last() else {
+                break;
+            };
+            after = (*account, *last);
+            for (account, _, path) in rows {
+                let Ok(at) = ids.binary_search(&account) else {
+                    continue;
+                };
+                let preview = &mut previews[at];
+                match judge(&root, &path, cutoff) {
+                    Verdict::Expired => preview.expired += 1,
+                    Verdict::Young => {}
+                    Verdict::Kept(reason) => count(&mut preview.kept, reason),
+                }
+            }
+        }
+        Ok(previews)
+    }
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally = vec![("expired".to_owned(), p.expired as i64)];
+        tally.extend(p.kept.iter().map(|(r, n)| (format!("kept {r}"), *n as i64)));
+        tally
+    }
+}
+
 /// The job's verdict on one attachment, from the same judgement of its file.
-pub(super) async fn explain_attachment(
-    conn: &mut PgConnection,
-    settings: &AttachmentSettings,
-    paths: &PathSettings,
-    now: DateTime<Utc>,
+async fn explain_attachment(
+    look: Look<'_, AttachmentSettings>,
     id: Uuid,
 ) -> Result<Option<Explanation>, Error> {
+    let Look {
+        conn,
+        settings,
+        paths,
+        now,
+    } = look;
     type Row = (Uuid, String, Option<DateTime<Utc>>);
     let row: Option<Row> = sqlx::query_as(
         "SELECT account_id, relative_path, bytes_expired_at FROM attachments WHERE id = $1",

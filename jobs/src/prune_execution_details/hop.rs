@@ -151,7 +151,6 @@ impl Window for Pass<'_> {
     type Candidate = (Uuid, Uuid, DateTime<Utc>);
     type Cursor = Cursor;
     type Report = HopReport;
-    type Error = Error;
 
     const TABLES: &'static [&'static str] = &WRITTEN;
 

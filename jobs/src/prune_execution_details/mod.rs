@@ -23,12 +23,12 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::cutoff::{EARLIEST, days_before};
-use crate::estimate::Read;
+use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{self, DrainError, PathSettings, Root};
+use crate::files::{self, PathSettings, Root};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
-use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
+use crate::job::{AccountRange, Env, Inspect, Job, Look, Position, Report};
 use crate::owner_loop::{
     self, Bounds, Candidates, Chunks, Files, Hop, Mode, Progress, Taken, Window, Windowed, busy_or,
 };
@@ -110,6 +110,16 @@ impl Args {
 pub struct Cursor {
     pub age: DateTime<Utc>,
     pub run_id: Uuid,
+}
+
+/// The `[execution_details]` section as given.
+#[derive(Debug, Deserialize)]
+pub struct RawSettings {
+    window_size: Raw<i64>,
+    owners_per_transaction: Raw<i64>,
+    transaction_target_ms: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+    owner_lock_timeout_ms: Raw<i64>,
 }
 
 /// How much one hop may do.
@@ -290,14 +300,7 @@ impl Progress for HopReport {
     }
 }
 
-/// Why a hop failed; every variant is transient and the hop is retried (EX-8).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Files(#[from] DrainError),
-}
+pub use crate::owner_loop::Error;
 
 /// One owner as the owner transaction's statement found it under lock, with — the same on
 /// every row — what that statement deleted.
@@ -340,46 +343,24 @@ impl Locked {
     }
 }
 
-/// The `[execution_details]` section as given.
-#[derive(Debug, Deserialize)]
-struct RawSettings {
-    window_size: Raw<i64>,
-    owners_per_transaction: Raw<i64>,
-    transaction_target_ms: Raw<i64>,
-    hop_budget_ms: Raw<i64>,
-    owner_lock_timeout_ms: Raw<i64>,
-}
-
 /// The job kind, as the worker registers it.
 pub struct PruneExecutionDetails;
 
 impl Job for PruneExecutionDetails {
     const NAME: &'static str = "prune_execution_details";
     const QUEUE: &'static str = "sexton.prune_execution_details";
-    const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "execution_details";
     /// The owner transactions' and the files' drain beside them ([`files::Beside`]).
     const CONNECTIONS: u32 = 2;
     const RETAIN_REASONS: &'static [&'static str] = &RetainReason::NAMES;
-    const SUBJECTS: &'static [&'static str] = &["run"];
 
     type Args = Args;
+    type Raw = RawSettings;
     type Settings = HopSettings;
-    type Preview = Preview;
     type Error = Error;
 
-    fn settings(
-        section: &serde_json::Value,
-        paths: &PathSettings,
-        c: &mut Check<'_>,
-    ) -> Option<HopSettings> {
-        let e: RawSettings = c.section(Self::SECTION, section)?;
-        let window_size = c.int(
-            "execution_details.window_size",
-            &e.window_size,
-            1..=100_000,
-            "an integer from 1 to 100000",
-        );
+    fn settings(e: RawSettings, paths: &PathSettings, c: &mut Check<'_>) -> Option<HopSettings> {
+        let window_size = c.window_size("execution_details.window_size", &e.window_size);
         let owners_per_transaction = c.int(
             "execution_details.owners_per_transaction",
             &e.owners_per_transaction,
@@ -444,50 +425,6 @@ impl Job for PruneExecutionDetails {
         .await;
         *report = done.shared(settings.window_size);
         result
-    }
-
-    async fn backlog_seconds(
-        pool: &PgPool,
-        _settings: &HopSettings,
-        now: DateTime<Utc>,
-    ) -> Result<Option<f64>, Error> {
-        backlog_seconds(pool, now).await.map(Some)
-    }
-
-    async fn explain(
-        conn: &mut PgConnection,
-        _settings: &HopSettings,
-        _paths: &PathSettings,
-        now: DateTime<Utc>,
-        _subject: &'static str,
-        id: &str,
-    ) -> Result<Option<Explanation>, Error> {
-        match Uuid::parse_str(id) {
-            Ok(run) => explain_run(conn, now, run).await,
-            Err(_) => Ok(None),
-        }
-    }
-
-    async fn preview(
-        conn: &mut PgConnection,
-        _settings: &HopSettings,
-        _paths: &PathSettings,
-        now: DateTime<Utc>,
-        accounts: Option<&[Uuid]>,
-    ) -> Result<Vec<Preview>, Error> {
-        preview(conn, now, accounts).await
-    }
-
-    fn tally(p: &Preview) -> Vec<(String, i64)> {
-        let mut tally = vec![("owners eligible".to_owned(), p.eligible_owners)];
-        tally.extend(
-            p.retained
-                .iter()
-                .map(|(r, n)| (format!("retained {}", r.as_str()), *n)),
-        );
-        tally.extend(p.rows.iter().map(|(t, n)| (format!("rows {t}"), *n)));
-        tally.push(("bytes of output files".to_owned(), p.bytes));
-        tally
     }
 }
 

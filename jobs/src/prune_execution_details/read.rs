@@ -3,32 +3,6 @@
 
 use super::*;
 
-/// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
-/// nothing eligible waits): the backlog an operator watches grow or shrink (OP-3). An account
-/// whose window reaches back past the calendar has nothing old enough, and infinite ages are
-/// never candidates: neither can break the gauge (EX-1, EX-2). Read per account through the
-/// window index, or in one scan of `runs` when there are fewer than about ten runs per account
-/// ([`crate::estimate`]): both give the same figure.
-///
-/// # Errors
-/// [`Error::Database`] on a database error.
-pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
-    let read = crate::estimate::cheaper_read(pool, "runs", "accounts").await?;
-    backlog_read(pool, now, read).await
-}
-
-/// The backlog, read one way or the other (both are tested to agree).
-///
-/// # Errors
-/// [`Error::Database`] on a database error.
-pub async fn backlog_read(pool: &PgPool, now: DateTime<Utc>, read: Read) -> Result<f64, Error> {
-    let sql = read.pick(&BACKLOG, &BACKLOG_SCAN);
-    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(now)
-        .bind(EARLIEST);
-    Ok(crate::estimate::backlog_seconds(pool, query).await?)
-}
-
 /// The accounts of `range` whose pass for `slot` has something to do (FL-8): an owner past the
 /// cutoff the account's current window gives (held back or not: what holds it is looked at
 /// again), a window of 0 or less (the pass reports it, EX-1), or output files waiting to be
@@ -64,69 +38,110 @@ pub struct Preview {
     pub bytes: i64,
 }
 
-/// Previews `accounts` (every account when `None`), in name order: one statement for the
-/// accounts and one for all their owners, whatever their number.
-///
-/// # Errors
-/// [`Error::Database`] on a database error.
-pub async fn preview(
-    conn: &mut PgConnection,
-    now: DateTime<Utc>,
-    accounts: Option<&[Uuid]>,
-) -> Result<Vec<Preview>, Error> {
-    let rows: Vec<(Uuid, String, Option<i32>)> = sqlx::query_as(
-        "SELECT id, name, execution_details_retention_days FROM accounts
-         WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY name, id",
-    )
-    .bind(accounts)
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut previews: Vec<Preview> = rows
-        .into_iter()
-        .map(|(account_id, account_name, days)| {
-            let mut preview = Preview {
-                account_id,
-                account_name,
-                retention_days: days,
-                cutoff: days.and_then(|days| days_before(now, days)),
-                eligible_owners: 0,
-                retained: BTreeMap::new(),
-                rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
-                bytes: 0,
-            };
-            if days.is_some_and(|days| !crate::cutoff::valid_window(days)) {
-                // As the pass counts it: once for the account (EX-1).
-                preview.retained.insert(RetainReason::InvalidWindow, 1);
-            }
-            preview
+impl Inspect for PruneExecutionDetails {
+    const SUBJECTS: &'static [&'static str] = &["run"];
+
+    type Preview = Preview;
+
+    /// How far past its cutoff the oldest eligible owner of any account is, in seconds (0 when
+    /// nothing eligible waits): the backlog an operator watches grow or shrink (OP-3). An account
+    /// whose window reaches back past the calendar has nothing old enough, and infinite ages are
+    /// never candidates: neither can break the gauge (EX-1, EX-2). Read per account through the
+    /// window index, or in one scan of `runs` when there are fewer than about ten runs per account
+    /// ([`crate::estimate`]): both give the same figure.
+    fn backlog() -> Option<Backlog> {
+        Some(Backlog {
+            over: ("runs", "accounts"),
+            probes: &BACKLOG,
+            scan: &BACKLOG_SCAN,
+            extra: &[],
         })
-        .collect();
-    let counts: Vec<(Uuid, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
+    }
+
+    /// Previews `accounts` (every account when `None`), in name order: one statement for the
+    /// accounts and one for all their owners, whatever their number.
+    async fn preview(
+        look: Look<'_, HopSettings>,
+        accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        let Look { conn, now, .. } = look;
+        let rows: Vec<(Uuid, String, Option<i32>)> = sqlx::query_as(
+            "SELECT id, name, execution_details_retention_days FROM accounts
+             WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY name, id",
+        )
         .bind(accounts)
-        .bind(now)
-        .bind(EARLIEST)
         .fetch_all(&mut *conn)
         .await?;
-    let at: BTreeMap<Uuid, usize> = previews
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.account_id, i))
-        .collect();
-    for (account, key, n) in counts {
-        let Some(preview) = at.get(&account).map(|i| &mut previews[*i]) else {
-            continue;
-        };
-        if key == "eligible" {
-            preview.eligible_owners = n;
-        } else if key == "bytes" {
-            preview.bytes = n;
-        } else if let Some(reason) = RetainReason::ALL.iter().find(|r| r.as_str() == key) {
-            preview.retained.insert(*reason, n);
-        } else if let Some(table) = DETAIL_TABLES.iter().find(|t| **t == key) {
-            preview.rows.insert(table, n);
+        let mut previews: Vec<Preview> = rows
+            .into_iter()
+            .map(|(account_id, account_name, days)| {
+                let mut preview = Preview {
+                    account_id,
+                    account_name,
+                    retention_days: days,
+                    cutoff: days.and_then(|days| days_before(now, days)),
+                    eligible_owners: 0,
+                    retained: BTreeMap::new(),
+                    rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
+                    bytes: 0,
+                };
+                if days.is_some_and(|days| !crate::cutoff::valid_window(days)) {
+                    // As the pass counts it: once for the account (EX-1).
+                    preview.retained.insert(RetainReason::InvalidWindow, 1);
+                }
+                preview
+            })
+            .collect();
+        let counts: Vec<(Uuid, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
+            .bind(accounts)
+            .bind(now)
+            .bind(EARLIEST)
+            .fetch_all(&mut *conn)
+            .await?;
+        let at: BTreeMap<Uuid, usize> = previews
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.account_id, i))
+            .collect();
+        for (account, key, n) in counts {
+            let Some(preview) = at.get(&account).map(|i| &mut previews[*i]) else {
+                continue;
+            };
+            if key == "eligible" {
+                preview.eligible_owners = n;
+            } else if key == "bytes" {
+                preview.bytes = n;
+            } else if let Some(reason) = RetainReason::ALL.iter().find(|r| r.as_str() == key) {
+                preview.retained.insert(*reason, n);
+            } else if let Some(table) = DETAIL_TABLES.iter().find(|t| **t == key) {
+                preview.rows.insert(table, n);
+            }
+        }
+        Ok(previews)
+    }
+
+    async fn explain(
+        look: Look<'_, HopSettings>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(run) => explain_run(look.conn, look.now, run).await,
+            Err(_) => Ok(None),
         }
     }
-    Ok(previews)
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally = vec![("owners eligible".to_owned(), p.eligible_owners)];
+        tally.extend(
+            p.retained
+                .iter()
+                .map(|(r, n)| (format!("retained {}", r.as_str()), *n)),
+        );
+        tally.extend(p.rows.iter().map(|(t, n)| (format!("rows {t}"), *n)));
+        tally.push(("bytes of output files".to_owned(), p.bytes));
+        tally
+    }
 }
 
 /// The rows behind a blocker, for people.

@@ -82,7 +82,6 @@ impl<R: Record> Owners for Batches<R> {
     /// The last row visited: its age and id as text.
     type Cursor = (DateTime<Utc>, String);
     type Report = Report<Args>;
-    type Error = Error;
 
     const TABLES: &'static [&'static str] = &[R::TABLE];
 

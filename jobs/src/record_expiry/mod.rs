@@ -26,7 +26,7 @@ use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVer
 use crate::files::PathSettings;
 use crate::health::Health;
 pub use crate::job::HopOutcome;
-use crate::job::{Env, Job, Position, Report, Scope};
+use crate::job::{Env, Inspect, Job, Look, Position, Report, Scope};
 use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
@@ -116,15 +116,7 @@ pub const RETAIN_REASONS: [&str; 1] = [
     "busy",
 ];
 
-/// Why a hop failed; it is retried.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// Never for these kinds, which own no files: the owner loop's drain can fail so.
-    #[error(transparent)]
-    Files(#[from] crate::files::DrainError),
-}
+pub use crate::owner_loop::Error;
 
 /// A short-lived record kind as a job.
 pub struct Expire<R>(PhantomData<R>);
@@ -132,7 +124,7 @@ pub struct Expire<R>(PhantomData<R>);
 /// The `[expiry]` section as given.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawSettings {
+pub struct RawSettings {
     handoffs_days: Raw<i64>,
     dream_preloads_days: Raw<i64>,
     working_records_days: Raw<i64>,
@@ -142,8 +134,7 @@ struct RawSettings {
 }
 
 /// Reads `[expiry]`. Every kind reads the whole section; a problem is reported once.
-fn settings(section: &serde_json::Value, c: &mut Check<'_>) -> Option<ExpirySettings> {
-    let s: RawSettings = c.section("expiry", section)?;
+fn settings(s: RawSettings, c: &mut Check<'_>) -> Option<ExpirySettings> {
     let mut days = |setting: &str, raw: &Raw<i64>| {
         c.int::<i32>(
             setting,
@@ -181,20 +172,19 @@ impl<R: Record> Job for Expire<R> {
     const QUEUE: &'static str = R::QUEUE;
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "expiry";
-    const SUBJECTS: &'static [&'static str] = &[R::SUBJECT];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;
+    type Raw = RawSettings;
     type Settings = ExpirySettings;
-    type Preview = Preview;
     type Error = Error;
 
     fn settings(
-        section: &serde_json::Value,
+        raw: RawSettings,
         _paths: &PathSettings,
         check: &mut Check<'_>,
     ) -> Option<ExpirySettings> {
-        settings(section, check)
+        settings(raw, check)
     }
 
     fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
@@ -216,77 +206,6 @@ impl<R: Record> Job for Expire<R> {
         report: &mut Report<Args>,
     ) -> Result<(), Error> {
         hop::<R>(env.conn, env.health, settings, args, env.stop, report).await
-    }
-
-    async fn backlog_seconds(
-        pool: &PgPool,
-        settings: &ExpirySettings,
-        now: DateTime<Utc>,
-    ) -> Result<Option<f64>, Error> {
-        backlog_seconds::<R>(pool, settings, now).await
-    }
-
-    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
-        // Conversation events are numbered, every other kind has UUIDs.
-        let ok = if R::FIRST_ID.starts_with('-') {
-            id.parse::<i64>().is_ok()
-        } else {
-            Uuid::parse_str(id).is_ok()
-        };
-        ok.then_some(()).ok_or_else(|| {
-            if R::FIRST_ID.starts_with('-') {
-                format!("expected a whole number, got {id:?}")
-            } else {
-                format!("expected a UUID, got {id:?}")
-            }
-        })
-    }
-
-    async fn explain(
-        conn: &mut PgConnection,
-        settings: &ExpirySettings,
-        _paths: &PathSettings,
-        now: DateTime<Utc>,
-        _subject: &'static str,
-        id: &str,
-    ) -> Result<Option<Explanation>, Error> {
-        if Self::parse_id(R::SUBJECT, id).is_err() {
-            return Ok(None);
-        }
-        explain_record::<R>(conn, settings, now, id).await
-    }
-
-    async fn preview(
-        conn: &mut PgConnection,
-        settings: &ExpirySettings,
-        _paths: &PathSettings,
-        now: DateTime<Utc>,
-        accounts: Option<&[Uuid]>,
-    ) -> Result<Vec<Preview>, Error> {
-        let days = R::days(settings);
-        let cutoff = enabled_cutoff::<R>(settings, now);
-        let expired = match cutoff {
-            Some(cutoff) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql::count::<R>()))
-                    .bind(cutoff)
-                    .bind(EARLIEST)
-                    .bind(accounts)
-                    .fetch_one(&mut *conn)
-                    .await?
-            }
-            None => 0,
-        };
-        Ok(vec![Preview {
-            table: R::TABLE,
-            rule: R::RULE,
-            days,
-            cutoff,
-            account_id: match accounts {
-                Some([account]) => Some(*account),
-                _ => None,
-            },
-            expired,
-        }])
     }
 }
 
@@ -338,7 +257,7 @@ mod tests {
             "handoffs_days": -1, "dream_preloads_days": 0, "working_records_days": "ninety",
             "conversation_events_days": 30, "batch_size": 0, "hop_budget_ms": 1000
         });
-        assert!(settings(&section, &mut check).is_none());
+        assert!(settings(serde_json::from_value(section).unwrap(), &mut check).is_none());
         let named: Vec<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
         assert_eq!(
             named,

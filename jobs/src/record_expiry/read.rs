@@ -3,26 +3,93 @@
 
 use super::*;
 
-/// How far past its cutoff the oldest expired row is, in seconds (0 when none is).
-///
-/// # Errors
-/// [`Error::Database`].
-pub async fn backlog_seconds<R: Record>(
-    pool: &PgPool,
-    settings: &ExpirySettings,
-    now: DateTime<Utc>,
-) -> Result<Option<f64>, Error> {
-    let Some(cutoff) = enabled_cutoff::<R>(settings, now) else {
-        return Ok(Some(0.0));
-    };
-    let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql::oldest::<R>()))
-        .bind(cutoff)
-        .bind(EARLIEST)
-        .fetch_one(pool)
-        .await?;
-    Ok(Some(
-        oldest.map_or(0.0, |oldest| (cutoff - oldest).as_seconds_f64()),
-    ))
+impl<R: Record> Inspect for Expire<R> {
+    const SUBJECTS: &'static [&'static str] = &[R::SUBJECT];
+
+    type Preview = Preview;
+
+    /// How far past its cutoff the oldest expired row is, in seconds (0 when none is).
+    async fn backlog_seconds(
+        pool: &PgPool,
+        settings: &ExpirySettings,
+        now: DateTime<Utc>,
+    ) -> Result<Option<f64>, Error> {
+        let Some(cutoff) = enabled_cutoff::<R>(settings, now) else {
+            return Ok(Some(0.0));
+        };
+        let oldest: Option<DateTime<Utc>> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql::oldest::<R>()))
+                .bind(cutoff)
+                .bind(EARLIEST)
+                .fetch_one(pool)
+                .await?;
+        Ok(Some(
+            oldest.map_or(0.0, |oldest| (cutoff - oldest).as_seconds_f64()),
+        ))
+    }
+
+    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
+        // Conversation events are numbered, every other kind has UUIDs.
+        let ok = if R::FIRST_ID.starts_with('-') {
+            id.parse::<i64>().is_ok()
+        } else {
+            Uuid::parse_str(id).is_ok()
+        };
+        ok.then_some(()).ok_or_else(|| {
+            if R::FIRST_ID.starts_with('-') {
+                format!("expected a whole number, got {id:?}")
+            } else {
+                format!("expected a UUID, got {id:?}")
+            }
+        })
+    }
+
+    async fn explain(
+        look: Look<'_, ExpirySettings>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        if Self::parse_id(R::SUBJECT, id).is_err() {
+            return Ok(None);
+        }
+        explain_record::<R>(look.conn, look.settings, look.now, id).await
+    }
+
+    async fn preview(
+        look: Look<'_, ExpirySettings>,
+        accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        let Look {
+            conn,
+            settings,
+            now,
+            ..
+        } = look;
+        let days = R::days(settings);
+        let cutoff = enabled_cutoff::<R>(settings, now);
+        let expired = match cutoff {
+            Some(cutoff) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql::count::<R>()))
+                    .bind(cutoff)
+                    .bind(EARLIEST)
+                    .bind(accounts)
+                    .fetch_one(&mut *conn)
+                    .await?
+            }
+            None => 0,
+        };
+        Ok(vec![Preview {
+            table: R::TABLE,
+            rule: R::RULE,
+            days,
+            cutoff,
+            account_id: match accounts {
+                Some([account]) => Some(*account),
+                _ => None,
+            },
+            expired,
+        }])
+    }
 }
 
 /// The cutoff at `now`, or `None` when the kind is disabled or nothing can be old enough.

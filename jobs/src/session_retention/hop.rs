@@ -135,7 +135,6 @@ impl Window for Sessions<'_> {
     type Candidate = Candidate;
     type Cursor = Cursor;
     type Report = HopReport;
-    type Error = Error;
 
     const TABLES: &'static [&'static str] = &WRITTEN;
 

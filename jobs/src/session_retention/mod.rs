@@ -29,12 +29,12 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::cutoff::{EARLIEST, days_before};
-use crate::estimate::Read;
+use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{self, DrainError, FileCounts, PathSettings, Root};
+use crate::files::{self, FileCounts, PathSettings, Root};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
-use crate::job::{AccountRange, Env, Job, Position, Report, Scope};
+use crate::job::{AccountRange, Env, Inspect, Job, Look, Position, Report};
 use crate::owner_loop::{
     self, Bounds, Candidates, Chunks, Files, Hop, Mode, Progress, Taken, Window, Windowed,
 };
@@ -220,6 +220,15 @@ impl Args {
     }
 }
 
+/// The `[sessions]` section as given.
+#[derive(Debug, Deserialize)]
+pub struct RawSettings {
+    window_size: Raw<i64>,
+    sessions_per_transaction: Raw<i64>,
+    hop_budget_ms: Raw<i64>,
+    lock_timeout_ms: Raw<i64>,
+}
+
 /// How much one hop may do.
 #[derive(Debug, Clone)]
 pub struct HopSettings {
@@ -302,23 +311,7 @@ impl Progress for HopReport {
     }
 }
 
-/// Why a hop failed; it is retried.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Files(#[from] DrainError),
-}
-
-/// The `[sessions]` section as given.
-#[derive(Debug, Deserialize)]
-struct RawSettings {
-    window_size: Raw<i64>,
-    sessions_per_transaction: Raw<i64>,
-    hop_budget_ms: Raw<i64>,
-    lock_timeout_ms: Raw<i64>,
-}
+pub use crate::owner_loop::Error;
 
 /// The job kind, as the worker registers it.
 pub struct SessionRetention;
@@ -326,28 +319,16 @@ pub struct SessionRetention;
 impl Job for SessionRetention {
     const NAME: &'static str = "session_retention";
     const QUEUE: &'static str = "sexton.session_retention";
-    const SCOPE: Scope = Scope::Account;
     const SECTION: &'static str = "sessions";
-    const SUBJECTS: &'static [&'static str] = &["session"];
     const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
     type Args = Args;
+    type Raw = RawSettings;
     type Settings = HopSettings;
-    type Preview = Preview;
     type Error = Error;
 
-    fn settings(
-        section: &serde_json::Value,
-        paths: &PathSettings,
-        c: &mut Check<'_>,
-    ) -> Option<HopSettings> {
-        let s: RawSettings = c.section(Self::SECTION, section)?;
-        let window_size = c.int(
-            "sessions.window_size",
-            &s.window_size,
-            1..=100_000,
-            "an integer from 1 to 100000",
-        );
+    fn settings(s: RawSettings, paths: &PathSettings, c: &mut Check<'_>) -> Option<HopSettings> {
+        let window_size = c.window_size("sessions.window_size", &s.window_size);
         let sessions_per_transaction = c.int(
             "sessions.sessions_per_transaction",
             &s.sessions_per_transaction,
@@ -412,55 +393,6 @@ impl Job for SessionRetention {
             throttled: done.throttled,
         };
         result
-    }
-
-    async fn backlog_seconds(
-        pool: &PgPool,
-        _settings: &HopSettings,
-        now: DateTime<Utc>,
-    ) -> Result<Option<f64>, Error> {
-        backlog_seconds(pool, now).await.map(Some)
-    }
-
-    async fn explain(
-        conn: &mut PgConnection,
-        _settings: &HopSettings,
-        _paths: &PathSettings,
-        now: DateTime<Utc>,
-        _subject: &'static str,
-        id: &str,
-    ) -> Result<Option<Explanation>, Error> {
-        match Uuid::parse_str(id) {
-            Ok(session) => explain_session(conn, now, session).await,
-            Err(_) => Ok(None),
-        }
-    }
-
-    async fn preview(
-        conn: &mut PgConnection,
-        _settings: &HopSettings,
-        _paths: &PathSettings,
-        now: DateTime<Utc>,
-        accounts: Option<&[Uuid]>,
-    ) -> Result<Vec<Preview>, Error> {
-        preview(conn, now, accounts).await
-    }
-
-    fn tally(p: &Preview) -> Vec<(String, i64)> {
-        let mut tally: Vec<(String, i64)> = SessionKind::ALL
-            .iter()
-            .map(|k| {
-                let n = p.eligible.get(k.as_str()).copied().unwrap_or(0);
-                (format!("sessions eligible {}", k.as_str()), n)
-            })
-            .collect();
-        tally.extend(
-            p.retained
-                .iter()
-                .map(|(r, n)| (format!("retained {r}"), *n)),
-        );
-        tally.extend(p.rows.iter().map(|(t, n)| (format!("rows {t}"), *n)));
-        tally
     }
 }
 

@@ -28,34 +28,6 @@ pub async fn due(
         .await
 }
 
-/// How far past its cutoff the oldest session still to go is, over every account whose policy
-/// is enabled, in seconds (0 when none waits). Read per policy and kind through
-/// `sessions_retention_window`, or in one scan of `sessions` when there are fewer than about
-/// ten per policy ([`crate::estimate`]): both give the same figure.
-///
-/// # Errors
-/// [`Error::Database`] on a database error.
-pub async fn backlog_seconds(pool: &PgPool, now: DateTime<Utc>) -> Result<f64, Error> {
-    let read =
-        crate::estimate::cheaper_read(pool, "sessions", "session_retention_policies").await?;
-    backlog_read(pool, now, read).await
-}
-
-/// The backlog, read one way or the other (both are tested to agree).
-///
-/// # Errors
-/// [`Error::Database`] on a database error.
-pub async fn backlog_read(pool: &PgPool, now: DateTime<Utc>, read: Read) -> Result<f64, Error> {
-    let sql = read.pick(&BACKLOG, &BACKLOG_SCAN);
-    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(now)
-        .bind(EARLIEST)
-        .bind(Ages::FALLBACK.main_days)
-        .bind(Ages::FALLBACK.task_days)
-        .bind(Ages::FALLBACK.subagent_days);
-    Ok(crate::estimate::backlog_seconds(pool, query).await?)
-}
-
 /// One session a pass would delete now, with the evidence it goes on (`sexton sessions prune`).
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Target {
@@ -130,81 +102,130 @@ pub struct Preview {
     pub rows: BTreeMap<&'static str, i64>,
 }
 
-/// Previews `accounts` (every account when `None`), in name order: one statement for the
-/// accounts and their policies and one for all their sessions, whatever their number.
-///
-/// # Errors
-/// [`Error::Database`] on a database error.
-pub async fn preview(
-    conn: &mut PgConnection,
-    now: DateTime<Utc>,
-    accounts: Option<&[Uuid]>,
-) -> Result<Vec<Preview>, Error> {
-    type Row = (
-        Uuid,
-        String,
-        Option<bool>,
-        Option<i32>,
-        Option<i32>,
-        Option<i32>,
-    );
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT a.id, a.name, p.enabled, p.main_days, p.task_days, p.subagent_days
-         FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
-         WHERE $1::uuid[] IS NULL OR a.id = ANY($1) ORDER BY a.name, a.id",
-    )
-    .bind(accounts)
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut previews: Vec<Preview> = rows
-        .into_iter()
-        .map(
-            |(account_id, account_name, enabled, main, task, subagent)| {
-                let policy = PolicyRow {
-                    enabled,
-                    main_days: main,
-                    task_days: task,
-                    subagent_days: subagent,
-                };
-                Preview::before_counting(account_id, account_name, policy.ages(), now)
-            },
+impl Inspect for SessionRetention {
+    const SUBJECTS: &'static [&'static str] = &["session"];
+
+    type Preview = Preview;
+
+    /// How far past its cutoff the oldest session still to go is, over every account whose policy
+    /// is enabled, in seconds (0 when none waits). Read per policy and kind through
+    /// `sessions_retention_window`, or in one scan of `sessions` when there are fewer than about
+    /// ten per policy ([`crate::estimate`]): both give the same figure.
+    fn backlog() -> Option<Backlog> {
+        Some(Backlog {
+            over: ("sessions", "session_retention_policies"),
+            probes: &BACKLOG,
+            scan: &BACKLOG_SCAN,
+            extra: &[
+                Ages::FALLBACK.main_days,
+                Ages::FALLBACK.task_days,
+                Ages::FALLBACK.subagent_days,
+            ],
+        })
+    }
+
+    /// Previews `accounts` (every account when `None`), in name order: one statement for the
+    /// accounts and their policies and one for all their sessions, whatever their number.
+    async fn preview(
+        look: Look<'_, HopSettings>,
+        accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        let Look { conn, now, .. } = look;
+        type Row = (
+            Uuid,
+            String,
+            Option<bool>,
+            Option<i32>,
+            Option<i32>,
+            Option<i32>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT a.id, a.name, p.enabled, p.main_days, p.task_days, p.subagent_days
+             FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
+             WHERE $1::uuid[] IS NULL OR a.id = ANY($1) ORDER BY a.name, a.id",
         )
-        .collect();
-    let counts: Vec<(Uuid, String, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
         .bind(accounts)
-        .bind(now)
-        .bind(EARLIEST)
-        .bind(Ages::FALLBACK.main_days)
-        .bind(Ages::FALLBACK.task_days)
-        .bind(Ages::FALLBACK.subagent_days)
         .fetch_all(&mut *conn)
         .await?;
-    let at: BTreeMap<Uuid, usize> = previews
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.account_id, i))
-        .collect();
-    for (account, class, key, n) in counts {
-        let Some(preview) = at.get(&account).map(|i| &mut previews[*i]) else {
-            continue;
-        };
-        match class.as_str() {
-            "eligible" => {
-                if let Some(kind) = SessionKind::ALL.iter().find(|k| k.as_str() == key) {
-                    preview.eligible.insert(kind.as_str(), n);
+        let mut previews: Vec<Preview> = rows
+            .into_iter()
+            .map(
+                |(account_id, account_name, enabled, main, task, subagent)| {
+                    let policy = PolicyRow {
+                        enabled,
+                        main_days: main,
+                        task_days: task,
+                        subagent_days: subagent,
+                    };
+                    Preview::before_counting(account_id, account_name, policy.ages(), now)
+                },
+            )
+            .collect();
+        let counts: Vec<(Uuid, String, String, i64)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
+                .bind(accounts)
+                .bind(now)
+                .bind(EARLIEST)
+                .bind(Ages::FALLBACK.main_days)
+                .bind(Ages::FALLBACK.task_days)
+                .bind(Ages::FALLBACK.subagent_days)
+                .fetch_all(&mut *conn)
+                .await?;
+        let at: BTreeMap<Uuid, usize> = previews
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.account_id, i))
+            .collect();
+        for (account, class, key, n) in counts {
+            let Some(preview) = at.get(&account).map(|i| &mut previews[*i]) else {
+                continue;
+            };
+            match class.as_str() {
+                "eligible" => {
+                    if let Some(kind) = SessionKind::ALL.iter().find(|k| k.as_str() == key) {
+                        preview.eligible.insert(kind.as_str(), n);
+                    }
                 }
-            }
-            "retained" => {
-                preview.retained.insert(key, n);
-            }
-            _ => {
-                if let Some(table) = TABLES.iter().find(|t| **t == key) {
-                    preview.rows.insert(table, n);
+                "retained" => {
+                    preview.retained.insert(key, n);
+                }
+                _ => {
+                    if let Some(table) = TABLES.iter().find(|t| **t == key) {
+                        preview.rows.insert(table, n);
+                    }
                 }
             }
         }
+        Ok(previews)
     }
-    Ok(previews)
+
+    async fn explain(
+        look: Look<'_, HopSettings>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        match Uuid::parse_str(id) {
+            Ok(session) => explain_session(look.conn, look.now, session).await,
+            Err(_) => Ok(None),
+        }
+    }
+
+    fn tally(p: &Preview) -> Vec<(String, i64)> {
+        let mut tally: Vec<(String, i64)> = SessionKind::ALL
+            .iter()
+            .map(|k| {
+                let n = p.eligible.get(k.as_str()).copied().unwrap_or(0);
+                (format!("sessions eligible {}", k.as_str()), n)
+            })
+            .collect();
+        tally.extend(
+            p.retained
+                .iter()
+                .map(|(r, n)| (format!("retained {r}"), *n)),
+        );
+        tally.extend(p.rows.iter().map(|(t, n)| (format!("rows {t}"), *n)));
+        tally
+    }
 }
 
 impl Preview {

@@ -185,16 +185,68 @@ impl Observer for Watch<'_> {
     }
 }
 
+/// Measuring a backlog would mean walking the whole tree at every refresh of the gauge: the
+/// cleaner reports none.
+impl Inspect for TraceCleanup {
+    const SUBJECTS: &'static [&'static str] = &["trace"];
+
+    type Preview = Preview;
+
+    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
+        (!id.trim().is_empty())
+            .then_some(())
+            .ok_or_else(|| "expected a path under the traces root".to_owned())
+    }
+
+    async fn explain(
+        look: Look<'_, TraceSettings>,
+        _subject: &'static str,
+        id: &str,
+    ) -> Result<Option<Explanation>, Error> {
+        explain_trace(look, id).await
+    }
+
+    async fn preview(
+        look: Look<'_, TraceSettings>,
+        _accounts: Option<&[Uuid]>,
+    ) -> Result<Vec<Preview>, Error> {
+        let Look {
+            conn,
+            settings,
+            paths,
+            now,
+        } = look;
+        let report = clean(
+            conn,
+            &paths.traces_root,
+            settings.limits,
+            now,
+            false,
+            &mut Quiet,
+            &AtomicBool::new(false),
+        )
+        .await?;
+        Ok(vec![Preview {
+            enabled: settings.enabled,
+            limits: settings.limits,
+            report,
+        }])
+    }
+}
+
 /// The cleaner's verdict on one file: a dry run of the cleaner itself — the same
 /// walk, signature check, live-session check, age and quota — watching that path. `path` is
 /// relative to the traces root, or absolute under it.
-pub(super) async fn explain_trace(
-    conn: &mut PgConnection,
-    settings: &TraceSettings,
-    paths: &PathSettings,
-    now: DateTime<Utc>,
+async fn explain_trace(
+    look: Look<'_, TraceSettings>,
     path: &str,
 ) -> Result<Option<Explanation>, Error> {
+    let Look {
+        conn,
+        settings,
+        paths,
+        now,
+    } = look;
     let root = paths
         .traces_root
         .canonicalize()

@@ -34,13 +34,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use chrono::{DateTime, Utc};
 use rustix::fs::{AtFlags, Dir, FileType, FlockOperation, Mode, OFlags};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::{self, days_before};
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{FileCounts, PathSettings};
-use crate::job::{Cadence, Env, HopOutcome, Job, Position, Report, Scope};
+use crate::job::{Cadence, Env, HopOutcome, Inspect, Job, Look, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -214,7 +214,7 @@ pub struct Args {
 /// The `[traces]` section as given.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawSettings {
+pub struct RawSettings {
     enabled: Raw<bool>,
     max_age_days: Raw<i64>,
     max_bytes: Raw<i64>,
@@ -222,8 +222,7 @@ struct RawSettings {
 }
 
 /// Reads `[traces]`; enabled with no limit is refused, naming both (TR-1).
-pub fn settings(section: &serde_json::Value, c: &mut Check<'_>) -> Option<TraceSettings> {
-    let s: RawSettings = c.section("traces", section)?;
+pub fn settings(s: RawSettings, c: &mut Check<'_>) -> Option<TraceSettings> {
     let enabled = match &s.enabled {
         Raw::Typed(b) => Some(*b),
         Raw::Other(v) => {
@@ -317,20 +316,19 @@ impl Job for TraceCleanup {
     const QUEUE: &'static str = "sexton.trace_cleanup";
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "traces";
-    const SUBJECTS: &'static [&'static str] = &["trace"];
     const RETAIN_REASONS: &'static [&'static str] = &KEPT_REASONS;
 
     type Args = Args;
+    type Raw = RawSettings;
     type Settings = TraceSettings;
-    type Preview = Preview;
     type Error = Error;
 
     fn settings(
-        section: &serde_json::Value,
+        raw: RawSettings,
         _paths: &PathSettings,
         check: &mut Check<'_>,
     ) -> Option<TraceSettings> {
-        settings(section, check)
+        settings(raw, check)
     }
 
     fn cadence(settings: &TraceSettings) -> Cadence {
@@ -418,55 +416,5 @@ impl Job for TraceCleanup {
             errors: done.kept.get("error").copied().unwrap_or_default(),
         };
         Ok(())
-    }
-
-    async fn backlog_seconds(
-        _pool: &PgPool,
-        _settings: &TraceSettings,
-        _now: DateTime<Utc>,
-    ) -> Result<Option<f64>, Error> {
-        // Measuring it means walking the whole tree: not every few seconds.
-        Ok(None)
-    }
-
-    fn parse_id(_subject: &str, id: &str) -> Result<(), String> {
-        (!id.trim().is_empty())
-            .then_some(())
-            .ok_or_else(|| "expected a path under the traces root".to_owned())
-    }
-
-    async fn explain(
-        conn: &mut PgConnection,
-        settings: &TraceSettings,
-        paths: &PathSettings,
-        now: DateTime<Utc>,
-        _subject: &'static str,
-        id: &str,
-    ) -> Result<Option<Explanation>, Error> {
-        explain_trace(conn, settings, paths, now, id).await
-    }
-
-    async fn preview(
-        conn: &mut PgConnection,
-        settings: &TraceSettings,
-        paths: &PathSettings,
-        now: DateTime<Utc>,
-        _accounts: Option<&[Uuid]>,
-    ) -> Result<Vec<Preview>, Error> {
-        let report = clean(
-            conn,
-            &paths.traces_root,
-            settings.limits,
-            now,
-            false,
-            &mut Quiet,
-            &AtomicBool::new(false),
-        )
-        .await?;
-        Ok(vec![Preview {
-            enabled: settings.enabled,
-            limits: settings.limits,
-            report,
-        }])
     }
 }
