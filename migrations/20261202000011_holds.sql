@@ -1,0 +1,189 @@
+-- Holds (SPEC §9): what legal or security has frozen stays, whatever a window says. Every rule
+-- of what a hold covers (HD-2) is a function here; the jobs, the drains, the store guard and
+-- `explain` all ask these.
+
+-- HD-1. A hold names one scope by its id; it is released by filling released_by/_at, and
+-- never deleted.
+CREATE TABLE IF NOT EXISTS sexton.holds (
+    id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    scope text NOT NULL CHECK (scope IN ('account', 'conversation', 'agent', 'session', 'run')),
+    scope_id uuid NOT NULL,
+    case_ref text NOT NULL CHECK (btrim(case_ref) <> ''),
+    reason text NOT NULL CHECK (btrim(reason) <> ''),
+    placed_by text NOT NULL CHECK (btrim(placed_by) <> ''),
+    placed_at timestamptz NOT NULL DEFAULT now(),
+    released_by text NULL CHECK (btrim(released_by) <> ''),
+    released_at timestamptz NULL,
+    CHECK ((released_by IS NULL) = (released_at IS NULL))
+);
+-- Every check is a probe of the active holds by scope id: empty when nothing is held.
+CREATE INDEX IF NOT EXISTS holds_active ON sexton.holds (scope_id, scope)
+    WHERE released_at IS NULL;
+
+-- A hold is written once and released once; nothing deletes or truncates it, nor rewrites what
+-- it said (HD-1).
+CREATE OR REPLACE FUNCTION sexton.keep_holds() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.released_at IS NULL AND NEW.released_at IS NOT NULL
+       AND (NEW.id, NEW.scope, NEW.scope_id, NEW.case_ref, NEW.reason, NEW.placed_by,
+            NEW.placed_at)
+           IS NOT DISTINCT FROM
+           (OLD.id, OLD.scope, OLD.scope_id, OLD.case_ref, OLD.reason, OLD.placed_by,
+            OLD.placed_at) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'holds are never deleted or rewritten (% refused)', TG_OP
+        USING ERRCODE = 'integrity_constraint_violation',
+              HINT = 'HD-1: a hold is only released, once, by sexton holds release; released '
+                     'holds stay as the record of who held what, when';
+END
+$$;
+
+CREATE OR REPLACE TRIGGER sexton_keep_holds
+    BEFORE UPDATE OR DELETE ON sexton.holds
+    FOR EACH ROW EXECUTE FUNCTION sexton.keep_holds();
+CREATE OR REPLACE TRIGGER sexton_keep_holds_truncate
+    BEFORE TRUNCATE ON sexton.holds
+    FOR EACH STATEMENT EXECUTE FUNCTION sexton.keep_holds();
+
+-- The first active hold (the earliest placed) on any of these scopes, or NULL. An unreadable
+-- hold table is an error, never "not held" (HD-3: fail closed).
+CREATE OR REPLACE FUNCTION sexton.hold_on(
+    accounts uuid[], conversations uuid[], agents uuid[], sessions uuid[], runs uuid[]
+) RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT h.id FROM sexton.holds h
+    WHERE h.released_at IS NULL
+      AND h.scope_id = ANY ($1 || $2 || $3 || $4 || $5)
+      AND CASE h.scope
+              WHEN 'account' THEN h.scope_id = ANY ($1)
+              WHEN 'conversation' THEN h.scope_id = ANY ($2)
+              WHEN 'agent' THEN h.scope_id = ANY ($3)
+              WHEN 'session' THEN h.scope_id = ANY ($4)
+              WHEN 'run' THEN h.scope_id = ANY ($5)
+          END
+    ORDER BY h.placed_at, h.id
+    LIMIT 1
+$$;
+
+-- HD-2, owner by owner. A run: its account, its conversation, itself (its execution detail and
+-- output files).
+CREATE OR REPLACE FUNCTION sexton.run_hold(account uuid, conversation uuid, run uuid)
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT sexton.hold_on(ARRAY[$1], ARRAY[$2], '{}', '{}', ARRAY[$3])
+$$;
+
+-- A session (its history, archive frames and directory): its account, its agent, itself.
+CREATE OR REPLACE FUNCTION sexton.session_hold(account uuid, agent uuid, session uuid)
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT sexton.hold_on(ARRAY[$1], '{}', ARRAY[$2], ARRAY[$3], '{}')
+$$;
+
+-- A handoff: its account, its agent, and either session it names.
+CREATE OR REPLACE FUNCTION sexton.handoff_hold(
+    account uuid, agent uuid, from_session uuid, to_session uuid
+) RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT sexton.hold_on(ARRAY[$1], '{}', ARRAY[$2], ARRAY[$3, $4], '{}')
+$$;
+
+-- A dream preload or a working record: its account, its agent.
+CREATE OR REPLACE FUNCTION sexton.agent_record_hold(account uuid, agent uuid)
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT sexton.hold_on(ARRAY[$1], '{}', ARRAY[$2], '{}', '{}')
+$$;
+
+-- A conversation event: its conversation and that conversation's account.
+CREATE OR REPLACE FUNCTION sexton.event_hold(conversation uuid)
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT sexton.hold_on(ARRAY(SELECT c.account_id FROM conversations c WHERE c.id = $1),
+                          ARRAY[$1], '{}', '{}', '{}')
+$$;
+
+-- An attachment's bytes follow their account.
+CREATE OR REPLACE FUNCTION sexton.account_hold(account uuid)
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT sexton.hold_on(ARRAY[$1], '{}', '{}', '{}', '{}')
+$$;
+
+-- A run trace, by its signature's agent (text: a UUID or not) and session: the session, the
+-- agent, and the account of either while its row exists.
+CREATE OR REPLACE FUNCTION sexton.trace_hold(agent text, session uuid)
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    WITH a (id) AS (
+        SELECT CASE WHEN $1 ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                    THEN $1::uuid END
+        UNION SELECT s.agent_id FROM sessions s WHERE s.id = $2)
+    SELECT sexton.hold_on(
+        ARRAY(SELECT s.account_id FROM sessions s WHERE s.id = $2
+              UNION SELECT g.account_id FROM agents g JOIN a ON g.id = a.id),
+        '{}', ARRAY(SELECT id FROM a WHERE id IS NOT NULL), ARRAY[$2], '{}')
+$$;
+
+-- A file whose rows are gone keeps the owners they had (HD-3): the drains ask this before each
+-- unlink, and keep the file and its record while it answers a hold.
+ALTER TABLE sexton.pending_file_deletions
+    ADD COLUMN IF NOT EXISTS run_ids uuid[] NOT NULL DEFAULT '{}',
+    ADD COLUMN IF NOT EXISTS agent_id uuid NULL,
+    ADD COLUMN IF NOT EXISTS session_id uuid NULL;
+
+CREATE OR REPLACE FUNCTION sexton.file_hold(
+    account uuid, runs uuid[], agent uuid, session uuid
+) RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT sexton.hold_on(
+        ARRAY[$1],
+        ARRAY(SELECT r.conversation_id FROM runs r
+              WHERE r.id = ANY ($2) AND r.conversation_id IS NOT NULL),
+        ARRAY[$3], ARRAY[$4], $2)
+$$;
+
+-- SS-3 and HD-2 in one verdict: a session a hold covers is retained as legal_hold before any
+-- other reason is asked.
+CREATE OR REPLACE FUNCTION sexton.session_verdict(
+    session_id uuid, account uuid, kind text, state text, metadata jsonb,
+    last_activity_at timestamptz, cutoff timestamptz
+) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN $7 IS NULL OR NOT ($6 < $7) OR NOT isfinite($6) THEN 'not_eligible'
+        WHEN sexton.session_hold($2, (SELECT s.agent_id FROM sessions s WHERE s.id = $1), $1)
+             IS NOT NULL THEN 'legal_hold'
+        WHEN $4 IN ('running', 'finalizing') THEN 'protected_state'
+        WHEN EXISTS (SELECT 1 FROM agents a WHERE a.current_session_id = $1)
+             OR EXISTS (SELECT 1 FROM agents a WHERE a.main_session_id = $1)
+             OR EXISTS (SELECT 1 FROM agents a WHERE a.default_session_id = $1)
+            THEN 'protected_pointer'
+        ELSE sexton.session_evidence($3, $5, $2)
+    END
+$$;
+
+-- The store guard (SS-5, HD-4): a DELETE of a protected session, or of one a hold covers, is
+-- refused whoever issues it. Only the platform deleting the session's own agent or account
+-- (whose row is gone by the time the cascade reaches the session) passes.
+CREATE OR REPLACE FUNCTION sexton.guard_protected_session() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    reason text;
+    hold sexton.holds;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM agents a WHERE a.id = OLD.agent_id)
+       OR NOT EXISTS (SELECT 1 FROM accounts c WHERE c.id = OLD.account_id) THEN
+        RETURN OLD;
+    END IF;
+    SELECT * INTO hold FROM sexton.holds
+    WHERE id = sexton.session_hold(OLD.account_id, OLD.agent_id, OLD.id);
+    IF FOUND THEN
+        RAISE EXCEPTION 'session % is held and cannot be deleted: hold % on % %, case %, by %',
+                        OLD.id, hold.id, hold.scope, hold.scope_id, hold.case_ref, hold.placed_by
+            USING ERRCODE = 'integrity_constraint_violation',
+                  HINT = 'HD-4: a session a hold covers is never deleted; release the hold '
+                         'with sexton holds release';
+    END IF;
+    reason := sexton.session_protection(OLD.id, OLD.state);
+    IF reason IS NOT NULL THEN
+        RAISE EXCEPTION 'session % is protected and cannot be deleted: %', OLD.id, reason
+            USING ERRCODE = 'integrity_constraint_violation',
+                  HINT = 'SS-3: current, main and default sessions and running or finalizing '
+                         'sessions are never deleted';
+    END IF;
+    RETURN OLD;
+END
+$$;
