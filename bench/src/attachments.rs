@@ -8,7 +8,7 @@
 //! thousand has no file. Nothing else is in the database, so the pass's other jobs find nothing.
 
 use std::os::unix::fs::MetadataExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
@@ -28,6 +28,8 @@ use crate::{Cli, Part};
 /// The heading the attachment bytes' section starts with, in latest.md.
 pub const ATTACHMENTS_HEADING: &str = "## Attachment bytes";
 
+/// The database every method's copy is made from.
+const TEMPLATE: &str = "benchatt_template";
 const SEED: u64 = 0xa77a_c4ed_0001;
 /// `[attachments] max_age_days`, the default.
 const MAX_AGE_DAYS: i64 = 30;
@@ -151,40 +153,138 @@ pub fn files_left(root: &Path) -> anyhow::Result<u64> {
 /// The attachment bytes: sexton through the queue (two hops at a time, the default, and one),
 /// and the plain loop.
 pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::Result<()> {
-    let template = "benchatt_template";
-    let dir = cli.scratch.join("attachments");
-    let roots = dir.join("roots");
-    let root = roots.join("attachments");
-    let _ = std::fs::remove_dir_all(&dir);
-    for (_, name) in ROOTS {
-        std::fs::create_dir_all(roots.join(name))?;
-    }
+    let scratch = Scratch::make(cli.scratch.join("attachments"))?;
     eprintln!("attachments: {} rows", cli.attachment_rows);
     let started = Instant::now();
     let rows = rows(cli.attachment_rows, cli.attachment_accounts);
-    recreate(admin, template, None).await?;
-    if !sexton(cli, template, &roots, &["migrate"])
+    template(cli, admin, base, &scratch.roots, &rows).await?;
+    let counts = Counts::of(&rows);
+    let mut fill_seconds = None;
+    let mut dropped = true;
+    let mut methods = Vec::new();
+    let load_before = disk::load_average();
+    for name in ["sexton", "sexton c=1", "plain"] {
+        let db = format!("benchatt_{}", name.replace([' ', '='], "_"));
+        recreate(admin, &db, Some(TEMPLATE)).await?;
+        write_tree(&scratch.root, &rows)?;
+        fill_seconds.get_or_insert(started.elapsed().as_secs_f64());
+        dropped &= disk::start_alike(&scratch.root, cli.warm);
+        eprintln!("attachments: {name}");
+        methods.push(measure_method(cli, admin, base, &scratch, &db, name, &counts).await?);
+        drop_db(admin, &db).await?;
+    }
+    drop_db(admin, TEMPLATE).await?;
+    let _ = std::fs::remove_dir_all(&scratch.dir);
+    let attachments = Attachments {
+        measured_at: Utc::now(),
+        machine: machine(),
+        separate_run: !cli.only.is_empty() && !cli.only.contains(&Part::Scales),
+        cache: disk::cache_state(dropped).to_owned(),
+        load_average: format!("{load_before} / {}", disk::load_average()),
+        rows: cli.attachment_rows,
+        accounts: cli.attachment_accounts,
+        expired: counts.expired,
+        missing: counts.missing,
+        max_age_days: MAX_AGE_DAYS,
+        fill_seconds: fill_seconds.unwrap_or_default(),
+        methods,
+    };
+    write_results(cli, Section::Attachments(&attachments))?;
+    println!("{}", markdown(&attachments));
+    Ok(())
+}
+
+/// The part's scratch: its directory and the roots sexton is given under it, the attachments'
+/// root among them.
+struct Scratch {
+    dir: PathBuf,
+    roots: PathBuf,
+    root: PathBuf,
+}
+
+impl Scratch {
+    /// Makes the roots under `dir` (removed first).
+    fn make(dir: PathBuf) -> anyhow::Result<Self> {
+        let roots = dir.join("roots");
+        let root = roots.join("attachments");
+        let _ = std::fs::remove_dir_all(&dir);
+        for (_, name) in ROOTS {
+            std::fs::create_dir_all(roots.join(name))?;
+        }
+        Ok(Self { dir, roots, root })
+    }
+}
+
+/// What the rows hold, and so what every method must end with: the rows it examines, the
+/// files past the age (each unlinked and its row marked), the rows without a file and those
+/// with one.
+struct Counts {
+    examined: usize,
+    expired: u64,
+    missing: u64,
+    with_files: u64,
+}
+
+impl Counts {
+    /// The counts of `rows`.
+    fn of(rows: &[Row]) -> Self {
+        let expired = rows
+            .iter()
+            .filter(|r| !r.missing && r.mtime < cutoff())
+            .count() as u64;
+        let missing = rows.iter().filter(|r| r.missing).count() as u64;
+        Self {
+            examined: rows.len(),
+            expired,
+            missing,
+            with_files: rows.len() as u64 - missing,
+        }
+    }
+}
+
+/// Builds the template under `roots`: migrated, then filled with the accounts and `rows`,
+/// frozen and analysed.
+async fn template(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    roots: &Path,
+    rows: &[Row],
+) -> anyhow::Result<()> {
+    recreate(admin, TEMPLATE, None).await?;
+    if !sexton(cli, TEMPLATE, roots, &["migrate"])
         .status()
         .await?
         .success()
     {
-        bail!("migrating {template} failed");
+        bail!("migrating {TEMPLATE} failed");
     }
-    let pool = connect(base, template, "bench").await?;
-    let mut accounts = Vec::new();
-    for n in 0..cli.attachment_accounts {
+    let pool = connect(base, TEMPLATE, "bench").await?;
+    fill(&pool, cli.attachment_accounts, rows).await?;
+    sqlx::query("VACUUM (FREEZE, ANALYZE)")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// The template's rows: `accounts` accounts (execution retention off), then a row per
+/// attachment, ten thousand in a statement.
+async fn fill(pool: &PgPool, accounts: u32, rows: &[Row]) -> anyhow::Result<()> {
+    let mut account_ids = Vec::new();
+    for n in 0..accounts {
         let id: Uuid = sqlx::query_scalar(
             "INSERT INTO accounts (name, execution_details_retention_days)
              VALUES ($1, NULL) RETURNING id",
         )
         .bind(format!("bench {n}"))
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await?;
-        accounts.push(id);
+        account_ids.push(id);
     }
     for chunk in rows.chunks(10_000) {
         let ids: Vec<Uuid> = chunk.iter().map(|r| r.id).collect();
-        let owners: Vec<Uuid> = chunk.iter().map(|r| accounts[r.account]).collect();
+        let owners: Vec<Uuid> = chunk.iter().map(|r| account_ids[r.account]).collect();
         let paths: Vec<&str> = chunk.iter().map(|r| r.path.as_str()).collect();
         let sizes: Vec<i64> = chunk.iter().map(|r| r.size as i64).collect();
         let created: Vec<DateTime<Utc>> = chunk.iter().map(|r| r.mtime).collect();
@@ -197,95 +297,87 @@ pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyh
         .bind(&paths)
         .bind(&sizes)
         .bind(&created)
-        .execute(&pool)
+        .execute(pool)
         .await?;
     }
-    sqlx::query("VACUUM (FREEZE, ANALYZE)")
-        .execute(&pool)
-        .await?;
-    pool.close().await;
-    let expired = rows
-        .iter()
-        .filter(|r| !r.missing && r.mtime < cutoff())
-        .count() as u64;
-    let missing = rows.iter().filter(|r| r.missing).count() as u64;
-    let with_files = rows.len() as u64 - missing;
-    let mut fill_seconds = None;
-    let mut dropped = true;
-    let mut methods = Vec::new();
-    let load_before = disk::load_average();
-    for name in ["sexton", "sexton c=1", "plain"] {
-        let db = format!("benchatt_{}", name.replace([' ', '='], "_"));
-        recreate(admin, &db, Some(template)).await?;
-        write_tree(&root, &rows)?;
-        fill_seconds.get_or_insert(started.elapsed().as_secs_f64());
-        dropped &= disk::start_alike(&root, cli.warm);
-        eprintln!("attachments: {name}");
-        let attachment_expiry = Pass {
-            job: "attachment_expiry",
-            global: false,
-        };
-        let (mut method, db_cpu_seconds) = match name {
-            "sexton" | "sexton c=1" => {
-                let concurrency = if name == "sexton" { 2 } else { 1 };
-                let run = run_sexton(
-                    cli,
-                    admin,
-                    &db,
-                    &roots,
-                    name,
-                    concurrency,
-                    &attachment_expiry,
-                    &[],
-                );
-                disk::with_backend_cpu(base, &db, "sexton", run).await?
-            }
-            _ => disk::with_backend_cpu(base, &db, "bench-plain", plain(base, &db, &root)).await?,
-        };
-        method.owners_per_s = rows.len() as f64 / method.seconds;
-        method.rows_per_s = method.owners_per_s;
-        let check = connect(base, &db, "bench").await?;
-        let (marked, pending): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM attachments WHERE bytes_expired_at IS NOT NULL),
-                    (SELECT count(*) FROM sexton.pending_file_deletions)",
-        )
-        .fetch_one(&check)
-        .await?;
-        check.close().await;
-        let left = files_left(&root)?;
-        if u64::try_from(marked)? != expired || left != with_files - expired || pending != 0 {
-            bail!(
-                "{name}: {marked} rows marked of {expired} expired, {left} files left of {}, {pending} deletions pending",
-                with_files - expired
-            );
-        }
-        methods.push(AttachmentMethod {
-            method,
-            marked: expired,
-            files_deleted: with_files - left,
-            db_cpu_seconds,
-        });
-        drop_db(admin, &db).await?;
-    }
-    drop_db(admin, template).await?;
-    let _ = std::fs::remove_dir_all(&dir);
-    let attachments = Attachments {
-        measured_at: Utc::now(),
-        machine: machine(),
-        separate_run: !cli.only.is_empty() && !cli.only.contains(&Part::Scales),
-        cache: disk::cache_state(dropped).to_owned(),
-        load_average: format!("{load_before} / {}", disk::load_average()),
-        rows: cli.attachment_rows,
-        accounts: cli.attachment_accounts,
-        expired,
-        missing,
-        max_age_days: MAX_AGE_DAYS,
-        fill_seconds: fill_seconds.unwrap_or_default(),
-        methods,
-    };
-    write_results(cli, Section::Attachments(&attachments))?;
-    println!("{}", markdown(&attachments));
     Ok(())
+}
+
+/// Method `name` on database `db` and the tree written for it, its database backends' CPU
+/// time sampled; checked to end as `counts` says, and scored by the rows it examined.
+async fn measure_method(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    scratch: &Scratch,
+    db: &str,
+    name: &'static str,
+    counts: &Counts,
+) -> anyhow::Result<AttachmentMethod> {
+    let attachment_expiry = Pass {
+        job: "attachment_expiry",
+        global: false,
+    };
+    let (mut method, db_cpu_seconds) = match name {
+        "sexton" | "sexton c=1" => {
+            let concurrency = if name == "sexton" { 2 } else { 1 };
+            let run = run_sexton(
+                cli,
+                admin,
+                db,
+                &scratch.roots,
+                name,
+                concurrency,
+                &attachment_expiry,
+                &[],
+            );
+            disk::with_backend_cpu(base, db, "sexton", run).await?
+        }
+        _ => {
+            disk::with_backend_cpu(base, db, "bench-plain", plain(base, db, &scratch.root)).await?
+        }
+    };
+    method.owners_per_s = counts.examined as f64 / method.seconds;
+    method.rows_per_s = method.owners_per_s;
+    let left = check(base, db, &scratch.root, name, counts).await?;
+    Ok(AttachmentMethod {
+        method,
+        marked: counts.expired,
+        files_deleted: counts.with_files - left,
+        db_cpu_seconds,
+    })
+}
+
+/// The method's end state: every expired row marked and its file unlinked, every other file
+/// left and no deletion pending. Returns how many files are left.
+async fn check(
+    base: &PgConnectOptions,
+    db: &str,
+    root: &Path,
+    name: &str,
+    counts: &Counts,
+) -> anyhow::Result<u64> {
+    let Counts {
+        expired,
+        with_files,
+        ..
+    } = *counts;
+    let check = connect(base, db, "bench").await?;
+    let (marked, pending): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM attachments WHERE bytes_expired_at IS NOT NULL),
+                (SELECT count(*) FROM sexton.pending_file_deletions)",
+    )
+    .fetch_one(&check)
+    .await?;
+    check.close().await;
+    let left = files_left(root)?;
+    if u64::try_from(marked)? != expired || left != with_files - expired || pending != 0 {
+        bail!(
+            "{name}: {marked} rows marked of {expired} expired, {left} files left of {}, {pending} deletions pending",
+            with_files - expired
+        );
+    }
+    Ok(left)
 }
 
 /// The plain loop: the next thousand live rows in id order, a stat of each file (not following a

@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::Cli;
 use crate::cluster::{connect, drop_db, recreate};
-use crate::disk;
+use crate::disk::{self, Timed};
 use crate::results::{Section, machine, write_results};
 use crate::sexton::{ROOTS, sexton_env};
 
@@ -126,6 +126,8 @@ fn earlier(cli: &Cli) -> anyhow::Result<Vec<Night>> {
     })
 }
 
+/// One night of `binary` (`code`) over `accounts` accounts: the database migrated and filled,
+/// the night run and checked, the queue's figures read, then the operator's views.
 async fn night(
     cli: &Cli,
     admin: &PgPool,
@@ -142,15 +144,11 @@ async fn night(
     }
     let started = Instant::now();
     recreate(admin, &db, None).await?;
-    let run = |args: &[&str]| {
-        let mut cmd = tokio::process::Command::new(binary);
-        cmd.args(args)
-            .env_remove("DATABASE_URL")
-            .envs(sexton_env(&db, &roots))
-            .stdout(Stdio::null());
-        cmd
-    };
-    if !run(&["migrate"]).status().await?.success() {
+    if !command(binary, &db, &roots, &["migrate"])
+        .status()
+        .await?
+        .success()
+    {
         bail!("migrating {db} failed");
     }
     let pool = connect(base, &db, "bench").await?;
@@ -159,51 +157,9 @@ async fn night(
     let now = Utc::now();
     fill(&pool, &roots, now, accounts, cli.tenant_due).await?;
     let fill_seconds = started.elapsed().as_secs_f64();
-    if !run(&["tick", "--at", &now.to_rfc3339()])
-        .status()
-        .await?
-        .success()
-    {
-        bail!("sexton tick failed on {db}");
-    }
-    let worker = disk::timed(binary, &["worker", "--exit-when-idle"], |cmd| {
-        cmd.env_remove("DATABASE_URL")
-            .envs(sexton_env(&db, &roots))
-            .env("SEXTON_LOG__LEVEL", "warn");
-    })
-    .await?;
+    let worker = run_night(binary, &db, &roots, now).await?;
     check(&pool, &roots, now, cli.tenant_due).await?;
-    let (pass_seconds, fan_out_seconds, queue_jobs, ledger_rows, apalis_jobs_bytes): (
-        f64,
-        f64,
-        i64,
-        i64,
-        i64,
-    ) = sqlx::query_as(
-        "SELECT EXTRACT(EPOCH FROM max(j.done_at) - s.lock_at)::float8,
-                EXTRACT(EPOCH FROM s.done_at - s.lock_at)::float8,
-                count(*),
-                (SELECT count(*) FROM sexton.passes),
-                pg_total_relation_size('apalis.jobs')
-         FROM apalis.jobs j
-         CROSS JOIN (SELECT lock_at, done_at FROM apalis.jobs
-                     WHERE job_type = 'sexton.nightly' ORDER BY lock_at LIMIT 1) s
-         GROUP BY s.lock_at, s.done_at",
-    )
-    .fetch_one(&pool)
-    .await?;
-    // The code before FL-8 has no fan-out table.
-    let fan_outs: bool = sqlx::query_scalar("SELECT to_regclass('sexton.fan_outs') IS NOT NULL")
-        .fetch_one(&pool)
-        .await?;
-    let ledger_rows = if fan_outs {
-        ledger_rows
-            + sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sexton.fan_outs")
-                .fetch_one(&pool)
-                .await?
-    } else {
-        ledger_rows
-    };
+    let queue = Queue::read(&pool).await?;
     pool.close().await;
     let out = cli.scratch.join("tenants-view.out");
     let status = view(binary, &db, &roots, &["status"], &out).await?;
@@ -217,17 +173,106 @@ async fn night(
         measured_at: Utc::now(),
         accounts,
         fill_seconds,
-        pass_seconds,
-        fan_out_seconds,
+        pass_seconds: queue.pass_seconds,
+        fan_out_seconds: queue.fan_out_seconds,
         worker_seconds: worker.seconds,
         worker_peak_rss_kb: worker.peak_rss_kb,
-        queue_jobs,
-        ledger_rows,
-        apalis_jobs_bytes,
+        queue_jobs: queue.jobs,
+        ledger_rows: queue.ledger_rows,
+        apalis_jobs_bytes: queue.apalis_jobs_bytes,
         status,
         status_json,
         preview,
     })
+}
+
+/// `binary args` on `db` with its file roots under `roots`, its output discarded.
+fn command(binary: &Path, db: &str, roots: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(binary);
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .envs(sexton_env(db, roots))
+        .stdout(Stdio::null());
+    cmd
+}
+
+/// The night itself: `binary tick` at `now`, then one worker until the queue is idle, timed
+/// from spawn to exit.
+async fn run_night(
+    binary: &Path,
+    db: &str,
+    roots: &Path,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Timed> {
+    if !command(binary, db, roots, &["tick", "--at", &now.to_rfc3339()])
+        .status()
+        .await?
+        .success()
+    {
+        bail!("sexton tick failed on {db}");
+    }
+    disk::timed(binary, &["worker", "--exit-when-idle"], |cmd| {
+        cmd.env_remove("DATABASE_URL")
+            .envs(sexton_env(db, roots))
+            .env("SEXTON_LOG__LEVEL", "warn");
+    })
+    .await
+}
+
+/// The queue after a night, by its own times: the pass and its fan-out (the nightly slot job),
+/// the jobs it holds, the ledger's rows and the size of `apalis.jobs`.
+struct Queue {
+    pass_seconds: f64,
+    fan_out_seconds: f64,
+    jobs: i64,
+    ledger_rows: i64,
+    apalis_jobs_bytes: i64,
+}
+
+impl Queue {
+    /// The queue's figures on `pool`; the ledger's rows are `sexton.passes` and, where the
+    /// code has it, `sexton.fan_outs`.
+    async fn read(pool: &PgPool) -> anyhow::Result<Self> {
+        let (pass_seconds, fan_out_seconds, jobs, ledger_rows, apalis_jobs_bytes): (
+            f64,
+            f64,
+            i64,
+            i64,
+            i64,
+        ) = sqlx::query_as(
+            "SELECT EXTRACT(EPOCH FROM max(j.done_at) - s.lock_at)::float8,
+                    EXTRACT(EPOCH FROM s.done_at - s.lock_at)::float8,
+                    count(*),
+                    (SELECT count(*) FROM sexton.passes),
+                    pg_total_relation_size('apalis.jobs')
+             FROM apalis.jobs j
+             CROSS JOIN (SELECT lock_at, done_at FROM apalis.jobs
+                         WHERE job_type = 'sexton.nightly' ORDER BY lock_at LIMIT 1) s
+             GROUP BY s.lock_at, s.done_at",
+        )
+        .fetch_one(pool)
+        .await?;
+        // The code before FL-8 has no fan-out table.
+        let fan_outs: bool =
+            sqlx::query_scalar("SELECT to_regclass('sexton.fan_outs') IS NOT NULL")
+                .fetch_one(pool)
+                .await?;
+        let ledger_rows = if fan_outs {
+            ledger_rows
+                + sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sexton.fan_outs")
+                    .fetch_one(pool)
+                    .await?
+        } else {
+            ledger_rows
+        };
+        Ok(Self {
+            pass_seconds,
+            fan_out_seconds,
+            jobs,
+            ledger_rows,
+            apalis_jobs_bytes,
+        })
+    }
 }
 
 /// `binary args` on `db`, its output counted in `out`.
@@ -263,15 +308,37 @@ async fn fill(
     accounts: u64,
     due: u64,
 ) -> anyhow::Result<()> {
-    let at = |days: i64| {
-        format!(
-            "'{}'::timestamptz",
-            (now - chrono::Duration::days(days)).to_rfc3339()
-        )
-    };
-    let (young, old, stale) = (at(3), at(60), at(100));
+    let statements = every_account(now, accounts, due)
+        .into_iter()
+        .chain(backlog(now));
     let mut conn = pool.acquire().await?;
-    for statement in [
+    for statement in statements {
+        sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+            .execute(&mut *conn)
+            .await
+            .with_context(|| format!("filling: {statement}"))?;
+    }
+    drop(conn);
+    sqlx::query("VACUUM (FREEZE, ANALYZE)")
+        .execute(pool)
+        .await?;
+    write_files(pool, roots, now).await
+}
+
+/// `days` before `now`, as an SQL timestamp.
+fn at(now: DateTime<Utc>, days: i64) -> String {
+    format!(
+        "'{}'::timestamptz",
+        (now - chrono::Duration::days(days)).to_rfc3339()
+    )
+}
+
+/// The statements that make the `accounts` accounts (the first `due` of them due) in a
+/// temporary table `tenant`, and what every one holds: a 30-day window, an enabled session
+/// policy, a conversation with a young run and an agent with a young session.
+fn every_account(now: DateTime<Utc>, accounts: u64, due: u64) -> Vec<String> {
+    let young = at(now, 3);
+    vec![
         format!(
             "CREATE TEMP TABLE tenant AS
              SELECT n, gen_random_uuid() AS id, gen_random_uuid() AS conversation,
@@ -293,6 +360,15 @@ async fn fill(
             "INSERT INTO sessions (account_id, agent_id, kind, last_activity_at)
              SELECT id, agent, 'main', {young} FROM tenant"
         ),
+    ]
+}
+
+/// The statements that give each due account of `tenant` its backlog: the old runs with
+/// detail and an output file each, one held back by a pending settlement; an old main session
+/// with its history row; an old attachment.
+fn backlog(now: DateTime<Utc>) -> Vec<String> {
+    let (old, stale) = (at(now, 60), at(now, 100));
+    vec![
         format!(
             "CREATE TEMP TABLE old_run AS
              SELECT gen_random_uuid() AS run, t.id AS account, t.conversation, k = 1 AS held
@@ -324,16 +400,12 @@ async fn fill(
             "INSERT INTO attachments (account_id, relative_path, bytes, created_at)
              SELECT id, id || '/a.bin', 5, {old} FROM tenant WHERE due"
         ),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
-            .execute(&mut *conn)
-            .await
-            .with_context(|| format!("filling: {statement}"))?;
-    }
-    drop(conn);
-    sqlx::query("VACUUM (FREEZE, ANALYZE)")
-        .execute(pool)
-        .await?;
+    ]
+}
+
+/// The due accounts' files under `roots`, each 60 days old: every old run's output, every old
+/// session's directory (a frame in it) and every attachment's file; then syncs.
+async fn write_files(pool: &PgPool, roots: &Path, now: DateTime<Utc>) -> anyhow::Result<()> {
     let outputs: Vec<String> = sqlx::query_scalar("SELECT relative_path FROM output_files")
         .fetch_all(pool)
         .await?;

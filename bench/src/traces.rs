@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
 use std::os::unix::fs::MetadataExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
@@ -139,6 +139,25 @@ struct TraceScale {
     methods: Vec<TraceMethod>,
 }
 
+impl TraceScale {
+    /// A scale's figures, from its first tree (written in `generate_seconds`), with no
+    /// methods yet.
+    fn of(files: u64, tree: &Tree, generate_seconds: f64) -> Self {
+        Self {
+            files,
+            agents: tree.agents.len() as u64,
+            examined: tree.entries.len() as u64,
+            candidates: tree.count(Kind::Trace) + tree.count(Kind::Live),
+            live: tree.count(Kind::Live),
+            bad_signature: tree.count(Kind::BadSignature),
+            symlinks: tree.count(Kind::Symlink),
+            allocated_bytes: tree.allocated(),
+            generate_seconds,
+            methods: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 struct TraceMethod {
     name: &'static str,
@@ -212,153 +231,242 @@ async fn measure_scale(
     base: &PgConnectOptions,
     files: u64,
 ) -> anyhow::Result<(TraceScale, bool)> {
-    let dir = cli.scratch.join(format!("traces-{files}"));
-    let roots = dir.join("roots");
-    let root = roots.join("traces");
-    let outside = dir.join("outside");
-    let _ = std::fs::remove_dir_all(&dir);
-    for (_, name) in ROOTS {
-        std::fs::create_dir_all(roots.join(name))?;
-    }
-    std::fs::create_dir_all(&outside)?;
-    // A 1–4 KiB body takes one or two 4 KiB blocks; the signature alone, one.
-    let need = files * if cli.trace_small { 4096 } else { 5000 } + (1 << 30);
-    let free = disk::free_bytes(&dir)?;
-    if free < need {
-        bail!(
-            "{files} trace files need about {} MB under {}, {} MB are free: free some, or pass \
-             --trace-small (bodies of the signature line alone)",
-            need >> 20,
-            dir.display(),
-            free >> 20
-        );
-    }
-    let db = format!("benchtr_{files}");
-    recreate(admin, &db, None).await?;
-    if !sexton(cli, &db, &roots, &["migrate"])
-        .status()
-        .await?
-        .success()
-    {
-        bail!("migrating {db} failed");
-    }
+    let scratch = Scratch::prepare(cli, admin, files).await?;
     // Every tree is written at the same ages: from one reference, the first tree's time.
     let now_ns = i128::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos())?;
     let cut_ns = now_ns - i128::from(cli.trace_age_days) * DAY_NS;
-    let find_age = format!("+{}", cli.trace_age_days);
     let mut scale = None;
     let mut methods = Vec::new();
     let mut dropped = true;
     for name in ["sexton age", "find age", "sexton quota"] {
         eprintln!("traces {files}: writing the tree for {name}");
         let started = Instant::now();
-        let tree = generate(&root, &outside, files, now_ns, cli)?;
+        let tree = generate(&scratch.root, &scratch.outside, files, now_ns, cli)?;
         let generate_seconds = started.elapsed().as_secs_f64();
-        let scale = scale.get_or_insert_with(|| TraceScale {
-            files,
-            agents: tree.agents.len() as u64,
-            examined: tree.entries.len() as u64,
-            candidates: tree.count(Kind::Trace) + tree.count(Kind::Live),
-            live: tree.count(Kind::Live),
-            bad_signature: tree.count(Kind::BadSignature),
-            symlinks: tree.count(Kind::Symlink),
-            allocated_bytes: tree.allocated(),
-            generate_seconds,
-            methods: Vec::new(),
-        });
+        let scale = scale.get_or_insert_with(|| TraceScale::of(files, &tree, generate_seconds));
         if methods.is_empty() {
             let agents: Vec<&Agent> = tree
                 .agents
                 .iter()
                 .filter(|a| !cli.trace_live_agents_only || a.current.is_some())
                 .collect();
-            add_agents(base, &db, &agents).await?;
+            add_agents(base, &scratch.db, &agents).await?;
         }
         let max_bytes = scale.allocated_bytes / 2;
-        // What the method's rule removes, entry by entry.
-        let goes: Vec<bool> = match name {
-            "sexton age" => tree
-                .entries
-                .iter()
-                .map(|e| e.kind == Kind::Trace && e.mtime_ns < cut_ns)
-                .collect(),
-            "find age" => tree.entries.iter().map(|e| e.mtime_ns < cut_ns).collect(),
-            _ => quota_plan(&tree, max_bytes),
-        };
-        dropped &= disk::start_alike(&root, cli.warm);
+        let goes = goes(&tree, name, cut_ns, max_bytes);
+        dropped &= disk::start_alike(&scratch.root, cli.warm);
         eprintln!("traces {files}: {name}");
-        let plan_file = dir.join(PLAN_FILE);
-        let (command, timed, kept, db_cpu_seconds) = match name {
-            "find age" => {
-                let args = [
-                    root.to_str().context("a UTF-8 scratch path")?,
-                    "-name",
-                    "*.trace.jsonl",
-                    "-mtime",
-                    &find_age,
-                    "-delete",
-                ];
-                let timed = disk::timed(Path::new("find"), &args, |_| {}).await?;
-                let command = format!("find ROOT -name '*.trace.jsonl' -mtime {find_age} -delete");
-                (command, timed, BTreeMap::new(), None)
-            }
-            _ => {
-                let (age, bytes) = match name {
-                    "sexton age" => (cli.trace_age_days, 0),
-                    _ => (0, max_bytes),
-                };
-                let ((timed, totals), db_cpu) = disk::with_backend_cpu(
-                    base,
-                    &db,
-                    "sexton",
-                    clean(cli, &db, &roots, &plan_file, age, bytes),
-                )
-                .await?;
-                let command = format!(
-                    "SEXTON_TRACES__MAX_AGE_DAYS={age} SEXTON_TRACES__MAX_BYTES={bytes} sexton traces clean --confirm --json"
-                );
-                let deleted = totals["deleted"].as_u64().unwrap_or_default();
-                let expected = tree
-                    .entries
-                    .iter()
-                    .zip(&goes)
-                    .filter(|(_, goes)| **goes)
-                    .count() as u64;
-                if deleted != expected {
-                    bail!("{name} at {files} files reports {deleted} deleted, its rule {expected}");
-                }
-                let kept = totals["kept"]
-                    .as_object()
-                    .map(|kept| {
-                        kept.iter()
-                            .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or_default()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                (command, timed, kept, db_cpu)
-            }
-        };
-        let _ = std::fs::remove_file(&plan_file);
-        let deleted = check(&root, &outside, &tree, &goes, name)?;
-        let examined = scale.examined as f64;
-        methods.push(TraceMethod {
-            name,
-            command,
-            seconds: timed.seconds,
-            examined_per_s: examined / timed.seconds,
-            deleted,
-            deleted_per_s: deleted as f64 / timed.seconds,
-            kept,
-            peak_rss_kb: timed.peak_rss_kb,
-            cpu_seconds: timed.cpu_seconds,
-            db_cpu_seconds,
-        });
+        let run = run_method(cli, base, &scratch, name, max_bytes, &tree, &goes).await?;
+        let deleted = check(&scratch.root, &scratch.outside, &tree, &goes, name)?;
+        methods.push(run.row(name, deleted, scale.examined));
     }
-    drop_db(admin, &db).await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    drop_db(admin, &scratch.db).await?;
+    let _ = std::fs::remove_dir_all(&scratch.dir);
     let mut scale = scale.context("no method ran")?;
     scale.methods = methods;
     Ok((scale, dropped))
+}
+
+/// One scale's scratch: its directory, the roots sexton is given under it (the traces root
+/// among them), a directory outside them that symlinks lead to, and its database.
+struct Scratch {
+    files: u64,
+    dir: PathBuf,
+    roots: PathBuf,
+    root: PathBuf,
+    outside: PathBuf,
+    db: String,
+}
+
+impl Scratch {
+    /// Makes the directories for `files` trace files (removed first), checks that the disk has
+    /// room for the tree, and creates the database and migrates it.
+    async fn prepare(cli: &Cli, admin: &PgPool, files: u64) -> anyhow::Result<Self> {
+        let dir = cli.scratch.join(format!("traces-{files}"));
+        let roots = dir.join("roots");
+        let root = roots.join("traces");
+        let outside = dir.join("outside");
+        let _ = std::fs::remove_dir_all(&dir);
+        for (_, name) in ROOTS {
+            std::fs::create_dir_all(roots.join(name))?;
+        }
+        std::fs::create_dir_all(&outside)?;
+        // A 1–4 KiB body takes one or two 4 KiB blocks; the signature alone, one.
+        let need = files * if cli.trace_small { 4096 } else { 5000 } + (1 << 30);
+        let free = disk::free_bytes(&dir)?;
+        if free < need {
+            bail!(
+                "{files} trace files need about {} MB under {}, {} MB are free: free some, or pass \
+                 --trace-small (bodies of the signature line alone)",
+                need >> 20,
+                dir.display(),
+                free >> 20
+            );
+        }
+        let db = format!("benchtr_{files}");
+        recreate(admin, &db, None).await?;
+        if !sexton(cli, &db, &roots, &["migrate"])
+            .status()
+            .await?
+            .success()
+        {
+            bail!("migrating {db} failed");
+        }
+        Ok(Self {
+            files,
+            dir,
+            roots,
+            root,
+            outside,
+            db,
+        })
+    }
+
+    /// Where sexton's plan of a run is printed to.
+    fn plan_file(&self) -> PathBuf {
+        self.dir.join(PLAN_FILE)
+    }
+}
+
+/// What method `name`'s rule removes, entry by entry: sexton's age the traces of no live
+/// session older than the cutoff, `find` every entry older than it, the quota what
+/// [`quota_plan`] sends to bring the candidates down to `max_bytes`.
+fn goes(tree: &Tree, name: &str, cut_ns: i128, max_bytes: u64) -> Vec<bool> {
+    match name {
+        "sexton age" => tree
+            .entries
+            .iter()
+            .map(|e| e.kind == Kind::Trace && e.mtime_ns < cut_ns)
+            .collect(),
+        "find age" => tree.entries.iter().map(|e| e.mtime_ns < cut_ns).collect(),
+        _ => quota_plan(tree, max_bytes),
+    }
+}
+
+/// What a method's process did: the command, as run on the tree, its timing, and for sexton
+/// what it kept, by reason, and its database backend's CPU time.
+struct Run {
+    command: String,
+    timed: Timed,
+    kept: BTreeMap<String, u64>,
+    db_cpu_seconds: Option<f64>,
+}
+
+impl Run {
+    /// The method's row: its figures over the `examined` entries, `deleted` of them gone.
+    fn row(self, name: &'static str, deleted: u64, examined: u64) -> TraceMethod {
+        let examined = examined as f64;
+        TraceMethod {
+            name,
+            command: self.command,
+            seconds: self.timed.seconds,
+            examined_per_s: examined / self.timed.seconds,
+            deleted,
+            deleted_per_s: deleted as f64 / self.timed.seconds,
+            kept: self.kept,
+            peak_rss_kb: self.timed.peak_rss_kb,
+            cpu_seconds: self.timed.cpu_seconds,
+            db_cpu_seconds: self.db_cpu_seconds,
+        }
+    }
+}
+
+/// Method `name` on the tree: `find`, or sexton with the method's limits (a quota of
+/// `max_bytes` for the quota run), held to delete as many entries as `goes` says its rule
+/// removes. sexton's plan file is removed after it.
+async fn run_method(
+    cli: &Cli,
+    base: &PgConnectOptions,
+    scratch: &Scratch,
+    name: &str,
+    max_bytes: u64,
+    tree: &Tree,
+    goes: &[bool],
+) -> anyhow::Result<Run> {
+    let run = match name {
+        "find age" => run_find(cli, &scratch.root).await?,
+        _ => {
+            let expected = tree
+                .entries
+                .iter()
+                .zip(goes)
+                .filter(|(_, goes)| **goes)
+                .count() as u64;
+            run_clean(cli, base, scratch, name, max_bytes, expected).await?
+        }
+    };
+    let _ = std::fs::remove_file(scratch.plan_file());
+    Ok(run)
+}
+
+/// `find ROOT -name '*.trace.jsonl' -mtime +N -delete` on the traces root, N the age limit.
+async fn run_find(cli: &Cli, root: &Path) -> anyhow::Result<Run> {
+    let find_age = format!("+{}", cli.trace_age_days);
+    let args = [
+        root.to_str().context("a UTF-8 scratch path")?,
+        "-name",
+        "*.trace.jsonl",
+        "-mtime",
+        &find_age,
+        "-delete",
+    ];
+    let timed = disk::timed(Path::new("find"), &args, |_| {}).await?;
+    let command = format!("find ROOT -name '*.trace.jsonl' -mtime {find_age} -delete");
+    Ok(Run {
+        command,
+        timed,
+        kept: BTreeMap::new(),
+        db_cpu_seconds: None,
+    })
+}
+
+/// [`clean`] with method `name`'s limits (the age limit, or no age and a quota of
+/// `max_bytes`), its database backend's CPU time sampled; fails unless its totals report the
+/// `expected` deletions.
+async fn run_clean(
+    cli: &Cli,
+    base: &PgConnectOptions,
+    scratch: &Scratch,
+    name: &str,
+    max_bytes: u64,
+    expected: u64,
+) -> anyhow::Result<Run> {
+    let (age, bytes) = match name {
+        "sexton age" => (cli.trace_age_days, 0),
+        _ => (0, max_bytes),
+    };
+    let plan_file = scratch.plan_file();
+    let ((timed, totals), db_cpu_seconds) = disk::with_backend_cpu(
+        base,
+        &scratch.db,
+        "sexton",
+        clean(cli, &scratch.db, &scratch.roots, &plan_file, age, bytes),
+    )
+    .await?;
+    let command = format!(
+        "SEXTON_TRACES__MAX_AGE_DAYS={age} SEXTON_TRACES__MAX_BYTES={bytes} sexton traces clean --confirm --json"
+    );
+    let deleted = totals["deleted"].as_u64().unwrap_or_default();
+    if deleted != expected {
+        bail!(
+            "{name} at {} files reports {deleted} deleted, its rule {expected}",
+            scratch.files
+        );
+    }
+    let kept = totals["kept"]
+        .as_object()
+        .map(|kept| {
+            kept.iter()
+                .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Run {
+        command,
+        timed,
+        kept,
+        db_cpu_seconds,
+    })
 }
 
 /// Which entries a quota of `max_bytes` sends (max_age_days 0), as TR-2 says: the candidates
