@@ -47,12 +47,13 @@ CREATE OR REPLACE TRIGGER sexton_keep_holds_truncate
     BEFORE TRUNCATE ON sexton.holds
     FOR EACH STATEMENT EXECUTE FUNCTION sexton.keep_holds();
 
--- The first active hold (the earliest placed) on any of these scopes, or NULL. An unreadable
--- hold table is an error, never "not held" (HD-3: fail closed).
-CREATE OR REPLACE FUNCTION sexton.hold_on(
+-- The active holds on any of these scopes. A caller asks whether there is one (EXISTS) or lists
+-- them (explain, the guard's message). An unreadable hold table is an error, never "not held"
+-- (HD-3: fail closed).
+CREATE OR REPLACE FUNCTION sexton.holds_on(
     accounts uuid[], conversations uuid[], agents uuid[], sessions uuid[], runs uuid[]
-) RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT h.id FROM sexton.holds h
+) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
+    SELECT h.* FROM sexton.holds h
     WHERE h.released_at IS NULL
       AND h.scope_id = ANY ($1 || $2 || $3 || $4 || $5)
       AND CASE h.scope
@@ -62,58 +63,61 @@ CREATE OR REPLACE FUNCTION sexton.hold_on(
               WHEN 'session' THEN h.scope_id = ANY ($4)
               WHEN 'run' THEN h.scope_id = ANY ($5)
           END
-    ORDER BY h.placed_at, h.id
-    LIMIT 1
 $$;
 
--- HD-2, owner by owner. A run: its account, its conversation, itself (its execution detail and
--- output files).
-CREATE OR REPLACE FUNCTION sexton.run_hold(account uuid, conversation uuid, run uuid)
-RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT sexton.hold_on(ARRAY[$1], ARRAY[$2], '{}', '{}', ARRAY[$3])
+-- HD-2, owner by owner. A run (its execution detail and output files): its account, its
+-- conversation, itself.
+CREATE OR REPLACE FUNCTION sexton.run_holds(run uuid)
+RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
+    SELECT * FROM sexton.holds_on(
+        ARRAY(SELECT r.account_id FROM runs r WHERE r.id = $1),
+        ARRAY(SELECT r.conversation_id FROM runs r
+              WHERE r.id = $1 AND r.conversation_id IS NOT NULL),
+        '{}', '{}', ARRAY[$1])
 $$;
 
 -- A session (its history, archive frames and directory): its account, its agent, itself.
-CREATE OR REPLACE FUNCTION sexton.session_hold(account uuid, agent uuid, session uuid)
-RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT sexton.hold_on(ARRAY[$1], '{}', ARRAY[$2], ARRAY[$3], '{}')
+CREATE OR REPLACE FUNCTION sexton.session_holds(account uuid, agent uuid, session uuid)
+RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
+    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', ARRAY[$2], ARRAY[$3], '{}')
 $$;
 
 -- A handoff: its account, its agent, and either session it names.
-CREATE OR REPLACE FUNCTION sexton.handoff_hold(
+CREATE OR REPLACE FUNCTION sexton.handoff_holds(
     account uuid, agent uuid, from_session uuid, to_session uuid
-) RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT sexton.hold_on(ARRAY[$1], '{}', ARRAY[$2], ARRAY[$3, $4], '{}')
+) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
+    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', ARRAY[$2], ARRAY[$3, $4], '{}')
 $$;
 
 -- A dream preload or a working record: its account, its agent.
-CREATE OR REPLACE FUNCTION sexton.agent_record_hold(account uuid, agent uuid)
-RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT sexton.hold_on(ARRAY[$1], '{}', ARRAY[$2], '{}', '{}')
+CREATE OR REPLACE FUNCTION sexton.agent_record_holds(account uuid, agent uuid)
+RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
+    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', ARRAY[$2], '{}', '{}')
 $$;
 
 -- A conversation event: its conversation and that conversation's account.
-CREATE OR REPLACE FUNCTION sexton.event_hold(conversation uuid)
-RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT sexton.hold_on(ARRAY(SELECT c.account_id FROM conversations c WHERE c.id = $1),
-                          ARRAY[$1], '{}', '{}', '{}')
+CREATE OR REPLACE FUNCTION sexton.event_holds(conversation uuid)
+RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
+    SELECT * FROM sexton.holds_on(
+        ARRAY(SELECT c.account_id FROM conversations c WHERE c.id = $1),
+        ARRAY[$1], '{}', '{}', '{}')
 $$;
 
 -- An attachment's bytes follow their account.
-CREATE OR REPLACE FUNCTION sexton.account_hold(account uuid)
-RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT sexton.hold_on(ARRAY[$1], '{}', '{}', '{}', '{}')
+CREATE OR REPLACE FUNCTION sexton.account_holds(account uuid)
+RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
+    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', '{}', '{}', '{}')
 $$;
 
 -- A run trace, by its signature's agent (text: a UUID or not) and session: the session, the
 -- agent, and the account of either while its row exists.
-CREATE OR REPLACE FUNCTION sexton.trace_hold(agent text, session uuid)
-RETURNS uuid LANGUAGE sql STABLE AS $$
+CREATE OR REPLACE FUNCTION sexton.trace_holds(agent text, session uuid)
+RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
     WITH a (id) AS (
         SELECT CASE WHEN $1 ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
                     THEN $1::uuid END
         UNION SELECT s.agent_id FROM sessions s WHERE s.id = $2)
-    SELECT sexton.hold_on(
+    SELECT * FROM sexton.holds_on(
         ARRAY(SELECT s.account_id FROM sessions s WHERE s.id = $2
               UNION SELECT g.account_id FROM agents g JOIN a ON g.id = a.id),
         '{}', ARRAY(SELECT id FROM a WHERE id IS NOT NULL), ARRAY[$2], '{}')
@@ -126,10 +130,10 @@ ALTER TABLE sexton.pending_file_deletions
     ADD COLUMN IF NOT EXISTS agent_id uuid NULL,
     ADD COLUMN IF NOT EXISTS session_id uuid NULL;
 
-CREATE OR REPLACE FUNCTION sexton.file_hold(
+CREATE OR REPLACE FUNCTION sexton.file_holds(
     account uuid, runs uuid[], agent uuid, session uuid
-) RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT sexton.hold_on(
+) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
+    SELECT * FROM sexton.holds_on(
         ARRAY[$1],
         ARRAY(SELECT r.conversation_id FROM runs r
               WHERE r.id = ANY ($2) AND r.conversation_id IS NOT NULL),
@@ -144,8 +148,9 @@ CREATE OR REPLACE FUNCTION sexton.session_verdict(
 ) RETURNS text LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN $7 IS NULL OR NOT ($6 < $7) OR NOT isfinite($6) THEN 'not_eligible'
-        WHEN sexton.session_hold($2, (SELECT s.agent_id FROM sessions s WHERE s.id = $1), $1)
-             IS NOT NULL THEN 'legal_hold'
+        WHEN EXISTS (SELECT 1 FROM sexton.session_holds(
+                         $2, (SELECT s.agent_id FROM sessions s WHERE s.id = $1), $1))
+            THEN 'legal_hold'
         WHEN $4 IN ('running', 'finalizing') THEN 'protected_state'
         WHEN EXISTS (SELECT 1 FROM agents a WHERE a.current_session_id = $1)
              OR EXISTS (SELECT 1 FROM agents a WHERE a.main_session_id = $1)
@@ -168,8 +173,8 @@ BEGIN
        OR NOT EXISTS (SELECT 1 FROM accounts c WHERE c.id = OLD.account_id) THEN
         RETURN OLD;
     END IF;
-    SELECT * INTO hold FROM sexton.holds
-    WHERE id = sexton.session_hold(OLD.account_id, OLD.agent_id, OLD.id);
+    SELECT * INTO hold FROM sexton.session_holds(OLD.account_id, OLD.agent_id, OLD.id) h
+    ORDER BY h.placed_at, h.id LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'session % is held and cannot be deleted: hold % on % %, case %, by %',
                         OLD.id, hold.id, hold.scope, hold.scope_id, hold.case_ref, hold.placed_by

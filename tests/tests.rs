@@ -24,6 +24,8 @@ mod fanout;
 mod fleet;
 // HL-1 … HL-4: hops throttled by the database's health.
 mod health;
+// HD-2 … HD-4: what a hold covers stays, in every job kind and its files.
+mod holds;
 // Adding a job kind: one written in the tests alone runs through the worker and the owner loop.
 mod kind;
 // OP-1 … OP-5: configuration, the CLI's output, metrics, logs and the deploy.

@@ -126,6 +126,11 @@ struct Cli {
     /// database, to read its timeline afterwards.
     #[arg(long)]
     logs: Option<PathBuf>,
+    /// The scales: active holds placed on each template (spread over the five scope kinds, on
+    /// scopes that hold nothing of the seed, so that every method does the same work and the
+    /// holds' lookups alone differ, HD-3). Needs a build with holds.
+    #[arg(long, default_value_t = 0)]
+    holds: u32,
 }
 
 /// The parts of the benchmark.

@@ -5,6 +5,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// What the next pass would do with it, or what a pass did.
@@ -48,6 +49,38 @@ impl Reason {
             detail: detail.into(),
         }
     }
+}
+
+/// The reason code of a thing a hold keeps (HD-3), in every job's retained reasons.
+pub const LEGAL_HOLD: &str = "legal_hold";
+
+/// Every active hold that keeps a thing (HD-5), oldest first, each a reason naming its case,
+/// why, who placed it and when: `holds` is one of the covering functions of the holds migration
+/// (`sexton.run_holds($1::uuid)`, …) with `ids` bound, as text, to its parameters in order.
+///
+/// # Errors
+/// A database error — the hold table unreadable included: a hold is never assumed away.
+pub async fn holds(
+    conn: &mut PgConnection,
+    holds: &str,
+    ids: &[&str],
+) -> Result<Vec<Reason>, sqlx::Error> {
+    let sql = format!(
+        "SELECT 'hold ' || h.id || ' on ' || h.scope || ' ' || h.scope_id || ': case '
+                || h.case_ref || ', ' || h.reason || ', placed by ' || h.placed_by || ' at '
+                || to_char(h.placed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+         FROM {holds} h ORDER BY h.placed_at, h.id"
+    );
+    let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+    for id in ids {
+        query = query.bind(*id);
+    }
+    Ok(query
+        .fetch_all(conn)
+        .await?
+        .into_iter()
+        .map(|detail| Reason::new("HD-3", LEGAL_HOLD, detail))
+        .collect())
 }
 
 /// A job's answer about one subject. The JSON shape is documented in the README.

@@ -101,6 +101,7 @@ pub async fn seed(
     let seed_seconds = started.elapsed().as_secs_f64();
     let pool = connect(base, &name, "bench").await?;
     mark(&pool).await?;
+    place_holds(&pool, cli.holds).await?;
     let template = Template {
         scale,
         name,
@@ -117,6 +118,24 @@ pub async fn seed(
     };
     pool.close().await;
     Ok(template)
+}
+
+/// Places `holds` active holds on scopes that hold nothing ([`Cli::holds`]).
+async fn place_holds(pool: &PgPool, holds: u32) -> anyhow::Result<()> {
+    if holds == 0 {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO sexton.holds (scope, scope_id, case_ref, reason, placed_by)
+         SELECT (ARRAY['account', 'conversation', 'agent', 'session', 'run'])[1 + i % 5],
+                gen_random_uuid(), 'BENCH-' || i, 'benchmark', 'sexton-bench'
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(i64::from(holds))
+    .execute(pool)
+    .await?;
+    eprintln!("{holds} active holds placed");
+    Ok(())
 }
 
 /// Marks what a complete pass removes (`bench_owners`, `bench_sessions`), and sets the session

@@ -167,14 +167,14 @@ impl Window for Live {
         if expired.is_empty() {
             return Ok(Taken::default());
         }
-        let marked: Vec<Uuid> = sqlx::query_scalar(MARK_EXPIRED)
+        let (held, marked): (bool, Vec<Uuid>) = sqlx::query_as(MARK_EXPIRED)
             .bind(&expired)
             .bind(&judged)
             .bind(self.account_id)
-            .fetch_all(&mut *conn)
+            .fetch_one(&mut *conn)
             .await?;
         for _ in marked.len()..expired.len() {
-            retain(report, "busy");
+            retain(report, if held { LEGAL_HOLD } else { "busy" });
         }
         report.pruned += marked.len() as u64;
         Ok(Taken {
@@ -198,5 +198,6 @@ pub(super) fn count(counts: &mut [(&'static str, u64)], reason: &'static str) {
 /// Marks the attachments `$1` of account `$3` expired — each only if still live and still
 /// naming the path `$2` it was judged by, so that a row repointed at a fresh file meanwhile is
 /// left for the next pass — and records their files for removal, in one statement and so one
-/// short transaction; a row an application holds is skipped. Returns the rows marked.
+/// short transaction; a row an application holds is skipped, and an account a hold covers
+/// marks nothing (HD-3). Returns whether a hold covers the account, and the rows marked.
 pub(super) const MARK_EXPIRED: &str = include_str!("mark_expired.sql");

@@ -6,11 +6,13 @@ locked AS (
       AND a.relative_path = j.relative_path
     ORDER BY a.id
     FOR UPDATE OF a SKIP LOCKED),
+held AS (
+    SELECT EXISTS (SELECT 1 FROM sexton.account_holds($3)) AS held),
 marked AS (
     UPDATE attachments a SET bytes_expired_at = now()
-    FROM locked WHERE a.id = locked.id
+    FROM locked WHERE a.id = locked.id AND NOT (SELECT held FROM held)
     RETURNING a.id, a.relative_path),
 recorded AS (
     INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
     SELECT 'attachments', $3, relative_path FROM marked)
-SELECT id FROM marked
+SELECT (SELECT held FROM held) AS held, ARRAY(SELECT id FROM marked) AS marked

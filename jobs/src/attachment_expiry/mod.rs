@@ -22,7 +22,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::{self, days_before};
-use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::explain::{Explanation, LEGAL_HOLD, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, DrainError, PathSettings, Root};
 use crate::job::{AccountRange, Env, HopOutcome, Inspect, Job, Look, Position, Report};
 use crate::owner_loop::{Bounds, Candidates, Chunks, Files, Hop, Taken, Window, Windowed};
@@ -55,7 +55,8 @@ pub struct AttachmentSettings {
 }
 
 /// Why an attachment kept its bytes this pass.
-pub const RETAIN_REASONS: [&str; 5] = [
+pub const RETAIN_REASONS: [&str; 6] = [
+    LEGAL_HOLD,
     "outside_root",
     "not_regular",
     "missing",

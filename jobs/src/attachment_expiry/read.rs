@@ -47,6 +47,13 @@ impl Inspect for AttachmentExpiry {
                 path: paths.attachments_root.clone(),
                 source,
             })?;
+        // A hold on the account keeps every attachment of it (HD-2).
+        let held: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT a FROM unnest($1::uuid[]) AS a WHERE EXISTS (SELECT 1 FROM sexton.account_holds(a))",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
         let mut previews: Vec<Preview> = ids
             .iter()
             .map(|account_id| Preview {
@@ -82,6 +89,9 @@ impl Inspect for AttachmentExpiry {
                 };
                 let preview = &mut previews[at];
                 match judge(&root, &path, cutoff) {
+                    Verdict::Expired if held.contains(&account) => {
+                        count(&mut preview.kept, LEGAL_HOLD);
+                    }
                     Verdict::Expired => preview.expired += 1,
                     Verdict::Young => {}
                     Verdict::Kept(reason) => count(&mut preview.kept, reason),
@@ -167,7 +177,14 @@ async fn explain_attachment(
         return Ok(Some(explanation));
     };
     let (verdict, reason) = verdict(&root, &path, cutoff);
-    explanation.verdict = verdict;
+    // Whatever its file says, every hold on its account keeps it, and is named (HD-5).
+    let id = account.to_string();
+    let holds = crate::explain::holds(conn, "sexton.account_holds($1::uuid)", &[&id]).await?;
+    explanation.verdict = match verdict {
+        ExplainVerdict::Eligible if !holds.is_empty() => ExplainVerdict::Retained,
+        verdict => verdict,
+    };
+    explanation.reasons.extend(holds);
     explanation.reasons.push(reason);
     Ok(Some(explanation))
 }

@@ -61,14 +61,14 @@ pub(super) async fn drain_until(
             let mut tx = conn
                 .begin_with("BEGIN; SET LOCAL synchronous_commit = on")
                 .await?;
-            let batch = sqlx::query_as(
+            let batch = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "UPDATE sexton.pending_file_deletions SET attempts = attempts + 1
-                 WHERE id IN (SELECT id FROM sexton.pending_file_deletions
-                              WHERE root = $1 AND account_id = $2 AND id > $3
-                                AND quarantined_at IS NULL
-                              ORDER BY id LIMIT $4)
-                 RETURNING id, relative_path, attempts",
-            )
+                 WHERE id IN (SELECT p.id FROM sexton.pending_file_deletions p
+                              WHERE p.root = $1 AND p.account_id = $2 AND p.id > $3
+                                AND p.quarantined_at IS NULL AND NOT EXISTS ({HELD})
+                              ORDER BY p.id LIMIT $4)
+                 RETURNING id, relative_path, attempts"
+            )))
             .bind(root.as_str())
             .bind(scope.unwrap_or_default())
             .bind(after)
@@ -82,6 +82,8 @@ pub(super) async fn drain_until(
             return Ok((counts, after));
         };
         after = last;
+        // A hold placed since the claim keeps its files too, unclaimed (HD-3).
+        let batch = unheld(conn, batch).await?;
         let paths: Vec<String> = batch.iter().map(|(_, p, _)| p.clone()).collect();
         let referenced = root.referenced(conn, &paths).await?;
         let dir = open_root(root_path).map_err(|source| DrainError::Root {
@@ -101,6 +103,32 @@ pub(super) async fn drain_until(
             return Ok((counts, after));
         }
     }
+}
+
+/// Whether a hold covers the owners a pending record `p` kept (HD-2): its account, its runs
+/// (and their conversations), its agent, its session.
+const HELD: &str =
+    "SELECT 1 FROM sexton.file_holds(p.account_id, p.run_ids, p.agent_id, p.session_id)";
+
+/// The records of a claimed `batch` no hold covers, asked just before their unlinks; the others
+/// are handed back as they were, their claim undone, to wait for the hold's release.
+async fn unheld(
+    conn: &mut PgConnection,
+    batch: Vec<(i64, String, i32)>,
+) -> Result<Vec<(i64, String, i32)>, sqlx::Error> {
+    let ids: Vec<i64> = batch.iter().map(|(id, _, _)| *id).collect();
+    let held: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "UPDATE sexton.pending_file_deletions p SET attempts = attempts - 1
+         WHERE p.id = ANY($1) AND EXISTS ({HELD})
+         RETURNING p.id"
+    )))
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(batch
+        .into_iter()
+        .filter(|(id, _, _)| !held.contains(id))
+        .collect())
 }
 
 /// Raises its flag when dropped.

@@ -144,6 +144,8 @@ pub struct HopSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RetainReason {
+    /// A hold covers the run: its account, its conversation or itself (HD-2).
+    LegalHold,
     /// An invocation attempt is pending or running.
     PendingWork,
     /// A settlement receipt is pending.
@@ -162,7 +164,8 @@ pub enum RetainReason {
 }
 
 impl RetainReason {
-    pub const ALL: [RetainReason; 7] = [
+    pub const ALL: [RetainReason; 8] = [
+        RetainReason::LegalHold,
         RetainReason::PendingWork,
         RetainReason::PendingSettlement,
         RetainReason::OutstandingDelegation,
@@ -173,8 +176,8 @@ impl RetainReason {
     ];
 
     /// The labels of [`RetainReason::ALL`], in that order.
-    pub const NAMES: [&'static str; 7] = {
-        let mut names = [""; 7];
+    pub const NAMES: [&'static str; 8] = {
+        let mut names = [""; 8];
         let mut i = 0;
         while i < names.len() {
             names[i] = RetainReason::ALL[i].as_str();
@@ -185,6 +188,7 @@ impl RetainReason {
 
     pub const fn as_str(self) -> &'static str {
         match self {
+            RetainReason::LegalHold => "legal_hold",
             RetainReason::PendingWork => "pending_work",
             RetainReason::PendingSettlement => "pending_settlement",
             RetainReason::OutstandingDelegation => "outstanding_delegation",

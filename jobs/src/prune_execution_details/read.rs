@@ -171,7 +171,11 @@ pub(super) async fn blocker_detail(
              FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id
              WHERE s.source_run_id = $1 AND h.sealed_at IS NULL"
         }
-        RetainReason::NotEligible | RetainReason::Busy | RetainReason::InvalidWindow => {
+        // Each hold is a reason of its own ([`crate::explain::holds`]).
+        RetainReason::LegalHold
+        | RetainReason::NotEligible
+        | RetainReason::Busy
+        | RetainReason::InvalidWindow => {
             return Ok(String::new());
         }
     };
@@ -223,6 +227,10 @@ pub(super) async fn explain_run(
         removed(conn, &mut explanation, account, at).await?;
         return Ok(Some(explanation));
     }
+    // Whatever else applies, every hold that keeps it is named (HD-5).
+    let id = run.to_string();
+    let holds = crate::explain::holds(conn, "sexton.run_holds($1::uuid)", &[&id]).await?;
+    explanation.reasons.extend(holds);
     // Every precondition that fails is a reason; any of them keeps the run.
     if cutoff.is_none() {
         explanation.reasons.push(no_cutoff(days));
@@ -340,7 +348,8 @@ async fn judge(
         ));
     }
     for (blocker, blocked) in BLOCKERS.iter().zip(&judged.blocked) {
-        if *blocked {
+        // Its holds are named already.
+        if *blocked && *blocker != RetainReason::LegalHold {
             let detail = blocker_detail(conn, *blocker, run).await?;
             explanation
                 .reasons

@@ -12,8 +12,9 @@ pub(super) const AGE: &str = "(CASE WHEN kind = 'conversation' THEN completed_at
 pub(super) const UNPRUNED_OWNER: &str = "details_pruned_at IS NULL AND conversation_id IS NOT NULL \
                               AND kind IN ('conversation', 'direct_reply')";
 
-/// What holds an owner back (EX-5), in the order reasons are reported.
-pub(super) const BLOCKERS: [RetainReason; 4] = [
+/// What holds an owner back (HD-3, EX-5), in the order reasons are reported.
+pub(super) const BLOCKERS: [RetainReason; 5] = [
+    RetainReason::LegalHold,
     RetainReason::PendingWork,
     RetainReason::PendingSettlement,
     RetainReason::OutstandingDelegation,
@@ -24,6 +25,7 @@ pub(super) const BLOCKERS: [RetainReason; 4] = [
 /// (EX-5); `None` for the reasons found otherwise.
 pub(super) fn blocks(reason: RetainReason, run: &str) -> Option<String> {
     Some(match reason {
+        RetainReason::LegalHold => format!("EXISTS (SELECT 1 FROM sexton.run_holds({run}))"),
         RetainReason::PendingWork => format!(
             "EXISTS (SELECT 1 FROM invocation_attempts \
                      WHERE run_id = {run} AND status IN ('pending', 'running'))"
@@ -83,12 +85,12 @@ pub(super) fn prune_locked(lock: &str) -> String {
     let names: Vec<&str> = BLOCKERS.iter().map(|reason| reason.as_str()).collect();
     let any_blocker = names.join(" OR ");
     let blocked = names.join(", ");
-    // Each table's deleted rows are the CTE `<table>_gone`; `output_files_gone` keeps the paths.
+    // Each table's deleted rows are the CTE `<table>_gone`; `output_files_gone` keeps the paths and their runs.
     let deletes = DETAIL_TABLES
         .iter()
         .map(|table| {
             let returning = if *table == "output_files" {
-                "relative_path"
+                "relative_path, run_id"
             } else {
                 "1"
             };
@@ -117,12 +119,15 @@ pub(super) fn prune_locked(lock: &str) -> String {
              SELECT array_agg(id) AS runs, array_agg(variant_id) AS variants FROM locked
              WHERE NOT pruned AND eligible AND NOT ({any_blocker})),
          {deletes},
-         pending AS (INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-                     SELECT DISTINCT 'outputs', $5, g.relative_path FROM output_files_gone g
+         pending AS (INSERT INTO sexton.pending_file_deletions
+                         (root, account_id, relative_path, run_ids)
+                     SELECT 'outputs', $5, g.relative_path, array_agg(DISTINCT g.run_id)
+                     FROM output_files_gone g
                      WHERE NOT EXISTS (
                          SELECT 1 FROM output_files o
                          WHERE sexton.path_key(o.relative_path) = sexton.path_key(g.relative_path)
-                           AND o.run_id <> ALL((SELECT runs FROM prune)::uuid[]))),
+                           AND o.run_id <> ALL((SELECT runs FROM prune)::uuid[]))
+                     GROUP BY g.relative_path),
          run AS (UPDATE runs SET details_pruned_at = $6, runner_effects = $7
                  WHERE id = ANY((SELECT runs FROM prune)::uuid[])),
          variant AS (UPDATE variants v SET details_pruned_at = $6, runner_effects = $7

@@ -7,6 +7,7 @@ use super::*;
 #[derive(sqlx::FromRow)]
 pub(super) struct Batch {
     read: i64,
+    held: i64,
     deleted: i64,
     last_at: Option<DateTime<Utc>>,
     last_id: Option<String>,
@@ -104,10 +105,12 @@ impl<R: Record> Owners for Batches<R> {
             .fetch_one(&mut *conn)
             .await?;
         let seconds = started.elapsed().as_secs_f64();
-        let (read, deleted) = (batch.read.max(0) as u64, batch.deleted.max(0) as u64);
+        let [read, held, deleted] =
+            [batch.read, batch.held, batch.deleted].map(|n| n.max(0) as u64);
         report.pruned += deleted;
         report.rows[0].1 += deleted;
-        report.retained[0].1 += read.saturating_sub(deleted);
+        report.retained[0].1 += read.saturating_sub(deleted + held);
+        report.retained[1].1 += held;
         Ok(Took {
             read,
             at: batch.last_at.zip(batch.last_id),

@@ -9,6 +9,8 @@ pub struct Handoffs;
 impl Record for Handoffs {
     const ID_TYPE: &'static str = "uuid";
     const AGE: &'static str = "created_at";
+    const HOLDS: &'static str =
+        "sexton.handoff_holds(t.account_id, t.agent_id, t.from_session_id, t.to_session_id)";
     const SUBJECT: &'static str = "handoff";
     const ROW: &'static str =
         "SELECT account_id, created_at, false FROM handoffs WHERE id = $1::uuid";
@@ -76,6 +78,7 @@ impl Record for ConversationEvents {
     const OF_ACCOUNTS: &'static str =
         "conversation_id IN (SELECT id FROM conversations WHERE account_id = ANY($3))";
     const AGE: &'static str = "created_at";
+    const HOLDS: &'static str = "sexton.event_holds(t.conversation_id)";
     const SUBJECT: &'static str = "conversation_event";
     const ROW: &'static str = "SELECT c.account_id, e.created_at, false FROM conversation_events e JOIN conversations c ON c.id = e.conversation_id WHERE e.id = $1::bigint";
     const JOB: &'static str = "expire_conversation_events";

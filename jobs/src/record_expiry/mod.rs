@@ -76,6 +76,9 @@ pub trait Record: Send + Sync + 'static {
     const SUBJECT: &'static str;
     /// The column its age is measured from.
     const AGE: &'static str;
+    /// The holds that cover a row `t` of it (HD-2): a call of the holds migration's functions;
+    /// by default those of a record of an agent (its account, its agent).
+    const HOLDS: &'static str = "sexton.agent_record_holds(t.account_id, t.agent_id)";
     /// One record for `sexton explain`: `$1` its id (as text); its account, its age and whether
     /// it is pinned (never for kinds without pins).
     const ROW: &'static str;
@@ -111,9 +114,10 @@ impl Args {
 }
 
 /// Why a record was left in place this pass.
-pub const RETAIN_REASONS: [&str; 1] = [
+pub const RETAIN_REASONS: [&str; 2] = [
     // Locked by an application, or changed (made young again, pinned) since it was read.
     "busy",
+    crate::explain::LEGAL_HOLD,
 ];
 
 pub use crate::owner_loop::Error;

@@ -67,16 +67,16 @@ impl<R: Record> Inspect for Expire<R> {
         } = look;
         let days = R::days(settings);
         let cutoff = enabled_cutoff::<R>(settings, now);
-        let expired = match cutoff {
+        let (past, held): (i64, i64) = match cutoff {
             Some(cutoff) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql::count::<R>()))
+                sqlx::query_as(sqlx::AssertSqlSafe(sql::count::<R>()))
                     .bind(cutoff)
                     .bind(EARLIEST)
                     .bind(accounts)
                     .fetch_one(&mut *conn)
                     .await?
             }
-            None => 0,
+            None => (0, 0),
         };
         Ok(vec![Preview {
             table: R::TABLE,
@@ -87,7 +87,8 @@ impl<R: Record> Inspect for Expire<R> {
                 Some([account]) => Some(*account),
                 _ => None,
             },
-            expired,
+            expired: past - held,
+            held,
         }])
     }
 }
@@ -112,8 +113,10 @@ pub struct Preview {
     pub days: i32,
     pub cutoff: Option<DateTime<Utc>>,
     pub account_id: Option<Uuid>,
-    /// Rows past the cutoff (of the account, if one was asked for).
+    /// Rows past the cutoff (of the account, if one was asked for) that a pass would delete.
     pub expired: i64,
+    /// Rows past the cutoff that a hold keeps (HD-3).
+    pub held: i64,
 }
 
 impl std::fmt::Display for Preview {
@@ -128,14 +131,20 @@ impl std::fmt::Display for Preview {
                 "{} ({}): {} days reaches past the calendar, nothing goes",
                 self.table, self.rule, self.days
             ),
-            (days, Some(cutoff)) => write!(
-                f,
-                "{} ({}), {scope}: {} rows older than {days} days (before {}) expire",
-                self.table,
-                self.rule,
-                self.expired,
-                cutoff.format("%Y-%m-%dT%H:%M:%SZ")
-            ),
+            (days, Some(cutoff)) => {
+                write!(
+                    f,
+                    "{} ({}), {scope}: {} rows older than {days} days (before {}) expire",
+                    self.table,
+                    self.rule,
+                    self.expired,
+                    cutoff.format("%Y-%m-%dT%H:%M:%SZ")
+                )?;
+                if self.held > 0 {
+                    write!(f, "; {} more are kept by a hold (legal_hold)", self.held)?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -174,6 +183,16 @@ pub(super) async fn explain_record<R: Record>(
         removed_at: None,
         removed_by: None,
     };
+    // Whatever else applies, every hold that keeps it is named (HD-5).
+    let holds = format!(
+        "(SELECT h.* FROM {} t, {} h WHERE t.id = $1::{})",
+        R::TABLE,
+        R::HOLDS,
+        R::ID_TYPE
+    );
+    let held = crate::explain::holds(conn, &holds, &[id]).await?;
+    let is_held = !held.is_empty();
+    explanation.reasons.extend(held);
     if pinned {
         explanation.reasons.push(ExplainReason::new(
             "TTL-3",
@@ -190,7 +209,7 @@ pub(super) async fn explain_record<R: Record>(
         Some(cutoff) if !(age < cutoff && age > EARLIEST) => explanation.reasons.push(
             ExplainReason::new(R::RULE, "not_expired", "younger than its age"),
         ),
-        Some(_) if !pinned => {
+        Some(_) if !pinned && !is_held => {
             explanation.verdict = ExplainVerdict::Eligible;
             explanation.reasons.push(ExplainReason::new(
                 R::RULE,

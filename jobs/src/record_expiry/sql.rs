@@ -11,10 +11,11 @@ fn unpinned<R: Record>(alias: &str) -> String {
 
 /// One batch. `$1` the cutoff, `$2`/`$3` the cursor (age, id as text), `$4` the batch size.
 /// It reads the next expired rows in (age, id) order, locks those no application holds
-/// (`SKIP LOCKED`), re-checks their age (and pin) under the lock and deletes them; it returns
-/// the rows read and deleted and the last row read (the next cursor).
+/// (`SKIP LOCKED`), re-checks their age (and pin) under the lock, asks the holds that cover
+/// them (HD-3) and deletes those no hold covers; it returns the rows read, held and deleted and
+/// the last row read (the next cursor).
 pub(super) fn batch<R: Record>() -> String {
-    let (table, age, id) = (R::TABLE, R::AGE, R::ID_TYPE);
+    let (table, age, id, holds) = (R::TABLE, R::AGE, R::ID_TYPE, R::HOLDS);
     let (live, locked_live) = (unpinned::<R>(""), unpinned::<R>("t."));
     format!(
         "WITH batch AS (
@@ -23,32 +24,44 @@ pub(super) fn batch<R: Record>() -> String {
     ORDER BY {age}, id
     LIMIT $4),
 locked AS (
-    SELECT t.id FROM {table} t JOIN batch b ON b.id = t.id
+    SELECT t.id, EXISTS (SELECT 1 FROM {holds}) AS held FROM {table} t JOIN batch b ON b.id = t.id
     WHERE {locked_live}t.{age} < $1
     FOR UPDATE OF t SKIP LOCKED),
 gone AS (
-    DELETE FROM {table} t USING locked WHERE t.id = locked.id RETURNING 1),
+    DELETE FROM {table} t USING locked
+    WHERE t.id = locked.id AND NOT locked.held RETURNING 1),
 last AS (
     SELECT b.{age}, b.id::text AS id FROM batch b ORDER BY b.{age} DESC, b.id DESC LIMIT 1)
 SELECT (SELECT count(*) FROM batch) AS read,
+       (SELECT count(*) FROM locked WHERE held) AS held,
        (SELECT count(*) FROM gone) AS deleted,
        (SELECT {age} FROM last) AS last_at,
        (SELECT id FROM last) AS last_id"
     )
 }
 
-/// The oldest expired age. `$1` the cutoff, `$2` the earliest finite age.
+/// The oldest expired age of a row no hold covers. `$1` the cutoff, `$2` the earliest finite
+/// age.
 pub(super) fn oldest<R: Record>() -> String {
-    let (table, age, live) = (R::TABLE, R::AGE, unpinned::<R>(""));
-    format!("SELECT min({age}) FROM {table} WHERE {live}{age} < $1 AND {age} > $2")
+    let (table, age, live, holds) = (R::TABLE, R::AGE, unpinned::<R>("t."), R::HOLDS);
+    format!(
+        "SELECT min(t.{age}) FROM {table} t
+WHERE {live}t.{age} < $1 AND t.{age} > $2 AND NOT EXISTS (SELECT 1 FROM {holds})"
+    )
 }
 
-/// Expired rows, of some accounts or all. `$1` the cutoff, `$2` the earliest finite age, `$3`
-/// the accounts or NULL (every account).
+/// Expired rows, of some accounts or all, and those of them a hold covers. `$1` the cutoff, `$2`
+/// the earliest finite age, `$3` the accounts or NULL (every account).
 pub(super) fn count<R: Record>() -> String {
-    let (table, age, live, of) = (R::TABLE, R::AGE, unpinned::<R>(""), R::OF_ACCOUNTS);
+    let (table, age, live, of, holds) = (
+        R::TABLE,
+        R::AGE,
+        unpinned::<R>("t."),
+        R::OF_ACCOUNTS,
+        R::HOLDS,
+    );
     format!(
-        "SELECT count(*) FROM {table}
-WHERE {live}{age} < $1 AND {age} > $2 AND ($3::uuid[] IS NULL OR {of})"
+        "SELECT count(*), count(*) FILTER (WHERE EXISTS (SELECT 1 FROM {holds})) FROM {table} t
+WHERE {live}t.{age} < $1 AND t.{age} > $2 AND ($3::uuid[] IS NULL OR {of})"
     )
 }

@@ -22,10 +22,12 @@ unlinked AS (
     WHERE from_session_id = ANY((SELECT ids FROM doomed)::uuid[])
        OR to_session_id = ANY((SELECT ids FROM doomed)::uuid[])),
 sessions_gone AS (
-    DELETE FROM sessions WHERE id = ANY((SELECT ids FROM doomed)::uuid[]) RETURNING id),
+    DELETE FROM sessions WHERE id = ANY((SELECT ids FROM doomed)::uuid[])
+    RETURNING id, agent_id),
 frames AS (
-    INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-    SELECT 'sessions', $2, id::text FROM sessions_gone)
+    INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path, agent_id,
+                                               session_id)
+    SELECT 'sessions', $2, id::text, agent_id, id FROM sessions_gone)
 SELECT verdict,
        ARRAY[(SELECT count(*) FROM entries_gone),
              (SELECT count(*) FROM archive_entries_gone),

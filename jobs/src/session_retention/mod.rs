@@ -246,8 +246,9 @@ pub struct HopSettings {
 
 /// Why a session was left in place this pass, as counted in metrics. `invalid_policy` counts a
 /// kind whose policy age is 0 or less, once per pass (SS-1).
-pub const RETAIN_REASONS: [&str; 8] = [
+pub const RETAIN_REASONS: [&str; 9] = [
     "not_eligible",
+    crate::explain::LEGAL_HOLD,
     "protected_state",
     "protected_pointer",
     "missing_evidence",

@@ -352,6 +352,8 @@ pub(super) async fn explain_session(
         removed_at: None,
         removed_by: None,
     };
+    // Whatever else applies, every hold that keeps it is named (HD-5).
+    explanation.reasons.extend(holds(conn, session).await?);
     if ages.is_none() {
         explanation.reasons.push(ExplainReason::new(
             "SS-1",
@@ -366,6 +368,14 @@ pub(super) async fn explain_session(
         .filter(|days| !crate::cutoff::valid_window(*days));
     judge(conn, &mut explanation, session, &kind, invalid).await?;
     Ok(Some(explanation))
+}
+
+/// Every hold that keeps `session` (HD-5).
+async fn holds(conn: &mut PgConnection, session: Uuid) -> Result<Vec<ExplainReason>, sqlx::Error> {
+    let holds =
+        "(SELECT h.* FROM sessions s, sexton.session_holds(s.account_id, s.agent_id, s.id) h
+                  WHERE s.id = $1::uuid)";
+    crate::explain::holds(conn, holds, &[&session.to_string()]).await
 }
 
 /// The job's own verdict on a session under an enabled policy, and every reason for it, into

@@ -3,20 +3,35 @@
 
 use super::*;
 
-/// Which of `sessions` are an agent's current or main session (TR-3), through the indexes on
-/// both columns.
-pub(super) async fn live_sessions(
+/// Why each of `traces` (agent, session) stays whatever the limits, in their order: `legal_hold`
+/// when a hold covers its session, its agent or their account (HD-2), `live_session` when its
+/// session is an agent's current or main session (TR-3), through the indexes on both columns.
+pub(super) async fn kept(
     conn: &mut PgConnection,
-    sessions: &[Uuid],
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT s FROM unnest($1::uuid[]) s
-         WHERE EXISTS (SELECT 1 FROM agents WHERE current_session_id = s)
-            OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = s)",
+    traces: &[(&str, Uuid)],
+) -> Result<Vec<Option<&'static str>>, sqlx::Error> {
+    let (agents, sessions): (Vec<&str>, Vec<Uuid>) = traces.iter().copied().unzip();
+    let kept: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM sexton.trace_holds(t.agent, t.session))
+                     THEN 'legal_hold'
+                     WHEN EXISTS (SELECT 1 FROM agents WHERE current_session_id = t.session)
+                       OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = t.session)
+                     THEN 'live_session' END
+         FROM unnest($1::text[], $2::uuid[]) WITH ORDINALITY AS t (agent, session, n)
+         ORDER BY t.n",
     )
-    .bind(sessions)
+    .bind(&agents)
+    .bind(&sessions)
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(kept
+        .into_iter()
+        .map(|reason| match reason.as_deref() {
+            Some("legal_hold") => Some(crate::explain::LEGAL_HOLD),
+            Some(_) => Some("live_session"),
+            None => None,
+        })
+        .collect())
 }
 
 /// Cleans the traces root by `limits` at `now`: plans every file (each shown to `observer`) and,
@@ -247,13 +262,11 @@ async fn explain_trace(
         paths,
         now,
     } = look;
-    let root = paths
-        .traces_root
-        .canonicalize()
-        .map_err(|source| Error::Root {
-            path: paths.traces_root.clone(),
-            source,
-        })?;
+    let root_error = |source: io::Error| Error::Root {
+        path: paths.traces_root.clone(),
+        source,
+    };
+    let root = paths.traces_root.canonicalize().map_err(root_error)?;
     let Some(relative) = under_root(&root, &paths.traces_root, path) else {
         return Ok(None);
     };
@@ -298,6 +311,17 @@ async fn explain_trace(
         removed_at: None,
         removed_by: None,
     };
+    if watch.kept == Some(crate::explain::LEGAL_HOLD) {
+        // Every hold that keeps it, by its signature's agent and session (HD-5).
+        let dir = crate::files::open_root(&root).map_err(root_error)?;
+        let name = std::ffi::CString::new(relative.as_bytes()).map_err(|e| root_error(e.into()))?;
+        if let Some((agent, session)) = signature(&first_line(&dir, &name).map_err(root_error)?) {
+            let session = session.to_string();
+            let holds = "sexton.trace_holds($1, $2::uuid)";
+            let holds = crate::explain::holds(conn, holds, &[&agent, &session]).await?;
+            explanation.reasons.extend(holds);
+        }
+    }
     judge(&mut explanation, watch, settings, &relative, &meta);
     Ok(Some(explanation))
 }
@@ -351,6 +375,9 @@ fn judge(
                         .into()
                 }
                 "live_session" => "its session is an agent's current or main session".into(),
+                "legal_hold" => {
+                    "a hold covers its session, its agent or their account (HD-2)".into()
+                }
                 "outside_root" => "a symlink leading out of the traces root: never followed".into(),
                 "not_regular" => "not a regular file (a symlink, a directory, a device)".into(),
                 _ => "it cannot be read".into(),

@@ -72,7 +72,8 @@ const BUCKETS: usize = 16_384;
 const MAX_DEPTH: usize = 32;
 
 /// What is kept, and why (TR-3, ER-3): the labels of reports and metrics.
-pub const KEPT_REASONS: [&str; 8] = [
+pub const KEPT_REASONS: [&str; 9] = [
+    crate::explain::LEGAL_HOLD,
     "bad_signature",
     "not_regular",
     "outside_root",
@@ -136,6 +137,7 @@ pub struct Planned {
     pub bytes: u64,
     pub mtime: DateTime<Utc>,
     pub reason: Reason,
+    pub agent_id: String,
     pub session_id: Uuid,
     #[serde(skip)]
     seen: Seen,

@@ -102,7 +102,8 @@ pub(super) struct Plan<'a> {
     pub(super) observer: &'a mut dyn Observer,
     pub(super) confirm: bool,
     pub(super) age_cutoff_ns: Option<i128>,
-    /// Allocated bytes of live sessions' traces: they count toward the quota but never go.
+    /// Allocated bytes of the traces kept whatever the limits (held, or of live sessions): they
+    /// count toward the quota but never go.
     pub(super) live_bytes: u64,
     pub(super) stop: &'a AtomicBool,
     pub(super) stopped: bool,
@@ -120,6 +121,7 @@ impl Plan<'_> {
             bytes: candidate.blocks_bytes,
             mtime: to_time(candidate.seen.mtime_ns),
             reason,
+            agent_id: candidate.agent_id,
             session_id: candidate.session_id,
             seen: candidate.seen,
         };
@@ -168,23 +170,26 @@ impl Plan<'_> {
         Ok(())
     }
 
-    /// Checks the waiting candidates against the live sessions, then gives each to `pass`: a
-    /// live session's trace is kept (and counted once, by the first walk).
+    /// Checks the waiting candidates against the holds and the live sessions, then gives each
+    /// to `pass`: a held or live session's trace is kept (and counted once, by the first walk).
     async fn resolve(&mut self, pass: &mut Pass) -> Result<(), Error> {
         if self.candidates.is_empty() {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.candidates);
-        let sessions: Vec<Uuid> = batch.iter().map(|c| c.session_id).collect();
-        let live = live_sessions(self.conn, &sessions).await?;
-        for candidate in batch {
-            if live.contains(&candidate.session_id) {
+        let traces: Vec<(&str, Uuid)> = batch
+            .iter()
+            .map(|c| (c.agent_id.as_str(), c.session_id))
+            .collect();
+        let kept = kept(self.conn, &traces).await?;
+        for (candidate, kept) in batch.into_iter().zip(kept) {
+            if let Some(reason) = kept {
                 if let Pass::Age(_) = pass {
                     self.report.candidates += 1;
                     self.report.candidate_bytes += candidate.blocks_bytes;
                     self.live_bytes += candidate.blocks_bytes;
-                    self.report.keep("live_session");
-                    self.observer.kept(as_path(&candidate.path), "live_session");
+                    self.report.keep(reason);
+                    self.observer.kept(as_path(&candidate.path), reason);
                 }
                 continue;
             }
@@ -245,19 +250,22 @@ impl Plan<'_> {
         }
     }
 
-    /// Deletes the pending files of `dir`: a live session's trace kept, and each file looked
-    /// at again just before it goes.
+    /// Deletes the pending files of `dir`: a held or live session's trace kept, and each file
+    /// looked at again just before it goes.
     async fn flush(&mut self, dir: &OwnedFd) -> Result<(), Error> {
         if self.pending.is_empty() {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.pending);
         self.observer.before_delete(&batch);
-        let sessions: Vec<Uuid> = batch.iter().map(|p| p.session_id).collect();
-        let live = live_sessions(self.conn, &sessions).await?;
-        for file in batch {
-            if live.contains(&file.session_id) {
-                self.report.keep("live_session");
+        let traces: Vec<(&str, Uuid)> = batch
+            .iter()
+            .map(|p| (p.agent_id.as_str(), p.session_id))
+            .collect();
+        let kept = kept(self.conn, &traces).await?;
+        for (file, kept) in batch.iter().zip(kept) {
+            if let Some(reason) = kept {
+                self.report.keep(reason);
                 continue;
             }
             // Found again by its bytes in the directory it was listed in, never by the lossy

@@ -28,6 +28,8 @@ pub(super) struct Candidate {
     pub(super) path: Vec<u8>,
     pub(super) blocks_bytes: u64,
     pub(super) seen: Seen,
+    /// Its signature's agent (any string) and session.
+    pub(super) agent_id: String,
     pub(super) session_id: Uuid,
 }
 
@@ -54,21 +56,19 @@ pub(super) fn seen(stat: &rustix::fs::Stat) -> Seen {
     }
 }
 
-/// The session a trace belongs to, if its first line is a valid signature. A `session_id` that
-/// is not a UUID names no session an agent can point at, so nothing could prove it is not live:
-/// such a file is not a candidate.
-pub(super) fn signature(first_line: &[u8]) -> Option<Uuid> {
+/// The agent and session a trace belongs to, if its first line is a valid signature. A
+/// `session_id` that is not a UUID names no session an agent can point at, so nothing could
+/// prove it is not live: such a file is not a candidate.
+pub(super) fn signature(first_line: &[u8]) -> Option<(String, Uuid)> {
     #[derive(Deserialize)]
     struct Signature {
         format: String,
-        #[serde(rename = "agent_id")]
-        _agent_id: String,
+        agent_id: String,
         session_id: String,
     }
     let sig: Signature = serde_json::from_slice(first_line).ok()?;
-    (sig.format == FORMAT)
-        .then(|| Uuid::parse_str(&sig.session_id).ok())
-        .flatten()
+    let session = Uuid::parse_str(&sig.session_id).ok()?;
+    (sig.format == FORMAT).then_some((sig.agent_id, session))
 }
 
 /// Reads the first line of `name` in `dir` (opened without following a symlink).
@@ -231,10 +231,11 @@ impl Walk {
                 FileType::Symlink if is_trace => Entry::Kept("not_regular", relative),
                 FileType::RegularFile if is_trace => match first_line(&level.fd, name) {
                     Ok(line) => match signature(&line) {
-                        Some(session_id) => Entry::Candidate(Candidate {
+                        Some((agent_id, session_id)) => Entry::Candidate(Candidate {
                             path: relative,
                             blocks_bytes: allocated(&stat),
                             seen: seen(&stat),
+                            agent_id,
                             session_id,
                         }),
                         None => Entry::Kept("bad_signature", relative),

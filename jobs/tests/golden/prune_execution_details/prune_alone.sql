@@ -9,7 +9,8 @@ WITH locked AS (
                            THEN $4 - (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) > make_interval(days => a.execution_details_retention_days)
                       END,
                   false) AS eligible,
-         EXISTS (SELECT 1 FROM invocation_attempts WHERE run_id = r.id AND status IN ('pending', 'running')) AS pending_work,
+         EXISTS (SELECT 1 FROM sexton.run_holds(r.id)) AS legal_hold,
+EXISTS (SELECT 1 FROM invocation_attempts WHERE run_id = r.id AND status IN ('pending', 'running')) AS pending_work,
 EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = r.id AND status = 'pending') AS pending_settlement,
 EXISTS (SELECT 1 FROM delegations WHERE parent_run_id = r.id AND status = 'outstanding') AS outstanding_delegation,
 EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id WHERE s.source_run_id = r.id AND h.sealed_at IS NULL) AS active_history_request
@@ -21,26 +22,29 @@ EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id 
              FOR UPDATE OF r ),
          prune AS (
              SELECT array_agg(id) AS runs, array_agg(variant_id) AS variants FROM locked
-             WHERE NOT pruned AND eligible AND NOT (pending_work OR pending_settlement OR outstanding_delegation OR active_history_request)),
+             WHERE NOT pruned AND eligible AND NOT (legal_hold OR pending_work OR pending_settlement OR outstanding_delegation OR active_history_request)),
          run_task_edges_gone AS (DELETE FROM run_task_edges WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
          run_tasks_gone AS (DELETE FROM run_tasks WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
          tool_results_gone AS (DELETE FROM tool_results WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
          sealed_requests_gone AS (DELETE FROM sealed_requests WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
          reasoning_traces_gone AS (DELETE FROM reasoning_traces WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
          invocation_attempts_gone AS (DELETE FROM invocation_attempts WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
-         output_files_gone AS (DELETE FROM output_files WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING relative_path),
-         pending AS (INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-                     SELECT DISTINCT 'outputs', $5, g.relative_path FROM output_files_gone g
+         output_files_gone AS (DELETE FROM output_files WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING relative_path, run_id),
+         pending AS (INSERT INTO sexton.pending_file_deletions
+                         (root, account_id, relative_path, run_ids)
+                     SELECT 'outputs', $5, g.relative_path, array_agg(DISTINCT g.run_id)
+                     FROM output_files_gone g
                      WHERE NOT EXISTS (
                          SELECT 1 FROM output_files o
                          WHERE sexton.path_key(o.relative_path) = sexton.path_key(g.relative_path)
-                           AND o.run_id <> ALL((SELECT runs FROM prune)::uuid[]))),
+                           AND o.run_id <> ALL((SELECT runs FROM prune)::uuid[]))
+                     GROUP BY g.relative_path),
          run AS (UPDATE runs SET details_pruned_at = $6, runner_effects = $7
                  WHERE id = ANY((SELECT runs FROM prune)::uuid[])),
          variant AS (UPDATE variants v SET details_pruned_at = $6, runner_effects = $7
                      FROM turns t JOIN conversations cv ON cv.id = t.conversation_id
                      WHERE v.id = ANY((SELECT variants FROM prune)::uuid[])
                        AND t.id = v.turn_id AND cv.account_id = $5)
-         SELECT id, pruned, eligible, ARRAY[pending_work, pending_settlement, outstanding_delegation, active_history_request]::bool[] AS blocked,
+         SELECT id, pruned, eligible, ARRAY[legal_hold, pending_work, pending_settlement, outstanding_delegation, active_history_request]::bool[] AS blocked,
                 ARRAY[(SELECT count(*) FROM run_task_edges_gone), (SELECT count(*) FROM run_tasks_gone), (SELECT count(*) FROM tool_results_gone), (SELECT count(*) FROM sealed_requests_gone), (SELECT count(*) FROM reasoning_traces_gone), (SELECT count(*) FROM invocation_attempts_gone), (SELECT count(*) FROM output_files_gone)]::bigint[] AS deleted
          FROM locked

@@ -4,14 +4,16 @@ WITH batch AS (
     ORDER BY created_at, id
     LIMIT $4),
 locked AS (
-    SELECT t.id FROM conversation_events t JOIN batch b ON b.id = t.id
+    SELECT t.id, EXISTS (SELECT 1 FROM sexton.event_holds(t.conversation_id)) AS held FROM conversation_events t JOIN batch b ON b.id = t.id
     WHERE t.created_at < $1
     FOR UPDATE OF t SKIP LOCKED),
 gone AS (
-    DELETE FROM conversation_events t USING locked WHERE t.id = locked.id RETURNING 1),
+    DELETE FROM conversation_events t USING locked
+    WHERE t.id = locked.id AND NOT locked.held RETURNING 1),
 last AS (
     SELECT b.created_at, b.id::text AS id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1)
 SELECT (SELECT count(*) FROM batch) AS read,
+       (SELECT count(*) FROM locked WHERE held) AS held,
        (SELECT count(*) FROM gone) AS deleted,
        (SELECT created_at FROM last) AS last_at,
        (SELECT id FROM last) AS last_id
