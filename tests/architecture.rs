@@ -111,6 +111,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "context",
             "db",
             "event",
+            "holds",
             "http",
             "ledger",
             "schedule",

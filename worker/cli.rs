@@ -5,11 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
 
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
-use crate::{clock, db, demo, explain, preview, registry, sessions, status, tick, traces, worker};
+use crate::{
+    clock, db, demo, explain, holds, preview, registry, sessions, status, tick, traces, worker,
+};
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -78,6 +80,12 @@ pub enum Command {
         #[command(subcommand)]
         command: TracesCommand,
     },
+    /// Holds (SPEC §9): what legal or security froze stays, whatever a window says, until
+    /// released; a hold is never deleted.
+    Holds {
+        #[command(subcommand)]
+        command: HoldsCommand,
+    },
     /// Per job the latest slot's fan-out and passes by state, the backlog and the queue, the
     /// passes that did not finish, and the jobs failed for good (with their last error).
     Status {
@@ -130,6 +138,8 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     let bad_configuration = err.chain().any(|e| {
         e.downcast_ref::<crate::config::ConfigError>().is_some()
             || e.downcast_ref::<explain::UsageError>().is_some()
+            || e.downcast_ref::<holds::Error>()
+                .is_some_and(holds::Error::is_usage)
             || matches!(
                 e.downcast_ref::<db::DbError>(),
                 Some(db::DbError::BadUrl(_))
@@ -166,6 +176,72 @@ pub enum TracesCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HoldsCommand {
+    /// Place a hold on one scope that exists, covering what HD-2 says it covers; a scope may
+    /// be held more than once. Prints the hold's id.
+    #[command(group(ArgGroup::new("scope").required(true)))]
+    Place {
+        /// Hold this account: everything of it.
+        #[arg(long, value_name = "ID", group = "scope")]
+        account: Option<uuid::Uuid>,
+        /// Hold this conversation: its runs (execution detail, output files) and its events.
+        #[arg(long, value_name = "ID", group = "scope")]
+        conversation: Option<uuid::Uuid>,
+        /// Hold this agent: its sessions, traces, handoffs, dream preloads and working records.
+        #[arg(long, value_name = "ID", group = "scope")]
+        agent: Option<uuid::Uuid>,
+        /// Hold this session: it, its history, frames, traces and the handoffs naming it.
+        #[arg(long, value_name = "ID", group = "scope")]
+        session: Option<uuid::Uuid>,
+        /// Hold this run: its execution detail and output files.
+        #[arg(long, value_name = "ID", group = "scope")]
+        run: Option<uuid::Uuid>,
+        /// The case, ticket or matter the hold is for.
+        #[arg(long = "case", value_name = "REF", value_parser = not_blank)]
+        case_ref: String,
+        /// Why the data must stay.
+        #[arg(long, value_name = "TEXT", value_parser = not_blank)]
+        reason: String,
+        /// Who places the hold.
+        #[arg(long, value_name = "NAME", value_parser = not_blank)]
+        by: String,
+        /// Print the hold as one JSON object instead of its id.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release an active hold (it stays, with who released it and when).
+    Release {
+        /// The hold's id, as `place` printed it.
+        #[arg(value_name = "HOLD_ID")]
+        hold: uuid::Uuid,
+        /// Who releases the hold.
+        #[arg(long, value_name = "NAME", value_parser = not_blank)]
+        by: String,
+        /// Print the released hold as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The active holds, newest first, with every column.
+    List {
+        /// Released holds too.
+        #[arg(long)]
+        all: bool,
+        /// Print one JSON array of objects.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A value that must say something: the holds' case, reason and names.
+fn not_blank(value: &str) -> Result<String, String> {
+    if value.trim().is_empty() {
+        Err("must not be empty or blank".to_owned())
+    } else {
+        Ok(value.to_owned())
+    }
 }
 
 /// Runs one command to completion.
@@ -218,6 +294,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Traces {
             command: TracesCommand::Clean { confirm, json },
         } => traces::clean(&settings, confirm, json).await,
+        Command::Holds { command } => run_holds(&settings, command).await,
         Command::Status {
             json,
             all,
@@ -296,6 +373,63 @@ async fn run_sessions_prune(
         println!("{}", serde_json::to_string_pretty(&outcome)?);
     } else {
         print!("{}", outcome.render());
+    }
+    Ok(())
+}
+
+/// `sexton holds place`, `release` and `list`.
+async fn run_holds(settings: &Settings, command: HoldsCommand) -> anyhow::Result<()> {
+    let pool = db::connect(&settings.database).await?;
+    match command {
+        HoldsCommand::Place {
+            account,
+            conversation,
+            agent,
+            session,
+            run,
+            case_ref,
+            reason,
+            by,
+            json,
+        } => {
+            // Clap's group gives exactly one.
+            let (scope, id) = [
+                (holds::Scope::Account, account),
+                (holds::Scope::Conversation, conversation),
+                (holds::Scope::Agent, agent),
+                (holds::Scope::Session, session),
+                (holds::Scope::Run, run),
+            ]
+            .into_iter()
+            .find_map(|(scope, id)| Some((scope, id?)))
+            .context("holds place: a scope flag is required")?;
+            let hold = holds::place(&pool, scope, id, &case_ref, &reason, &by).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&hold)?);
+            } else {
+                println!("{}", hold.placed.id);
+            }
+        }
+        HoldsCommand::Release { hold, by, json } => {
+            let hold = holds::release(&pool, hold, &by).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&hold)?);
+            } else {
+                print!("{}", holds::released(&pool, &hold).await?);
+            }
+        }
+        HoldsCommand::List { all, json } => {
+            let listed = holds::list(&pool, all).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&listed)?);
+            } else if listed.is_empty() && !all {
+                println!("no active hold (sexton holds list --all lists released ones too)");
+            } else if listed.is_empty() {
+                println!("no hold was ever placed");
+            } else {
+                print!("{}", holds::table(&listed));
+            }
+        }
     }
     Ok(())
 }

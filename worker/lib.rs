@@ -4,8 +4,8 @@
 //! Dependencies run one way, in layers (checked by `tests/architecture.rs`); a module uses its
 //! own layer's modules (without a cycle) or lower ones':
 //! 1. configuration, and what needs nothing above it: config, clock, context, db, event (the
-//!    names of logged events), http, ledger, schedule (the slot arithmetic), seed, telemetry,
-//!    text, wakeups;
+//!    names of logged events), holds (placed, released and listed), http, ledger, schedule (the
+//!    slot arithmetic), seed, telemetry, text, wakeups;
 //! 2. the queue and one hop off it: queue, hop;
 //! 3. the job kinds: registry;
 //! 4. what runs over the kinds: tick (slots and their fan-out), status, explain, preview,
@@ -21,6 +21,7 @@ pub mod db;
 pub mod demo;
 pub mod event;
 pub mod explain;
+pub mod holds;
 pub mod hop;
 pub mod http;
 pub mod ledger;

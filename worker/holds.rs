@@ -1,0 +1,330 @@
+//! Holds (SPEC §9, HD-1): what a person froze, whatever a window says — placed on one account,
+//! conversation, agent, session or run, released once, never deleted (`sexton holds place`,
+//! `release`, `list`). `status` and the `sexton_holds_active` gauge read the active ones. What
+//! a hold covers is the migration's (`sexton.hold_on` and the functions beside it), which the
+//! jobs ask.
+
+use std::fmt::Write as _;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::text;
+
+/// Inserts a hold on a scope that exists (share-locking the scope's row while it does).
+const PLACE: &str = include_str!("holds_place.sql");
+
+/// What a hold names: one row of the platform's table of that name (plural).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Account,
+    Conversation,
+    Agent,
+    Session,
+    Run,
+}
+
+impl Scope {
+    /// As `sexton.holds.scope` stores it, and as the command line's flag reads.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Account => "account",
+            Scope::Conversation => "conversation",
+            Scope::Agent => "agent",
+            Scope::Session => "session",
+            Scope::Run => "run",
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<String> for Scope {
+    type Error = String;
+
+    fn try_from(scope: String) -> Result<Self, Self::Error> {
+        [
+            Scope::Account,
+            Scope::Conversation,
+            Scope::Agent,
+            Scope::Session,
+            Scope::Run,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == scope)
+        .ok_or_else(|| format!("sexton.holds.scope: unknown scope {scope:?}"))
+    }
+}
+
+/// A hold as it was placed: what `status` lists of an active one.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Placed {
+    pub id: Uuid,
+    #[sqlx(try_from = "String")]
+    pub scope: Scope,
+    pub scope_id: Uuid,
+    pub case_ref: String,
+    pub reason: String,
+    pub placed_by: String,
+    pub placed_at: DateTime<Utc>,
+}
+
+/// A hold as `sexton.holds` records it: as placed, and who released it when (both `null`
+/// while it is active).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Hold {
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub placed: Placed,
+    pub released_by: Option<String>,
+    pub released_at: Option<DateTime<Utc>>,
+}
+
+/// A hold that cannot be placed or released as asked (exit 2), or a database that could not be
+/// read or written (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("--{scope} {id}: no such {scope} (a hold is placed on one that exists)")]
+    NoScope { scope: Scope, id: Uuid },
+    #[error("no hold {0}")]
+    NoHold(Uuid),
+    #[error(
+        "hold {id} was already released by {who} at {when}; a hold is released once",
+        who = text::printable(.by),
+        when = time(*.at)
+    )]
+    Released {
+        id: Uuid,
+        by: String,
+        at: DateTime<Utc>,
+    },
+    #[error("could not read or write sexton.holds (run `sexton migrate` first?)")]
+    Database(#[from] sqlx::Error),
+}
+
+impl Error {
+    /// Whether the command was asked for something that cannot be (bad usage, exit 2).
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, Error::Database(_))
+    }
+}
+
+/// Every column of a hold, in the order `RETURNING` and `SELECT` give them.
+const COLUMNS: &str =
+    "id, scope, scope_id, case_ref, reason, placed_by, placed_at, released_by, released_at";
+
+/// Places a hold on `scope` `scope_id`, which must exist; a scope already held may be held
+/// again (HD-1).
+///
+/// # Errors
+/// [`Error::NoScope`] when no such row exists; a database error.
+pub async fn place(
+    pool: &PgPool,
+    scope: Scope,
+    scope_id: Uuid,
+    case_ref: &str,
+    reason: &str,
+    by: &str,
+) -> Result<Hold, Error> {
+    sqlx::query_as(PLACE)
+        .bind(scope.as_str())
+        .bind(scope_id)
+        .bind(case_ref)
+        .bind(reason)
+        .bind(by)
+        .fetch_optional(pool)
+        .await?
+        .ok_or(Error::NoScope {
+            scope,
+            id: scope_id,
+        })
+}
+
+/// Releases the active hold `id` now, by `by`; the row stays (HD-1).
+///
+/// # Errors
+/// [`Error::NoHold`] for an unknown id, [`Error::Released`] for a hold released before; a
+/// database error.
+pub async fn release(pool: &PgPool, id: Uuid, by: &str) -> Result<Hold, Error> {
+    let released = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE sexton.holds SET released_by = $2, released_at = now()
+         WHERE id = $1 AND released_at IS NULL RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .bind(by)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(hold) = released {
+        return Ok(hold);
+    }
+    let hold: Option<Hold> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sexton.holds WHERE id = $1"
+    )))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    Err(match hold {
+        Some(Hold {
+            released_by: Some(by),
+            released_at: Some(at),
+            ..
+        }) => Error::Released { id, by, at },
+        // Released between the two statements is released all the same; none is gone.
+        _ => Error::NoHold(id),
+    })
+}
+
+/// The holds, newest first: the active ones, or `all` of them (released ones too).
+///
+/// # Errors
+/// A database error.
+pub async fn list(pool: &PgPool, all: bool) -> Result<Vec<Hold>, Error> {
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sexton.holds WHERE $1 OR released_at IS NULL
+         ORDER BY placed_at DESC, id DESC"
+    )))
+    .bind(all)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The active holds, newest first, as placed.
+///
+/// # Errors
+/// A database error.
+pub async fn active(pool: &PgPool) -> Result<Vec<Placed>, Error> {
+    Ok(list(pool, false)
+        .await?
+        .into_iter()
+        .map(|hold| hold.placed)
+        .collect())
+}
+
+/// How many holds are active (the `sexton_holds_active` gauge).
+///
+/// # Errors
+/// A database error.
+pub async fn active_count(pool: &PgPool) -> Result<i64, Error> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM sexton.holds WHERE released_at IS NULL")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// What `holds release` says of a hold it released: the hold, and whether its scope is free
+/// now (only once its last active hold is released, HD-1).
+///
+/// # Errors
+/// A database error.
+pub async fn released(pool: &PgPool, hold: &Hold) -> Result<String, Error> {
+    let p = &hold.placed;
+    let others: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sexton.holds
+         WHERE scope_id = $1 AND scope = $2 AND released_at IS NULL AND id <> $3",
+    )
+    .bind(p.scope_id)
+    .bind(p.scope.as_str())
+    .bind(p.id)
+    .fetch_one(pool)
+    .await?;
+    let scope = format!("{} {}", p.scope, p.scope_id);
+    Ok(format!(
+        "released hold {} on {scope} (case {}) by {} at {}\n{}\n",
+        p.id,
+        cell(&p.case_ref),
+        hold.released_by.as_deref().map_or_else(String::new, cell),
+        hold.released_at.map_or_else(String::new, time),
+        match others {
+            0 => format!("{scope} is held by no other hold"),
+            1 => format!("{scope} is still held by 1 other hold (sexton holds list)"),
+            n => format!("{scope} is still held by {n} other holds (sexton holds list)"),
+        }
+    ))
+}
+
+/// A moment as the tables show it, to the second.
+pub fn time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// `holds` as a table for people, one line each, every column (the reason last, as long as
+/// it is).
+pub fn table(holds: &[Hold]) -> String {
+    let rows: Vec<[String; 9]> = holds
+        .iter()
+        .map(|h| {
+            let p = &h.placed;
+            [
+                p.id.to_string(),
+                p.scope.to_string(),
+                p.scope_id.to_string(),
+                cell(&p.case_ref),
+                cell(&p.placed_by),
+                time(p.placed_at),
+                h.released_by
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), cell),
+                h.released_at.map_or_else(|| "-".to_owned(), time),
+                cell(&p.reason),
+            ]
+        })
+        .collect();
+    let header = [
+        "id",
+        "scope",
+        "scope id",
+        "case",
+        "placed by",
+        "placed at",
+        "released by",
+        "released at",
+        "reason",
+    ]
+    .map(str::to_owned);
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (i, (cell, width)) in row.iter().zip(widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<width$}  ");
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out
+}
+
+/// Text from the database on one line of a table: shown, never obeyed, line breaks included.
+fn cell(stored: &str) -> String {
+    text::printable(stored).replace('\n', "\\n")
+}
+
+/// One active hold as `status` lists it.
+pub fn line(hold: &Placed) -> String {
+    format!(
+        "{} on {} {}: case {}, placed by {} at {}: {}",
+        hold.id,
+        hold.scope,
+        hold.scope_id,
+        cell(&hold.case_ref),
+        cell(&hold.placed_by),
+        time(hold.placed_at),
+        cell(&hold.reason)
+    )
+}
