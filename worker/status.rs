@@ -1,6 +1,6 @@
 //! `sexton status` (OP-1): what an operator reads at 9 am after the nightly pass — per job and
-//! account the last pass from the ledger, each job's backlog and queue, and the jobs failed for
-//! good with their last error.
+//! account the last pass from the ledger, each job's backlog and queue, the jobs failed for
+//! good with their last error, and the active holds (HD-5).
 
 use std::fmt::Write as _;
 
@@ -9,6 +9,7 @@ use serde::Serialize;
 use sexton_jobs::job::Scope;
 
 use crate::config::Settings;
+use crate::holds;
 use crate::ledger::{self, Pass};
 use crate::queue::{self, FailedJob, QueueCounts};
 use crate::registry;
@@ -31,6 +32,8 @@ pub struct Status {
     /// Pending file deletions quarantined after their last attempt, per root (ER-3): files
     /// left on disk that an operator must look at.
     pub quarantined_files: std::collections::BTreeMap<String, i64>,
+    /// The active holds, newest first (HD-5): what they cover stays whatever a window says.
+    pub holds: Vec<holds::Placed>,
 }
 
 /// Which passes `status` lists beside its summaries.
@@ -162,6 +165,7 @@ pub async fn read(
         queue: queue::counts(pool).await?,
         failed_jobs: queue::failed(pool, FAILED_SHOWN).await?,
         quarantined_files: sexton_jobs::files::quarantined(pool).await?,
+        holds: holds::active(pool).await?,
     })
 }
 
@@ -224,6 +228,18 @@ impl Status {
                 "{n} file deletions of root {root} quarantined after their last attempt: see \
                  sexton.pending_file_deletions (quarantined_at, last_error)"
             );
+        }
+        if self.holds.is_empty() {
+            let _ = writeln!(out, "no active hold");
+        } else {
+            let _ = writeln!(
+                out,
+                "{} active holds, newest first (what they cover stays; sexton holds list):",
+                self.holds.len()
+            );
+            for hold in &self.holds {
+                let _ = writeln!(out, "  {}", holds::line(hold));
+            }
         }
         crate::text::printable(&out)
     }
