@@ -24,7 +24,7 @@ use crate::registry::{self, Kind};
 use crate::telemetry::metrics;
 use crate::tick::{self, NightlySlot};
 use crate::wakeups::Wakeups;
-use crate::{db, queue};
+use crate::{db, holds, queue};
 
 /// What one queue's consumer runs: the nightly fan-out, or the hops of one job kind.
 #[derive(Clone, Copy)]
@@ -460,7 +460,7 @@ impl RestartPacer {
 /// How often a worker checks whether its pool's connections take writes (ER-6).
 const WRITABLE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Keeps the queue, backlog and last-success gauges current (OP-3).
+/// Keeps the queue, backlog, last-success, quarantine and holds gauges current (OP-3, HD-5).
 async fn refresh_gauges(ctx: JobContext) {
     loop {
         match queue::counts(&ctx.pool).await {
@@ -487,6 +487,13 @@ async fn refresh_gauges(ctx: JobContext) {
         match sexton_jobs::files::quarantined(&ctx.pool).await {
             Ok(counts) => metrics::quarantined(&counts),
             Err(err) => tracing::warn!(error = %err, "could not count quarantined file deletions"),
+        }
+        match holds::active_count(&ctx.pool).await {
+            Ok(n) => metrics::holds_active(n),
+            Err(err) => tracing::warn!(
+                error = format!("{:#}", anyhow::Error::new(err)),
+                "could not count active holds"
+            ),
         }
         if let Some(readings) = ctx.health.last() {
             metrics::health(&readings);

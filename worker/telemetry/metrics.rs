@@ -73,6 +73,10 @@ fn describe() {
         "sexton_backlog_seconds",
         "How far past its cutoff the oldest eligible item is."
     );
+    describe_gauge!(
+        "sexton_holds_active",
+        "Holds placed and not released (HD-5): what they cover stays."
+    );
 }
 
 /// One hop of `job`, whose owners may be retained for `reasons`.
@@ -146,6 +150,11 @@ pub fn quarantined(counts: &std::collections::BTreeMap<String, i64>) {
 /// A job's backlog in seconds.
 pub fn backlog(job: &'static str, seconds: f64) {
     gauge!("sexton_backlog_seconds", "job" => job).set(seconds);
+}
+
+/// Holds placed and not released.
+pub fn holds_active(holds: i64) {
+    gauge!("sexton_holds_active").set(holds as f64);
 }
 
 /// A hop that stopped early on a red health indicator.
