@@ -26,6 +26,8 @@ mod fleet;
 mod health;
 // HD-2 … HD-4: what a hold covers stays, in every job kind and its files.
 mod holds;
+// HD-1, HD-5: holds placed, released and listed by the operator, in status and the gauge.
+mod holds_cli;
 // Adding a job kind: one written in the tests alone runs through the worker and the owner loop.
 mod kind;
 // OP-1 … OP-5: configuration, the CLI's output, metrics, logs and the deploy.
