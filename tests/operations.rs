@@ -225,6 +225,7 @@ async fn op3_a_real_prometheus_scrapes_the_contract_series(pool: PgPool) {
         "sexton_schedule_slots_total",
         "sexton_queue_jobs",
         "sexton_backlog_seconds",
+        "sexton_holds_active",
     ];
     let prom = format!("127.0.0.1:{prom_port}");
     poll_until(Duration::from_secs(90), || async {
