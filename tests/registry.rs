@@ -480,6 +480,22 @@ async fn op1_the_demo_runs_every_job_kind_and_reports_each(pool: PgPool) {
         .await
         .unwrap();
     assert!(accounts > 0, "the demo seeded");
+    // HD-1: the demo held one conversation before its pass, and says so.
+    let held: Vec<(Uuid, String, Option<String>)> = sqlx::query_as(
+        "SELECT scope_id, scope, released_by FROM sexton.holds WHERE placed_by = 'demo'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(held.len(), 1, "one hold");
+    let (conversation, scope, released) = &held[0];
+    assert_eq!((scope.as_str(), released), ("conversation", &None));
+    assert!(
+        stdout.contains(&format!(
+            "on conversation {conversation} (case DEMO-1, by demo)"
+        )) && stdout.contains(&format!("held conversation {conversation}: ")),
+        "{stdout}"
+    );
 
     let again = common::sexton(&url, dir.path())
         .arg("demo")

@@ -1,7 +1,8 @@
-//! `sexton demo`: migrate, seed a small dataset, run one nightly pass through the queue exactly as
-//! a fleet would (tick, then a worker until the queue is idle), and print what changed: every
-//! table and root before and after, and what each job kind's passes did. The worker's logs go
-//! to a file the report names.
+//! `sexton demo`: migrate, seed a small dataset, hold one conversation (HD-1), run one nightly
+//! pass through the queue exactly as a fleet would (tick, then a worker until the queue is
+//! idle), and print what changed: every table and root before and after, what the held
+//! conversation kept, and what each job kind's passes did. The worker's logs go to a file the
+//! report names.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use sexton_jobs::trace_cleanup::{Limits, TraceCleanup, TraceSettings};
 use crate::config::{PathSettings, Settings};
 use crate::context::JobContext;
 use crate::seed::{SeedOptions, seed};
-use crate::{db, ledger, preview, queue, registry, schedule, tick, worker};
+use crate::{db, holds, ledger, preview, queue, registry, schedule, tick, worker};
 
 /// Where the demo writes its files and log: a fresh directory per run.
 pub fn root() -> PathBuf {
@@ -85,6 +86,7 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     let settings = demo_settings(settings, &root);
     let pool = db::connect(&settings.database).await?;
     let now = seed_empty(&pool, &settings, scale, &root).await?;
+    let held = hold_one(&pool).await?;
 
     let before = snapshot(&pool, &settings.paths).await?;
     let ticked = start_night(&pool, &settings, now).await?;
@@ -107,12 +109,78 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
         jobs.failed
     );
     print_report(&before, &after);
+    if let Some(held) = &held {
+        println!(
+            "\nheld conversation {}: {} of its {} runs were past their window when it was held; \
+             {} have details_pruned_at after the pass",
+            held.conversation,
+            held.past_window,
+            held.runs,
+            pruned_runs(&pool, held.conversation).await?
+        );
+    }
     print_passes(&ledger::latest(&pool).await?);
     println!(
         "\nfiles were written under {}; delete it when done.",
         root.display()
     );
     Ok(())
+}
+
+/// The conversation the demo holds, and its runs when it was held.
+struct Held {
+    conversation: uuid::Uuid,
+    runs: i64,
+    /// Runs completed before their account's window, still holding their execution detail.
+    past_window: i64,
+}
+
+/// Holds the seeded conversation with the most runs past their window (HD-1, placed by
+/// "demo"), so that the report shows held data staying; `None` if no run is past a window.
+async fn hold_one(pool: &sqlx::PgPool) -> anyhow::Result<Option<Held>> {
+    let found: Option<(uuid::Uuid, i64, i64)> = sqlx::query_as(
+        "SELECT r.conversation_id,
+                (SELECT count(*) FROM runs x WHERE x.conversation_id = r.conversation_id),
+                count(*)
+         FROM runs r JOIN accounts a ON a.id = r.account_id
+         WHERE r.kind = 'conversation' AND r.details_pruned_at IS NULL
+           AND r.completed_at < now() - make_interval(days => a.execution_details_retention_days)
+         GROUP BY r.conversation_id ORDER BY count(*) DESC, r.conversation_id LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    let Some((conversation, runs, past_window)) = found else {
+        return Ok(None);
+    };
+    let hold = holds::place(
+        pool,
+        holds::Scope::Conversation,
+        conversation,
+        "DEMO-1",
+        "the demo's hold: what it covers stays, whatever the windows say",
+        "demo",
+    )
+    .await?;
+    println!(
+        "\nplaced hold {} on conversation {conversation} (case DEMO-1, by demo): retention keeps \
+         what it covers, its {past_window} runs past their window included (sexton holds list)",
+        hold.placed.id
+    );
+    Ok(Some(Held {
+        conversation,
+        runs,
+        past_window,
+    }))
+}
+
+/// Runs of `conversation` whose execution detail was pruned.
+async fn pruned_runs(pool: &sqlx::PgPool, conversation: uuid::Uuid) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM runs WHERE conversation_id = $1 AND details_pruned_at IS NOT NULL",
+    )
+    .bind(conversation)
+    .fetch_one(pool)
+    .await?)
 }
 
 /// The configured settings as the demo runs them: every job on (background trace cleanup with
