@@ -442,7 +442,7 @@ async fn hd5_status_lists_the_active_holds(pool: PgPool) {
     assert_eq!(hold["placed_by"], "legal");
 
     let text = cli.run(&["status"]).await.stdout;
-    assert!(text.contains("1 active holds"), "{text}");
+    assert!(text.contains("1 active hold, newest first"), "{text}");
     assert!(
         text.contains(&format!(
             "{active} on agent {agent}: case LIT-7, placed by legal"

@@ -234,8 +234,9 @@ impl Status {
         } else {
             let _ = writeln!(
                 out,
-                "{} active holds, newest first (what they cover stays; sexton holds list):",
-                self.holds.len()
+                "{} active hold{}, newest first (what they cover stays; sexton holds list):",
+                self.holds.len(),
+                if self.holds.len() == 1 { "" } else { "s" }
             );
             for hold in &self.holds {
                 let _ = writeln!(out, "  {}", holds::line(hold));
