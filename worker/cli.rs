@@ -87,7 +87,8 @@ pub enum Command {
         command: HoldsCommand,
     },
     /// Per job the latest slot's fan-out and passes by state, the backlog and the queue, the
-    /// passes that did not finish, and the jobs failed for good (with their last error).
+    /// passes that did not finish, the jobs failed for good (with their last error), and the
+    /// active holds.
     Status {
         /// Print one JSON object (documented in the README).
         #[arg(long)]
