@@ -496,6 +496,14 @@ async fn op1_the_demo_runs_every_job_kind_and_reports_each(pool: PgPool) {
         )) && stdout.contains(&format!("held conversation {conversation}: ")),
         "{stdout}"
     );
+    let pruned: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM runs WHERE conversation_id = $1 AND details_pruned_at IS NOT NULL",
+    )
+    .bind(conversation)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(pruned, 0, "what the demo held stays (HD-3): {stdout}");
 
     let again = common::sexton(&url, dir.path())
         .arg("demo")
