@@ -49,7 +49,9 @@ CREATE OR REPLACE TRIGGER sexton_keep_holds_truncate
 
 -- The active holds on any of these scopes. A caller asks whether there is one (EXISTS) or lists
 -- them (explain, the guard's message). An unreadable hold table is an error, never "not held"
--- (HD-3: fail closed).
+-- (HD-3: fail closed). Every function here is one plain statement with plain arguments, so that
+-- PostgreSQL inlines it into the caller's statement as a probe of holds_active: called with a
+-- sub-select as an argument, or as a second function, it would run as a function call per row.
 CREATE OR REPLACE FUNCTION sexton.holds_on(
     accounts uuid[], conversations uuid[], agents uuid[], sessions uuid[], runs uuid[]
 ) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
@@ -69,11 +71,14 @@ $$;
 -- conversation, itself.
 CREATE OR REPLACE FUNCTION sexton.run_holds(run uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT * FROM sexton.holds_on(
-        ARRAY(SELECT r.account_id FROM runs r WHERE r.id = $1),
-        ARRAY(SELECT r.conversation_id FROM runs r
-              WHERE r.id = $1 AND r.conversation_id IS NOT NULL),
-        '{}', '{}', ARRAY[$1])
+    SELECT h.* FROM runs r
+    JOIN sexton.holds h
+      ON h.released_at IS NULL AND h.scope_id IN (r.id, r.account_id, r.conversation_id)
+     AND CASE h.scope WHEN 'run' THEN h.scope_id = r.id
+                      WHEN 'account' THEN h.scope_id = r.account_id
+                      WHEN 'conversation' THEN h.scope_id = r.conversation_id
+                      ELSE false END
+    WHERE r.id = $1
 $$;
 
 -- A session (its history, archive frames and directory): its account, its agent, itself.
@@ -98,9 +103,13 @@ $$;
 -- A conversation event: its conversation and that conversation's account.
 CREATE OR REPLACE FUNCTION sexton.event_holds(conversation uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT * FROM sexton.holds_on(
-        ARRAY(SELECT c.account_id FROM conversations c WHERE c.id = $1),
-        ARRAY[$1], '{}', '{}', '{}')
+    SELECT h.* FROM conversations c
+    JOIN sexton.holds h
+      ON h.released_at IS NULL AND h.scope_id IN (c.id, c.account_id)
+     AND CASE h.scope WHEN 'conversation' THEN h.scope_id = c.id
+                      WHEN 'account' THEN h.scope_id = c.account_id
+                      ELSE false END
+    WHERE c.id = $1
 $$;
 
 -- An attachment's bytes follow their account.
@@ -109,18 +118,23 @@ RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
     SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', '{}', '{}', '{}')
 $$;
 
--- A run trace, by its signature's agent (text: a UUID or not) and session: the session, the
--- agent, and the account of either while its row exists.
-CREATE OR REPLACE FUNCTION sexton.trace_holds(agent text, session uuid)
+-- A run trace, by its signature's agent (NULL when that is not a UUID) and session: the session,
+-- the agent, and the account (and agent) of the session's and the agent's rows while they exist.
+CREATE OR REPLACE FUNCTION sexton.trace_holds(agent uuid, session uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    WITH a (id) AS (
-        SELECT CASE WHEN $1 ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-                    THEN $1::uuid END
-        UNION SELECT s.agent_id FROM sessions s WHERE s.id = $2)
-    SELECT * FROM sexton.holds_on(
-        ARRAY(SELECT s.account_id FROM sessions s WHERE s.id = $2
-              UNION SELECT g.account_id FROM agents g JOIN a ON g.id = a.id),
-        '{}', ARRAY(SELECT id FROM a WHERE id IS NOT NULL), ARRAY[$2], '{}')
+    SELECT h.* FROM sexton.holds h
+    WHERE h.released_at IS NULL AND h.scope_id IN ($1, $2)
+      AND CASE h.scope WHEN 'agent' THEN h.scope_id = $1
+                       WHEN 'session' THEN h.scope_id = $2
+                       ELSE false END
+    UNION
+    SELECT h.* FROM (SELECT s.account_id, s.agent_id FROM sessions s WHERE s.id = $2
+                     UNION ALL SELECT g.account_id, NULL FROM agents g WHERE g.id = $1) o
+    JOIN sexton.holds h
+      ON h.released_at IS NULL AND h.scope_id IN (o.account_id, o.agent_id)
+     AND CASE h.scope WHEN 'account' THEN h.scope_id = o.account_id
+                      WHEN 'agent' THEN h.scope_id = o.agent_id
+                      ELSE false END
 $$;
 
 -- A file whose rows are gone keeps the owners they had (HD-3): the drains ask this before each
@@ -133,31 +147,38 @@ ALTER TABLE sexton.pending_file_deletions
 CREATE OR REPLACE FUNCTION sexton.file_holds(
     account uuid, runs uuid[], agent uuid, session uuid
 ) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT * FROM sexton.holds_on(
-        ARRAY[$1],
-        ARRAY(SELECT r.conversation_id FROM runs r
-              WHERE r.id = ANY ($2) AND r.conversation_id IS NOT NULL),
-        ARRAY[$3], ARRAY[$4], $2)
+    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', ARRAY[$3], ARRAY[$4], '{}')
+    UNION
+    SELECT h.* FROM unnest($2) AS u (run) JOIN sexton.run_holds(u.run) h ON true
 $$;
 
--- SS-3 and HD-2 in one verdict: a session a hold covers is retained as legal_hold before any
--- other reason is asked.
+-- SS-3 and HD-2 in one verdict, given the session's agent: a session a hold covers is retained as
+-- legal_hold before any other reason is asked. Written for a per-row call's cost: each sub-select
+-- here is set up at every call, so the three pointers are asked in one.
+CREATE OR REPLACE FUNCTION sexton.session_verdict(
+    session_id uuid, account uuid, agent uuid, kind text, state text, metadata jsonb,
+    last_activity_at timestamptz, cutoff timestamptz
+) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN $8 IS NULL OR NOT ($7 < $8) OR NOT isfinite($7) THEN 'not_eligible'
+        WHEN EXISTS (SELECT 1 FROM sexton.session_holds($2, $3, $1)) THEN 'legal_hold'
+        WHEN $5 IN ('running', 'finalizing') THEN 'protected_state'
+        WHEN EXISTS (SELECT 1 FROM agents a
+                     WHERE a.current_session_id = $1 OR a.main_session_id = $1
+                        OR a.default_session_id = $1)
+            THEN 'protected_pointer'
+        ELSE sexton.session_evidence($4, $6, $2)
+    END
+$$;
+
+-- The verdict as it was called before holds, for callers that do not have the session's agent
+-- at hand: it looks the agent up.
 CREATE OR REPLACE FUNCTION sexton.session_verdict(
     session_id uuid, account uuid, kind text, state text, metadata jsonb,
     last_activity_at timestamptz, cutoff timestamptz
 ) RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT CASE
-        WHEN $7 IS NULL OR NOT ($6 < $7) OR NOT isfinite($6) THEN 'not_eligible'
-        WHEN EXISTS (SELECT 1 FROM sexton.session_holds(
-                         $2, (SELECT s.agent_id FROM sessions s WHERE s.id = $1), $1))
-            THEN 'legal_hold'
-        WHEN $4 IN ('running', 'finalizing') THEN 'protected_state'
-        WHEN EXISTS (SELECT 1 FROM agents a WHERE a.current_session_id = $1)
-             OR EXISTS (SELECT 1 FROM agents a WHERE a.main_session_id = $1)
-             OR EXISTS (SELECT 1 FROM agents a WHERE a.default_session_id = $1)
-            THEN 'protected_pointer'
-        ELSE sexton.session_evidence($3, $5, $2)
-    END
+    SELECT sexton.session_verdict($1, $2, (SELECT s.agent_id FROM sessions s WHERE s.id = $1),
+                                  $3, $4, $5, $6, $7)
 $$;
 
 -- The store guard (SS-5, HD-4): a DELETE of a protected session, or of one a hold covers, is

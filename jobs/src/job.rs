@@ -123,6 +123,11 @@ pub fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
         if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
             return db.code().is_some_and(|code| code.starts_with("42"));
         }
+        // Behind a transparent wrapper the chain skips the `sqlx::Error` and names the
+        // server's error itself.
+        if let Some(db) = error.downcast_ref::<Box<dyn sqlx::error::DatabaseError>>() {
+            return db.code().is_some_and(|code| code.starts_with("42"));
+        }
         next = error.source();
     }
     false

@@ -1,5 +1,5 @@
 WITH locked AS (
-    SELECT s.id, sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+    SELECT s.id, sexton.session_verdict(s.id, s.account_id, s.agent_id, s.kind, s.state, s.metadata,
                                         s.last_activity_at, $4) AS verdict
     FROM sessions s
     WHERE s.id = ANY($1) AND s.account_id = $2 AND s.kind = $3

@@ -73,7 +73,7 @@ pub async fn targets(
                                    sexton.jsonb_uuid(s.metadata -> 'board_task' -> 'id'))
          WHERE ($1::uuid IS NULL OR s.account_id = $1)
            AND s.last_activity_at < c.cutoff AND s.last_activity_at > $5
-           AND sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+           AND sexton.session_verdict(s.id, s.account_id, s.agent_id, s.kind, s.state, s.metadata,
                                       s.last_activity_at, c.cutoff) IS NULL
          ORDER BY s.last_activity_at, s.id",
     )
@@ -391,7 +391,7 @@ async fn judge(
     let (cutoff, last_activity) = (explanation.cutoff, explanation.age_at);
     let (verdict, protection, evidence): (Option<String>, Option<String>, Option<String>) =
         sqlx::query_as(
-            "SELECT sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+            "SELECT sexton.session_verdict(s.id, s.account_id, s.agent_id, s.kind, s.state, s.metadata,
                                            s.last_activity_at, $2),
                     sexton.session_protection(s.id, s.state),
                     sexton.session_evidence(s.kind, s.metadata, s.account_id)

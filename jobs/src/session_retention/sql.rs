@@ -74,14 +74,14 @@ pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
                                                             WHEN 'task' THEN l.task
                                                             ELSE l.subagent END)
     SELECT EXTRACT(EPOCH FROM c.past)::float8
-    FROM (SELECT s.id, s.account_id, s.kind, s.state, s.metadata, s.last_activity_at, k.cutoff,
+    FROM (SELECT s.id, s.account_id, s.agent_id, s.kind, s.state, s.metadata, s.last_activity_at, k.cutoff,
                  k.cutoff - s.last_activity_at AS past
           FROM old s
           JOIN session_retention_policies p ON p.account_id = s.account_id AND p.enabled
           CROSS JOIN LATERAL (SELECT {} AS cutoff) k
           WHERE s.last_activity_at < k.cutoff AND s.last_activity_at > $2
           ORDER BY past DESC OFFSET 0) c
-    WHERE sexton.session_verdict(c.id, c.account_id, c.kind, c.state, c.metadata,
+    WHERE sexton.session_verdict(c.id, c.account_id, c.agent_id, c.kind, c.state, c.metadata,
                                  c.last_activity_at, c.cutoff) IS NULL
     ORDER BY c.past DESC LIMIT 1",
         latest("main"),
@@ -112,7 +112,7 @@ pub(super) static BACKLOG: LazyLock<String> = LazyLock::new(|| {
         SELECT s.last_activity_at AS age FROM sessions s
         WHERE s.account_id = p.account_id AND s.kind = d.kind
           AND s.last_activity_at < k.cutoff AND s.last_activity_at > $2
-          AND sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+          AND sexton.session_verdict(s.id, s.account_id, s.agent_id, s.kind, s.state, s.metadata,
                                      s.last_activity_at, k.cutoff) IS NULL
         ORDER BY s.last_activity_at, s.id LIMIT 1) o
     WHERE p.enabled AND k.cutoff IS NOT NULL",
@@ -131,7 +131,7 @@ pub(super) static PREVIEW: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH judged AS (
              SELECT s.account_id, s.id, s.kind,
-                    sexton.session_verdict(s.id, s.account_id, s.kind, s.state, s.metadata,
+                    sexton.session_verdict(s.id, s.account_id, s.agent_id, s.kind, s.state, s.metadata,
                                            s.last_activity_at, c.cutoff) AS verdict
              FROM session_retention_policies p
              JOIN sessions s ON s.account_id = p.account_id

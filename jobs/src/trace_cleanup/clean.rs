@@ -12,7 +12,8 @@ pub(super) async fn kept(
 ) -> Result<Vec<Option<&'static str>>, sqlx::Error> {
     let (agents, sessions): (Vec<&str>, Vec<Uuid>) = traces.iter().copied().unzip();
     let kept: Vec<Option<String>> = sqlx::query_scalar(
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM sexton.trace_holds(t.agent, t.session))
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM sexton.trace_holds(sexton.jsonb_uuid(to_jsonb(t.agent)),
+                                                                t.session))
                      THEN 'legal_hold'
                      WHEN EXISTS (SELECT 1 FROM agents WHERE current_session_id = t.session)
                        OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = t.session)
@@ -317,7 +318,7 @@ async fn explain_trace(
         let name = std::ffi::CString::new(relative.as_bytes()).map_err(|e| root_error(e.into()))?;
         if let Some((agent, session)) = signature(&first_line(&dir, &name).map_err(root_error)?) {
             let session = session.to_string();
-            let holds = "sexton.trace_holds($1, $2::uuid)";
+            let holds = "sexton.trace_holds(sexton.jsonb_uuid(to_jsonb($1::text)), $2::uuid)";
             let holds = crate::explain::holds(conn, holds, &[&agent, &session]).await?;
             explanation.reasons.extend(holds);
         }
