@@ -156,6 +156,9 @@ async fn hd3_a_hold_placed_while_the_hop_waits_on_the_owners_lock_wins(pool: PgP
     let run = env
         .run(RunSpec::conversation(account, conversation, 50.0))
         .await;
+    let beside = env
+        .run(RunSpec::conversation(account, conversation, 51.0))
+        .await;
     // The platform's writer holds the conversation; the hop queues behind it; the hold is
     // committed meanwhile, then the writer lets go.
     let mut writer = env.pool.begin().await.unwrap();
@@ -169,6 +172,10 @@ async fn hd3_a_hold_placed_while_the_hop_waits_on_the_owners_lock_wins(pool: PgP
     assert_eq!(report.retained.get(&RetainReason::LegalHold), Some(&1));
     assert!(fixture::has_detail(&env.pool, run.id).await);
     assert!(env.output_file(account, run.id).exists());
+    assert!(
+        fixture::is_pruned(&env.pool, beside.id).await,
+        "the run beside it, waited for behind the same lock, goes"
+    );
 }
 
 #[sqlx::test]
@@ -621,4 +628,7 @@ async fn hd3_an_unreadable_hold_table_removes_nothing_and_fails_the_hop(pool: Pg
     );
     assert!(env.output_file(account, run.id).exists());
     limited.close().await;
+    // Control: the same pass, by a role that reads the holds, prunes it.
+    env.pass(account).await;
+    assert!(fixture::is_pruned(&env.pool, run.id).await);
 }
