@@ -828,10 +828,15 @@ async fn fl5_a_run_until_idle_waits_for_a_hop_whose_row_was_deleted_by_hand(pool
         .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "1");
     let worker = Proc::spawn(cmd);
     common::wait_for_lock_waiter(&pool, "conversations").await;
-    sqlx::query("DELETE FROM apalis.jobs WHERE status = 'Running'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    // Every unfinished row of the held hop's queue: on a loaded machine a late heartbeat may have
+    // put a copy of the waiting hop back to Pending, which would keep the queue from looking idle.
+    sqlx::query(
+        "DELETE FROM apalis.jobs WHERE job_type = 'sexton.prune_execution_details'
+           AND status IN ('Pending', 'Queued', 'Running')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     worker.wait_for(event::WAITING_FOR_OWN_JOBS).await;
     writer.rollback().await.unwrap();
 

@@ -61,8 +61,17 @@ impl Proc {
     }
 
     /// Waits until the worker logs the event `name` (a hang guard bounds the wait).
+    /// On the guard, it fails with the worker's last lines.
     pub async fn wait_for(&self, name: &str) {
-        poll_until(Duration::from_secs(60), || async { self.saw(name) }).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !self.saw(name) {
+            if tokio::time::Instant::now() >= deadline {
+                let lines = self.lines.lock().unwrap();
+                let tail = &lines[lines.len().saturating_sub(40)..];
+                panic!("the worker never logged {name:?} within 60 s; its last lines: {tail:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn sigterm(&self) {
