@@ -47,94 +47,88 @@ CREATE OR REPLACE TRIGGER sexton_keep_holds_truncate
     BEFORE TRUNCATE ON sexton.holds
     FOR EACH STATEMENT EXECUTE FUNCTION sexton.keep_holds();
 
--- The active holds on any of these scopes. A caller asks whether there is one (EXISTS) or lists
--- them (explain, the guard's message). An unreadable hold table is an error, never "not held"
--- (HD-3: fail closed). Every function here is one plain statement with plain arguments, so that
--- PostgreSQL inlines it into the caller's statement as a probe of holds_active: called with a
--- sub-select as an argument, or as a second function, it would run as a function call per row.
-CREATE OR REPLACE FUNCTION sexton.holds_on(
-    accounts uuid[], conversations uuid[], agents uuid[], sessions uuid[], runs uuid[]
+-- The active holds on any of these scopes (NULL: none of that kind). Every other covering
+-- function is this one, given the owner's scopes. A caller asks whether there is one (EXISTS)
+-- or lists them (explain, the guard's message). An unreadable hold table is an error, never
+-- "not held" (HD-3: fail closed).
+--
+-- Written for a probe per owner at any number of holds: a plain statement with plain arguments
+-- inlines into its caller, and its IN list of parameters stays one `scope_id = ANY (ARRAY[…])`
+-- index condition on holds_active whatever the caller passes (the owner's columns, a
+-- parameter). Spelled with the caller's columns (`IN (r.id, r.account_id)`), or over
+-- concatenated arrays, the planner reads the whole active set per owner instead.
+CREATE OR REPLACE FUNCTION sexton.holds_of(
+    account uuid, conversation uuid, agent uuid, session uuid, run uuid
 ) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
     SELECT h.* FROM sexton.holds h
     WHERE h.released_at IS NULL
-      AND h.scope_id = ANY ($1 || $2 || $3 || $4 || $5)
+      AND h.scope_id IN ($1, $2, $3, $4, $5)
       AND CASE h.scope
-              WHEN 'account' THEN h.scope_id = ANY ($1)
-              WHEN 'conversation' THEN h.scope_id = ANY ($2)
-              WHEN 'agent' THEN h.scope_id = ANY ($3)
-              WHEN 'session' THEN h.scope_id = ANY ($4)
-              WHEN 'run' THEN h.scope_id = ANY ($5)
+              WHEN 'account' THEN h.scope_id = $1
+              WHEN 'conversation' THEN h.scope_id = $2
+              WHEN 'agent' THEN h.scope_id = $3
+              WHEN 'session' THEN h.scope_id = $4
+              WHEN 'run' THEN h.scope_id = $5
           END
 $$;
+
+-- The plans above rest on the table's statistics: a hold table never analyzed looks nearly
+-- empty, and the planner then scans every active hold per owner. Holds change rarely: analyze
+-- after any change (`sexton holds` also analyzes after placing or releasing).
+ALTER TABLE sexton.holds SET (autovacuum_analyze_threshold = 0,
+                              autovacuum_analyze_scale_factor = 0);
 
 -- HD-2, owner by owner. A run (its execution detail and output files): its account, its
 -- conversation, itself.
 CREATE OR REPLACE FUNCTION sexton.run_holds(run uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT h.* FROM runs r
-    JOIN sexton.holds h
-      ON h.released_at IS NULL AND h.scope_id IN (r.id, r.account_id, r.conversation_id)
-     AND CASE h.scope WHEN 'run' THEN h.scope_id = r.id
-                      WHEN 'account' THEN h.scope_id = r.account_id
-                      WHEN 'conversation' THEN h.scope_id = r.conversation_id
-                      ELSE false END
+    SELECT h.* FROM runs r, sexton.holds_of(r.account_id, r.conversation_id, NULL, NULL, r.id) h
     WHERE r.id = $1
 $$;
 
 -- A session (its history, archive frames and directory): its account, its agent, itself.
 CREATE OR REPLACE FUNCTION sexton.session_holds(account uuid, agent uuid, session uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', ARRAY[$2], ARRAY[$3], '{}')
+    SELECT * FROM sexton.holds_of($1, NULL, $2, $3, NULL)
 $$;
 
 -- A handoff: its account, its agent, and either session it names.
 CREATE OR REPLACE FUNCTION sexton.handoff_holds(
     account uuid, agent uuid, from_session uuid, to_session uuid
 ) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', ARRAY[$2], ARRAY[$3, $4], '{}')
+    SELECT * FROM sexton.holds_of($1, NULL, $2, $3, NULL)
+    UNION ALL
+    SELECT * FROM sexton.holds_of(NULL, NULL, NULL, $4, NULL)
 $$;
 
 -- A dream preload or a working record: its account, its agent.
 CREATE OR REPLACE FUNCTION sexton.agent_record_holds(account uuid, agent uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', ARRAY[$2], '{}', '{}')
+    SELECT * FROM sexton.holds_of($1, NULL, $2, NULL, NULL)
 $$;
 
 -- A conversation event: its conversation and that conversation's account.
 CREATE OR REPLACE FUNCTION sexton.event_holds(conversation uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT h.* FROM conversations c
-    JOIN sexton.holds h
-      ON h.released_at IS NULL AND h.scope_id IN (c.id, c.account_id)
-     AND CASE h.scope WHEN 'conversation' THEN h.scope_id = c.id
-                      WHEN 'account' THEN h.scope_id = c.account_id
-                      ELSE false END
+    SELECT h.* FROM conversations c, sexton.holds_of(c.account_id, c.id, NULL, NULL, NULL) h
     WHERE c.id = $1
 $$;
 
 -- An attachment's bytes follow their account.
 CREATE OR REPLACE FUNCTION sexton.account_holds(account uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', '{}', '{}', '{}')
+    SELECT * FROM sexton.holds_of($1, NULL, NULL, NULL, NULL)
 $$;
 
 -- A run trace, by its signature's agent (NULL when that is not a UUID) and session: the session,
 -- the agent, and the account (and agent) of the session's and the agent's rows while they exist.
 CREATE OR REPLACE FUNCTION sexton.trace_holds(agent uuid, session uuid)
 RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT h.* FROM sexton.holds h
-    WHERE h.released_at IS NULL AND h.scope_id IN ($1, $2)
-      AND CASE h.scope WHEN 'agent' THEN h.scope_id = $1
-                       WHEN 'session' THEN h.scope_id = $2
-                       ELSE false END
+    SELECT * FROM sexton.holds_of(NULL, NULL, $1, $2, NULL)
     UNION
     SELECT h.* FROM (SELECT s.account_id, s.agent_id FROM sessions s WHERE s.id = $2
-                     UNION ALL SELECT g.account_id, NULL FROM agents g WHERE g.id = $1) o
-    JOIN sexton.holds h
-      ON h.released_at IS NULL AND h.scope_id IN (o.account_id, o.agent_id)
-     AND CASE h.scope WHEN 'account' THEN h.scope_id = o.account_id
-                      WHEN 'agent' THEN h.scope_id = o.agent_id
-                      ELSE false END
+                     UNION ALL SELECT g.account_id, NULL FROM agents g WHERE g.id = $1) o,
+                    sexton.holds_of(o.account_id, NULL, o.agent_id, NULL, NULL) h
 $$;
 
 -- A file whose rows are gone keeps the owners they had (HD-3): the drains ask this before each
@@ -147,9 +141,9 @@ ALTER TABLE sexton.pending_file_deletions
 CREATE OR REPLACE FUNCTION sexton.file_holds(
     account uuid, runs uuid[], agent uuid, session uuid
 ) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
-    SELECT * FROM sexton.holds_on(ARRAY[$1], '{}', ARRAY[$3], ARRAY[$4], '{}')
+    SELECT * FROM sexton.holds_of($1, NULL, $3, $4, NULL)
     UNION
-    SELECT h.* FROM unnest($2) AS u (run) JOIN sexton.run_holds(u.run) h ON true
+    SELECT h.* FROM unnest($2) AS u (run), sexton.run_holds(u.run) h
 $$;
 
 -- SS-3 and HD-2 in one verdict, given the session's agent: a session a hold covers is retained as

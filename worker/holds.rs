@@ -133,7 +133,7 @@ pub async fn place(
     reason: &str,
     by: &str,
 ) -> Result<Hold, Error> {
-    sqlx::query_as(PLACE)
+    let hold = sqlx::query_as(PLACE)
         .bind(scope.as_str())
         .bind(scope_id)
         .bind(case_ref)
@@ -144,7 +144,18 @@ pub async fn place(
         .ok_or(Error::NoScope {
             scope,
             id: scope_id,
-        })
+        })?;
+    analyze(pool).await;
+    Ok(hold)
+}
+
+/// Refreshes the hold table's statistics, which every owner's probe plans on (a table never
+/// analyzed looks empty, and is then read whole per owner). Autovacuum does the same within its
+/// nap; this makes the next hop's plan right at once. Best effort: the hold is in either way.
+async fn analyze(pool: &PgPool) {
+    if let Err(err) = sqlx::query("ANALYZE sexton.holds").execute(pool).await {
+        tracing::warn!(error = %err, "could not analyze sexton.holds");
+    }
 }
 
 /// Releases the active hold `id` now, by `by`; the row stays (HD-1).
@@ -162,6 +173,7 @@ pub async fn release(pool: &PgPool, id: Uuid, by: &str) -> Result<Hold, Error> {
     .fetch_optional(pool)
     .await?;
     if let Some(hold) = released {
+        analyze(pool).await;
         return Ok(hold);
     }
     let hold: Option<Hold> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
