@@ -63,23 +63,10 @@ pub async fn pruned_count(pool: &PgPool) -> i64 {
 }
 
 /// Every owner is whole or pruned, and files agree with rows; with `complete`, exactly the
-/// eligible owners were pruned and nothing is left to delete.
+/// eligible owners were pruned and nothing is left to delete. Read while no worker runs: the
+/// rows and then the files, which a running pass may change in between.
 pub async fn verify(pool: &PgPool, output_root: &Path, before: &Before, complete: bool) {
-    let broken: Vec<(Uuid, bool, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT r.id, r.details_pruned_at IS NOT NULL, b.detail_rows, {DETAIL_ROWS}
-         FROM runs r JOIN audit_before b ON b.id = r.id
-         WHERE (r.details_pruned_at IS NOT NULL AND ({DETAIL_ROWS} > 0
-                 OR r.runner_effects->>'reason' IS DISTINCT FROM 'execution_details_pruned'
-                 OR EXISTS (SELECT 1 FROM variants v WHERE v.id = r.variant_id AND v.details_pruned_at IS NULL)))
-            OR (r.details_pruned_at IS NULL AND {DETAIL_ROWS} <> b.detail_rows)"
-    )))
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    assert!(
-        broken.is_empty(),
-        "half-pruned or damaged owners: {broken:?}"
-    );
+    whole_or_pruned(pool).await;
 
     let pruned: Vec<Uuid> =
         sqlx::query_scalar("SELECT id FROM runs WHERE details_pruned_at IS NOT NULL ORDER BY id")
@@ -116,4 +103,48 @@ pub async fn verify(pool: &PgPool, output_root: &Path, before: &Before, complete
         assert_eq!(pruned, before.eligible, "the pass did not complete");
         assert!(pending.is_empty(), "files left to delete: {pending:?}");
     }
+}
+
+/// Every owner is whole or pruned, read in one statement: true at any instant, also while a
+/// pass runs.
+pub async fn whole_or_pruned(pool: &PgPool) {
+    let broken: Vec<(Uuid, bool, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT r.id, r.details_pruned_at IS NOT NULL, b.detail_rows, {DETAIL_ROWS}
+         FROM runs r JOIN audit_before b ON b.id = r.id
+         WHERE (r.details_pruned_at IS NOT NULL AND ({DETAIL_ROWS} > 0
+                 OR r.runner_effects->>'reason' IS DISTINCT FROM 'execution_details_pruned'
+                 OR EXISTS (SELECT 1 FROM variants v WHERE v.id = r.variant_id AND v.details_pruned_at IS NULL)))
+            OR (r.details_pruned_at IS NULL AND {DETAIL_ROWS} <> b.detail_rows)"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(
+        broken.is_empty(),
+        "half-pruned or damaged owners: {broken:?}"
+    );
+}
+
+/// No file of a run that kept its rows is gone: the files are looked at first, then the rows,
+/// so that this holds at any instant, also while a pass prunes and drains.
+pub async fn no_file_lost(pool: &PgPool, output_root: &Path, before: &Before) {
+    let gone: Vec<&(Uuid, String)> = before
+        .files
+        .iter()
+        .filter(|(_, relative)| !output_root.join(relative).exists())
+        .collect();
+    let pruned: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM runs WHERE details_pruned_at IS NOT NULL ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let lost: Vec<&String> = gone
+        .into_iter()
+        .filter(|(run, _)| pruned.binary_search(run).is_err())
+        .map(|(_, relative)| relative)
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "files of runs that kept their rows are gone: {lost:?}"
+    );
 }
