@@ -149,7 +149,7 @@ fn op1_the_docs_list_every_subject_explain_knows() {
     );
 }
 
-/// The kinds `SextonNoSuccessfulPass` leaves out, as its expression's `job!=` or `job!~`
+/// The kinds `SextonNoSuccessfulPass` leaves out, as its expression's `kind!=` or `kind!~`
 /// matcher names them.
 fn left_out_of_the_nightly_alert(alerts: &str) -> BTreeSet<String> {
     let rule = between(alerts, "- alert: SextonNoSuccessfulPass", "- alert:");
@@ -158,7 +158,7 @@ fn left_out_of_the_nightly_alert(alerts: &str) -> BTreeSet<String> {
         .find_map(|l| l.trim().strip_prefix("expr:"))
         .unwrap_or_else(|| panic!("no expr in:\n{rule}"));
     let mut left_out = BTreeSet::new();
-    for (matcher, regex) in [("job!=\"", false), ("job!~\"", true)] {
+    for (matcher, regex) in [("kind!=\"", false), ("kind!~\"", true)] {
         for (at, _) in expr.match_indices(matcher) {
             let value = &expr[at + matcher.len()..];
             let value = &value[..value.find('"').unwrap()];
@@ -200,8 +200,8 @@ fn op5_the_missed_nightly_pass_alert_leaves_out_exactly_the_kinds_not_run_nightl
 
 #[test]
 fn op5_the_alert_matcher_reader_reads_both_forms() {
-    let alerts = "- alert: SextonNoSuccessfulPass\n  expr: max(x{job!=\"a\", job!~\"b|c\"})\n\
-                  - alert: SextonNoPassEverRecorded\n  expr: absent(x{job!=\"d\"})\n";
+    let alerts = "- alert: SextonNoSuccessfulPass\n  expr: max(x{kind!=\"a\", kind!~\"b|c\"})\n\
+                  - alert: SextonNoPassEverRecorded\n  expr: absent(x{kind!=\"d\"})\n";
     assert_eq!(
         left_out_of_the_nightly_alert(alerts),
         ["a", "b", "c"].map(str::to_owned).into()

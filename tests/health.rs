@@ -351,7 +351,7 @@ async fn hl_invalid_health_settings_exit_2_naming_each() {
     );
 }
 
-/// A throttled pass run by a worker is visible: `sexton_throttled_total{job,indicator}` counts
+/// A throttled pass run by a worker is visible: `sexton_throttled_total{kind,indicator}` counts
 /// its hops, each `hop done` event names the indicator, and `status` says how often, when and by
 /// what; once the slot is dropped the pass completes (the young run stays). Its slot holds the
 /// whole cluster's WAL back, which hl1 would see: it runs alone (scripts/test.sh).
@@ -372,7 +372,7 @@ async fn hl4_a_throttled_pass_is_counted_logged_and_shown_in_status(pool: PgPool
     let settings = common::settings(dir.path());
     tick::tick(&pool, &settings, pass_start()).await.unwrap();
     let throttled =
-        format!("sexton_throttled_total{{job=\"{PED}\",indicator=\"replication_lag\"}}");
+        format!("sexton_throttled_total{{kind=\"{PED}\",indicator=\"replication_lag\"}}");
     poll_until(Duration::from_secs(60), || async {
         metric(&scrape(&address).await, &throttled).unwrap_or(0.0) >= 2.0
     })

@@ -145,7 +145,7 @@ async fn fl6_every_job_kind_busy_at_once_fits_the_default_pool(pool: PgPool) {
 async fn last_success(address: &str) -> Option<f64> {
     metric(
         &scrape(address).await,
-        &format!("sexton_last_success_timestamp_seconds{{job=\"{PED}\"}}"),
+        &format!("sexton_last_success_timestamp_seconds{{kind=\"{PED}\"}}"),
     )
 }
 
@@ -280,7 +280,7 @@ async fn op3_a_hop_whose_next_push_fails_still_counts_its_rows_and_a_failed_hop(
     let worker = Proc::spawn(cmd);
     worker.wait_for(event::WORKER_STARTED).await;
     tick::tick(&pool, &settings, pass_start()).await.unwrap();
-    let failed = format!("sexton_hops_total{{job=\"{PED}\",outcome=\"failed\"}}");
+    let failed = format!("sexton_hops_total{{kind=\"{PED}\",outcome=\"failed\"}}");
     poll_until(Duration::from_secs(60), || async {
         metric(&scrape(&address).await, &failed).unwrap_or(0.0) >= 1.0
     })
@@ -291,7 +291,7 @@ async fn op3_a_hop_whose_next_push_fails_still_counts_its_rows_and_a_failed_hop(
         .filter_map(|t| {
             metric(
                 &page,
-                &format!("sexton_rows_deleted_total{{job=\"{PED}\",table=\"{t}\"}}"),
+                &format!("sexton_rows_deleted_total{{kind=\"{PED}\",table=\"{t}\"}}"),
             )
         })
         .sum();
@@ -304,7 +304,7 @@ async fn op3_a_hop_whose_next_push_fails_still_counts_its_rows_and_a_failed_hop(
     assert_eq!(
         metric(
             &page,
-            &format!("sexton_owners_pruned_total{{job=\"{PED}\"}}")
+            &format!("sexton_owners_pruned_total{{kind=\"{PED}\"}}")
         ),
         Some(2.0)
     );
@@ -318,7 +318,7 @@ async fn op3_a_hop_whose_next_push_fails_still_counts_its_rows_and_a_failed_hop(
     assert_eq!(
         metric(
             &page,
-            &format!("sexton_owners_pruned_total{{job=\"{PED}\"}}")
+            &format!("sexton_owners_pruned_total{{kind=\"{PED}\"}}")
         ),
         Some(5.0),
         "the pass completed once the queue took the hop"

@@ -43,7 +43,7 @@ pub static KINDS: &[&dyn Kind] = &[
 /// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every
 /// job by [`Registered`].
 pub trait Kind: Section + Send + Sync {
-    /// The job's stable name (metric label).
+    /// The job's stable name (the `kind` label of its metrics).
     fn name(&self) -> &'static str;
     /// Its queue (`sexton.<name>`).
     fn queue(&self) -> &'static str;

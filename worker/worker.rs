@@ -46,7 +46,7 @@ impl Consumer {
         }
     }
 
-    /// The job label in metrics and logs.
+    /// The `kind` label of its metrics.
     fn job(self) -> &'static str {
         match self {
             Consumer::Nightly => "nightly",

@@ -1,5 +1,7 @@
 //! Metrics (OP-3): the Prometheus series that dashboards and alerts rely on. Names and labels
-//! are a contract; labels are low-cardinality (job, table, reason, outcome, state), never an id.
+//! are a contract; labels are low-cardinality (kind, table, reason, outcome, state), never an id.
+//! The job kind's label is `kind`, never `job`: a scrape owns `job` and `instance`, and renames
+//! a scraped `job` label to `exported_job`.
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -46,7 +48,7 @@ fn describe() {
     describe_counter!("sexton_job_runs_total", "Queue jobs run, by outcome.");
     describe_counter!(
         "sexton_throttled_total",
-        "Hops that stopped early on a red health indicator, by job and indicator."
+        "Hops that stopped early on a red health indicator, by kind and indicator."
     );
     describe_gauge!(
         "sexton_health_replication_lag_bytes",
@@ -79,35 +81,35 @@ fn describe() {
     );
 }
 
-/// One hop of `job`, whose owners may be retained for `reasons`.
-pub fn hop<A>(job: &'static str, reasons: &[&'static str], report: &Report<A>, seconds: f64) {
-    committed(job, reasons, report);
-    counter!("sexton_hops_total", "job" => job, "outcome" => report.outcome).increment(1);
-    histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
+/// One hop of `kind`, whose owners may be retained for `reasons`.
+pub fn hop<A>(kind: &'static str, reasons: &[&'static str], report: &Report<A>, seconds: f64) {
+    committed(kind, reasons, report);
+    counter!("sexton_hops_total", "kind" => kind, "outcome" => report.outcome).increment(1);
+    histogram!("sexton_hop_duration_seconds", "kind" => kind).record(seconds);
 }
 
-/// What a hop of `job` did: its owners, rows and bytes (also for a hop that failed after
+/// What a hop of `kind` did: its owners, rows and bytes (also for a hop that failed after
 /// committing some).
-pub fn committed<A>(job: &'static str, reasons: &[&'static str], report: &Report<A>) {
-    counter!("sexton_owners_pruned_total", "job" => job).increment(report.pruned);
+pub fn committed<A>(kind: &'static str, reasons: &[&'static str], report: &Report<A>) {
+    counter!("sexton_owners_pruned_total", "kind" => kind).increment(report.pruned);
     for reason in reasons {
         let n = report
             .retained
             .iter()
             .find(|(r, _)| r == reason)
             .map_or(0, |(_, n)| *n);
-        counter!("sexton_owners_retained_total", "job" => job, "reason" => *reason).increment(n);
+        counter!("sexton_owners_retained_total", "kind" => kind, "reason" => *reason).increment(n);
     }
     for (table, rows) in &report.rows {
-        counter!("sexton_rows_deleted_total", "job" => job, "table" => *table).increment(*rows);
+        counter!("sexton_rows_deleted_total", "kind" => kind, "table" => *table).increment(*rows);
     }
-    counter!("sexton_bytes_reclaimed_total", "job" => job).increment(report.files.bytes);
+    counter!("sexton_bytes_reclaimed_total", "kind" => kind).increment(report.files.bytes);
 }
 
 /// A hop that failed (it will be retried, or was failed for good).
-pub fn hop_failed(job: &'static str, seconds: f64) {
-    counter!("sexton_hops_total", "job" => job, "outcome" => "failed").increment(1);
-    histogram!("sexton_hop_duration_seconds", "job" => job).record(seconds);
+pub fn hop_failed(kind: &'static str, seconds: f64) {
+    counter!("sexton_hops_total", "kind" => kind, "outcome" => "failed").increment(1);
+    histogram!("sexton_hop_duration_seconds", "kind" => kind).record(seconds);
 }
 
 /// Sets `sexton_last_success_timestamp_seconds` of every job from the pass ledger, the same on
@@ -115,8 +117,8 @@ pub fn hop_failed(job: &'static str, seconds: f64) {
 pub async fn publish_last_success(pool: &PgPool) {
     match ledger::last_success(pool).await {
         Ok(jobs) => {
-            for (job, slot) in jobs {
-                gauge!("sexton_last_success_timestamp_seconds", "job" => job)
+            for (kind, slot) in jobs {
+                gauge!("sexton_last_success_timestamp_seconds", "kind" => kind)
                     .set(slot.timestamp() as f64);
             }
         }
@@ -125,8 +127,8 @@ pub async fn publish_last_success(pool: &PgPool) {
 }
 
 /// A queue job's end: `succeeded`, `failed` (retried) or `rejected` (bad payload).
-pub fn job_run(job: &'static str, outcome: &'static str) {
-    counter!("sexton_job_runs_total", "job" => job, "outcome" => outcome).increment(1);
+pub fn job_run(kind: &'static str, outcome: &'static str) {
+    counter!("sexton_job_runs_total", "kind" => kind, "outcome" => outcome).increment(1);
 }
 
 /// A slot this process pushed: `enqueued`, `duplicate` or `caught_up`.
@@ -148,8 +150,8 @@ pub fn quarantined(counts: &std::collections::BTreeMap<String, i64>) {
 }
 
 /// A job's backlog in seconds.
-pub fn backlog(job: &'static str, seconds: f64) {
-    gauge!("sexton_backlog_seconds", "job" => job).set(seconds);
+pub fn backlog(kind: &'static str, seconds: f64) {
+    gauge!("sexton_backlog_seconds", "kind" => kind).set(seconds);
 }
 
 /// Holds placed and not released.
@@ -158,8 +160,8 @@ pub fn holds_active(holds: i64) {
 }
 
 /// A hop that stopped early on a red health indicator.
-pub fn throttled(job: &'static str, indicator: &'static str) {
-    counter!("sexton_throttled_total", "job" => job, "indicator" => indicator).increment(1);
+pub fn throttled(kind: &'static str, indicator: &'static str) {
+    counter!("sexton_throttled_total", "kind" => kind, "indicator" => indicator).increment(1);
 }
 
 /// The last readings of the health indicators.
