@@ -2,17 +2,21 @@
 //! CLI's output escaped (OP-1), the metrics a real Prometheus scrapes (OP-3), each hop a span in
 //! the logs (OP-4), and the deploy's alert rules and grace (OP-5).
 
-use std::process::Stdio;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use sexton::event;
+use sexton::registry::KINDS;
+use sexton_jobs::job::Cadence;
 use sqlx::PgPool;
-use tokio::process::Command;
 use uuid::Uuid;
 
 use crate::common;
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::process::{Proc, events, free_port, http_get, poll_until, serving_fleet_worker};
+use crate::common::prometheus::{Prometheus, alert_expr, alert_rules, sample_time};
+
+const PED: &str = "prune_execution_details";
 
 #[tokio::test]
 async fn op2_three_invalid_values_exit_2_naming_all_three() {
@@ -157,14 +161,68 @@ async fn op1_control_characters_in_account_names_are_escaped(pool: PgPool) {
     }
 }
 
+/// The dashboard's panels whose queries show nothing after a clean pass: a throttled hop is the
+/// only thing that makes `sexton_throttled_total` exist (tests/health.rs scrapes one).
+const PANELS_SHOWN_ONLY_BY_A_THROTTLE: &[&str] =
+    &["Throttled hops / h by kind and indicator (health-aware pruning)"];
+
+/// Every panel of the Grafana dashboard with its queries, Grafana's interval variables replaced
+/// by a concrete range.
+fn dashboard_queries() -> Vec<(String, Vec<String>)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/sexton.json")).unwrap(),
+    )
+    .unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    panels
+        .iter()
+        .map(|panel| {
+            let title = panel["title"].as_str().unwrap().to_owned();
+            let exprs = panel["targets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|target| {
+                    let expr = ["$__rate_interval", "$__interval", "$__range"]
+                        .iter()
+                        .fold(target["expr"].as_str().unwrap().to_owned(), |e, v| {
+                            e.replace(v, "1m")
+                        });
+                    assert!(
+                        !expr.contains('$'),
+                        "{title}: a Grafana variable this test does not know: {expr}"
+                    );
+                    expr
+                })
+                .collect();
+            (title, exprs)
+        })
+        .collect()
+}
+
+/// A label of a series or sample's metric.
+fn label<'a>(series: &'a serde_json::Value, name: &str) -> Option<&'a str> {
+    let metric = series.get("metric").unwrap_or(series);
+    metric[name].as_str()
+}
+
+/// The `kind` labels of an instant query's samples.
+async fn kinds_of(prometheus: &Prometheus, promql: &str) -> BTreeSet<String> {
+    prometheus
+        .query(promql)
+        .await
+        .iter()
+        .map(|s| label(s, "kind").unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A real Prometheus scraping a worker as `job_name: sexton`, with the shipped rules loaded:
+/// after a clean pass of every kind, the kinds are told apart by `kind` (no `exported_job`),
+/// every dashboard panel shows data, and no alert is pending or firing.
 #[sqlx::test]
 async fn op3_a_real_prometheus_scrapes_the_contract_series(pool: PgPool) {
     common::migrate(&pool).await;
-    let prometheus = std::path::Path::new("/usr/bin/prometheus");
-    assert!(
-        prometheus.exists(),
-        "Debian's prometheus package is needed (scripts/test.sh installs it)"
-    );
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
     let account = fixture::account(&pool, Some(30)).await;
@@ -177,67 +235,247 @@ async fn op3_a_real_prometheus_scrapes_the_contract_series(pool: PgPool) {
         )
         .await;
     }
+    // Something due for every per-account kind too (FL-8): an old session, an attachment.
+    sqlx::raw_sql(
+        "INSERT INTO session_retention_policies (account_id, enabled) SELECT id, true FROM accounts;
+         INSERT INTO agents (account_id, name) SELECT id, 'agent' FROM accounts;
+         INSERT INTO sessions (account_id, agent_id, kind, state, last_activity_at)
+             SELECT account_id, id, 'task', 'idle', '2026-01-01' FROM agents;
+         INSERT INTO attachments (account_id, relative_path, bytes)
+             SELECT id, id || '/a.bin', 1 FROM accounts",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let url = common::database_url(&pool).await;
     let (mut cmd, address) = serving_fleet_worker(&url, dir.path());
-    // The worker's own schedule catches up on the last hourly slot and runs the pass.
+    // The worker's own schedule catches up on the last hourly slot and runs the pass; trace
+    // cleanup is on, so that every kind runs a hop; the health indicators are read (and never
+    // red), so that their panel has data.
     cmd.env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "200")
         .env("SEXTON_SCHEDULE__CRON", "0 * * * *")
-        .env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "2");
+        .env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "2")
+        .env("SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES", "1099511627776")
+        .envs(common::EVERY_JOB_ENV);
     let worker = Proc::spawn(cmd);
     worker.wait_for(event::WORKER_STARTED).await;
-    poll_until(Duration::from_secs(60), || async {
-        fixture::is_pruned_any(&pool).await
+    let prometheus = Prometheus::start(dir.path(), &address);
+    let registered: BTreeSet<String> = KINDS.iter().map(|k| k.name().to_owned()).collect();
+
+    // The pass is clean once every kind has a last success: every pass it started finished.
+    // Each is one series, scraped under its own `kind`.
+    let scraped_at = std::cell::Cell::new(0.0);
+    poll_until(Duration::from_secs(90), || async {
+        let samples = prometheus
+            .query("sexton_last_success_timestamp_seconds")
+            .await;
+        scraped_at.set(samples.first().map_or(0.0, sample_time));
+        samples.len() == registered.len()
     })
     .await;
+    assert_eq!(
+        kinds_of(&prometheus, "sexton_last_success_timestamp_seconds").await,
+        registered
+    );
+    assert!(fixture::is_pruned_any(&pool).await);
     assert_eq!(http_get(&address, "/healthz").await.map(|r| r.0), Some(200));
     assert_eq!(http_get(&address, "/readyz").await.map(|r| r.0), Some(200));
+    let ran: BTreeSet<String> = sqlx::query_scalar("SELECT DISTINCT job FROM sexton.passes")
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(ran, registered, "every kind ran a pass");
 
-    let prom_port = free_port();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: sexton\n    static_configs:\n      - targets: ['{address}']\n"
-        ),
-    )
-    .unwrap();
-    let mut server = Command::new(prometheus)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let expected = [
-        "sexton_owners_pruned_total",
-        "sexton_owners_retained_total",
-        "sexton_rows_deleted_total",
-        "sexton_bytes_reclaimed_total",
-        "sexton_hops_total",
-        "sexton_hop_duration_seconds_bucket",
-        "sexton_job_runs_total",
-        "sexton_last_success_timestamp_seconds",
-        "sexton_schedule_slots_total",
-        "sexton_queue_jobs",
-        "sexton_backlog_seconds",
-        "sexton_holds_active",
-    ];
-    let prom = format!("127.0.0.1:{prom_port}");
-    poll_until(Duration::from_secs(90), || async {
-        let Some((200, body)) = http_get(&prom, "/api/v1/label/__name__/values").await else {
-            return false;
-        };
-        expected
+    let series = prometheus.series("{__name__=~\"sexton_.+\"}").await;
+    assert!(!series.is_empty());
+    for s in &series {
+        assert!(
+            label(s, "exported_job").is_none(),
+            "a kind labelled job: {s}"
+        );
+        assert_eq!(label(s, "job"), Some("sexton"), "the scrape's job: {s}");
+    }
+    for kind in &registered {
+        for name in [
+            "sexton_hops_total",
+            "sexton_hop_duration_seconds_count",
+            "sexton_job_runs_total",
+            "sexton_owners_pruned_total",
+            "sexton_bytes_reclaimed_total",
+        ] {
+            assert!(
+                !prometheus
+                    .query(&format!("{name}{{kind=\"{kind}\"}}"))
+                    .await
+                    .is_empty(),
+                "{name} of {kind} under kind"
+            );
+        }
+    }
+    // Grouped by kind, each kind is its own series, as the alerts and the dashboard group them.
+    assert_eq!(
+        kinds_of(
+            &prometheus,
+            "max by (kind) (sexton_last_success_timestamp_seconds)"
+        )
+        .await,
+        registered
+    );
+    // The missed-pass alert's exclusion names a kind that is there to exclude.
+    assert!(
+        registered.contains("trace_cleanup")
+            && !kinds_of(
+                &prometheus,
+                "sexton_last_success_timestamp_seconds{kind!=\"trace_cleanup\"}"
+            )
+            .await
+            .contains("trace_cleanup")
+    );
+
+    // A rate shows once two scrapes are in; the panels a throttle alone fills are empty then.
+    let panels = dashboard_queries();
+    for (title, exprs) in &panels {
+        for expr in exprs {
+            if !PANELS_SHOWN_ONLY_BY_A_THROTTLE.contains(&title.as_str()) {
+                assert!(
+                    prometheus.shows(expr, Duration::from_secs(30)).await,
+                    "dashboard panel {title:?} shows nothing after a clean pass: {expr}"
+                );
+            }
+        }
+    }
+    for (title, exprs) in &panels {
+        for expr in exprs {
+            if PANELS_SHOWN_ONLY_BY_A_THROTTLE.contains(&title.as_str()) {
+                assert!(
+                    prometheus.query(expr).await.is_empty(),
+                    "dashboard panel {title:?} shows data with no throttle: {expr}"
+                );
+            }
+        }
+    }
+    assert!(
+        PANELS_SHOWN_ONLY_BY_A_THROTTLE
             .iter()
-            .all(|name| body.contains(&format!("\"{name}\"")))
+            .all(|t| panels.iter().any(|(title, _)| title == t)),
+        "every exempted panel is on the dashboard"
+    );
+
+    let rules = prometheus.rules_evaluated_after(scraped_at.get()).await;
+    assert_eq!(
+        rules.len(),
+        std::fs::read_to_string(alert_rules())
+            .unwrap()
+            .matches("- alert:")
+            .count()
+    );
+    for rule in &rules {
+        assert_eq!(rule["state"], "inactive", "after a clean pass: {rule}");
+    }
+    assert_eq!(prometheus.alerts().await, Vec::<serde_json::Value>::new());
+    prometheus.stop().await;
+    worker.stop().await;
+}
+
+/// One account's pass held back (its hop waits on a conversation the platform holds) with the
+/// last complete slot more than 26 hours old: the shipped missed-pass expression, evaluated by a
+/// real Prometheus on the scraped series, is true for that kind alone (the kinds whose passes
+/// finished are not), and the alert is pending.
+#[sqlx::test]
+async fn op3_a_held_pass_makes_the_missed_pass_alert_true_for_its_kind_alone(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let outputs = &settings.paths.output_root;
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    fixture::run(
+        &pool,
+        outputs,
+        RunSpec::conversation(account, conversation, 40.0),
+    )
+    .await;
+    let url = common::database_url(&pool).await;
+    let (mut cmd, address) = serving_fleet_worker(&url, dir.path());
+    cmd.env("SEXTON_HTTP__REFRESH_INTERVAL_MS", "200")
+        .env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000");
+    let worker = Proc::spawn(cmd);
+    worker.wait_for(event::WORKER_STARTED).await;
+
+    // A pass of every kind finished for the nightly slot before 30 hours ago.
+    let now = chrono::Utc::now();
+    let old = sexton::tick::tick(&pool, &settings, now - chrono::Duration::hours(30))
+        .await
+        .unwrap();
+    let nightly = KINDS
+        .iter()
+        .filter(|k| k.cadence(&settings) == Cadence::Nightly)
+        .count();
+    poll_until(Duration::from_secs(90), || async {
+        let done = sexton::ledger::last_success(&pool).await.unwrap();
+        done.len() == nightly && done.iter().all(|(_, slot)| *slot == old.slot)
     })
     .await;
-    server.start_kill().unwrap();
+    assert!(fixture::is_pruned_any(&pool).await);
+
+    // The latest slot: a new account's pass waits on a conversation the platform holds.
+    let held = fixture::account(&pool, Some(30)).await;
+    let held_conversation = fixture::conversation(&pool, held).await;
+    let held_run = fixture::run(
+        &pool,
+        outputs,
+        RunSpec::conversation(held, held_conversation, 40.0),
+    )
+    .await;
+    let mut writer = pool.begin().await.unwrap();
+    fixture::lock_conversation(&mut writer, held_conversation).await;
+    let latest = sexton::tick::tick(&pool, &settings, now).await.unwrap();
+    assert!(latest.slot > old.slot);
+    common::wait_for_lock_waiter(&pool, "conversations").await;
+
+    let prometheus = Prometheus::start(dir.path(), &address);
+    let missed = alert_expr("SextonNoSuccessfulPass");
+    poll_until(Duration::from_secs(60), || async {
+        !prometheus.query(&missed).await.is_empty()
+    })
+    .await;
+    assert_eq!(
+        kinds_of(&prometheus, &missed).await,
+        BTreeSet::from([PED.to_owned()]),
+        "{missed}: the held kind alone"
+    );
+    // The other kinds finished the latest slot, under the same scrape.
+    let finished = prometheus
+        .query(&format!(
+            "sexton_last_success_timestamp_seconds == {}",
+            latest.slot.timestamp()
+        ))
+        .await;
+    assert!(finished.len() > 1, "{finished:?}");
+    assert!(
+        prometheus
+            .query(&alert_expr("SextonNoPassEverRecorded"))
+            .await
+            .is_empty(),
+        "a pass was recorded"
+    );
+    poll_until(Duration::from_secs(30), || async {
+        prometheus.alerts().await.iter().any(|a| {
+            a["labels"]["alertname"] == "SextonNoSuccessfulPass"
+                && a["labels"]["kind"] == PED
+                && a["state"] == "pending"
+        })
+    })
+    .await;
+    assert!(
+        !fixture::is_pruned(&pool, held_run.id).await,
+        "the pass was held throughout"
+    );
+
+    writer.rollback().await.unwrap();
+    prometheus.stop().await;
     worker.stop().await;
 }
 

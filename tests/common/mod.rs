@@ -6,6 +6,7 @@ pub mod contract;
 pub mod fixture;
 pub mod hops;
 pub mod process;
+pub mod prometheus;
 pub mod run;
 
 use std::path::Path;
