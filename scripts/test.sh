@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite against a throw-away local PostgreSQL (a fresh database per test), plus the
-# formatting and lint gates and the Prometheus alert rules. Installs PostgreSQL, Prometheus and
-# faketime if they are missing.
+# formatting and lint gates, the Prometheus alert rules and the Dockerfile's lint. Installs
+# PostgreSQL, Prometheus, faketime and hadolint if they are missing.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(repo_root)"
 ensure_cargo
 ensure_postgres
 ensure_prometheus
 ensure_faketime
+ensure_hadolint
 promtool check rules deploy/prometheus/alerts.yml
 (cd deploy/prometheus && promtool test rules alerts_test.yml)
+"$HADOLINT" deploy/Dockerfile
 cargo fmt --all -- --check
 cargo clippy --quiet --workspace --all-targets -- -D warnings
 cargo build --quiet --workspace --all-targets
