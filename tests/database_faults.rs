@@ -227,7 +227,7 @@ async fn er6_a_run_until_idle_on_a_read_only_database_exits_1_saying_so(pool: Pg
     assert!(
         lines
             .iter()
-            .any(|l| l.contains("read-only (default_transaction_read_only is on)")),
+            .any(|l| l.contains("read-only (default_transaction_read_only = on)")),
         "{lines:?}"
     );
     assert!(!fixture::is_pruned(&pool, due.id).await);

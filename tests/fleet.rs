@@ -28,7 +28,9 @@ async fn fl6_every_connection_carries_statement_and_lock_timeouts(pool: PgPool) 
     settings.database.statement_timeout = Duration::from_millis(1234);
     settings.database.lock_timeout = Duration::from_millis(567);
     settings.database.max_connections = 3;
-    let sexton_pool = sexton::db::connect(&settings.database).await.unwrap();
+    let sexton_pool = sexton::db::connect(&settings.database, sexton::db::Access::Read)
+        .await
+        .unwrap();
     let mut held = Vec::new();
     for _ in 0..3 {
         let mut conn = sexton_pool.acquire().await.unwrap();

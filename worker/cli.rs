@@ -143,7 +143,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
                 .is_some_and(holds::Error::is_usage)
             || matches!(
                 e.downcast_ref::<db::DbError>(),
-                Some(db::DbError::BadUrl(_))
+                Some(db::DbError::BadUrl(_) | db::DbError::TransactionPooling { .. })
             )
     });
     if bad_configuration { 2 } else { 1 }
@@ -258,7 +258,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate => {
-            let pool = db::connect(&settings.database).await?;
+            let pool = db::connect(&settings.database, db::Access::Write).await?;
             db::migrate(&pool).await?;
             println!("migrations applied");
             Ok(())
@@ -329,7 +329,7 @@ async fn run_tick(
     at: Option<DateTime<Utc>>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(&settings.database, db::Access::Write).await?;
     // The database's now, not this host's: a host clock days ahead would enqueue a
     // slot days out (FL-2).
     let now = clock::database_now(&pool).await?;
@@ -353,7 +353,7 @@ async fn run_tick(
 
 /// `sexton preview`, written to stdout as it goes.
 async fn run_preview(settings: &Settings, shown: preview::Shown, json: bool) -> anyhow::Result<()> {
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(&settings.database, db::Access::Read).await?;
     let mut conn = pool.acquire().await?;
     let now = clock::database_now(&pool).await?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -380,7 +380,14 @@ async fn run_sessions_prune(
 
 /// `sexton holds place`, `release` and `list`.
 async fn run_holds(settings: &Settings, command: HoldsCommand) -> anyhow::Result<()> {
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(
+        &settings.database,
+        match command {
+            HoldsCommand::List { .. } => db::Access::Read,
+            HoldsCommand::Place { .. } | HoldsCommand::Release { .. } => db::Access::Write,
+        },
+    )
+    .await?;
     match command {
         HoldsCommand::Place {
             account,
@@ -450,7 +457,7 @@ async fn run_status(settings: &Settings, listed: status::Listed, json: bool) -> 
         ))
         .into());
     }
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(&settings.database, db::Access::Read).await?;
     let now = clock::database_now(&pool).await?;
     let status = status::read(&pool, settings, now, &listed).await?;
     if json {
@@ -468,7 +475,7 @@ async fn run_seed(
     force: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(&settings.database, db::Access::Write).await?;
     let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
         .fetch_one(&pool)
         .await

@@ -1,5 +1,6 @@
 //! The database: connection options (DATABASE_URL or libpq's PG* variables), a bounded pool
-//! whose every connection carries sexton's timeouts (FL-6), and migrations.
+//! whose every connection carries sexton's timeouts (FL-6) and is a session of its own (ER-5),
+//! whether the database takes writes (ER-6), and migrations.
 
 use std::str::FromStr;
 use std::sync::LazyLock;
@@ -7,9 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection as _, PgConnection, PgPool};
+use sqlx::{Connection as _, PgConnection, PgPool, Row as _};
 
 use crate::config::DatabaseSettings;
+
+pub mod session;
 
 /// sexton's own migrations: the reference schema and the objects its jobs need.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -25,6 +28,30 @@ pub enum DbError {
         #[source]
         source: sqlx::Error,
     },
+    #[error(
+        "{target} is reached through a transaction- or statement-mode pooler: {seen}. sexton \
+         keeps state in its sessions (the hops' scope locks, the queue's LISTEN, prepared \
+         statements), which transaction pooling cannot carry. Point sexton at the pooler in \
+         session mode (PgBouncer: pool_mode = session, with a pool of at least \
+         database.max_connections = {max_connections} connections per sexton process) or \
+         straight at the database (a DATABASE_URL for sexton beside the platform's pooled one)"
+    )]
+    TransactionPooling {
+        target: String,
+        seen: session::Pooling,
+        max_connections: u32,
+    },
+    #[error(
+        "could not tell whether the connections to {target} are sessions of their own (a probe \
+         on three pooled connections)"
+    )]
+    SessionProbe {
+        target: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("{state} at {target}: this command writes; {}", state.fix())]
+    ReadOnly { target: String, state: ReadOnly },
     #[error("could not apply sexton's migrations: {0}")]
     Migrate(#[source] sqlx::migrate::MigrateError),
     #[error("could not apply the queue's (apalis-postgres) migrations: {0}")]
@@ -42,7 +69,14 @@ pub fn connect_options(settings: &DatabaseSettings) -> Result<PgConnectOptions, 
         Ok(url) if !url.is_empty() => PgConnectOptions::from_str(&url).map_err(DbError::BadUrl)?,
         _ => PgConnectOptions::new(),
     };
-    Ok(options.application_name("sexton").options([
+    Ok(options
+        .application_name("sexton")
+        .options(session_settings(settings)))
+}
+
+/// sexton's timeouts, for every session it opens.
+fn session_settings(settings: &DatabaseSettings) -> [(&'static str, String); 3] {
+    [
         (
             "statement_timeout",
             settings.statement_timeout.as_millis().to_string(),
@@ -56,7 +90,7 @@ pub fn connect_options(settings: &DatabaseSettings) -> Result<PgConnectOptions, 
             "idle_in_transaction_session_timeout",
             (settings.statement_timeout.as_millis() * 2).to_string(),
         ),
-    ]))
+    ]
 }
 
 /// Where the options point, for error messages (never the password).
@@ -69,34 +103,95 @@ pub fn describe(options: &PgConnectOptions) -> String {
     )
 }
 
-/// A bounded pool; every connection runs with sexton's statement and lock timeouts.
+/// What a command does with the database: a command that writes is refused on a read-only node
+/// (ER-6) before it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// A bounded pool; every connection runs with sexton's statement and lock timeouts, and is a
+/// session of its own (ER-5: no transaction pooler between sexton and the database). With
+/// [`Access::Write`], the database must take writes (ER-6).
 ///
 /// # Errors
-/// [`DbError::Connect`] when no connection can be made.
-pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, DbError> {
+/// [`DbError::Connect`] when no connection can be made, [`DbError::TransactionPooling`] behind a
+/// transaction or statement pooler, [`DbError::SessionProbe`] when that could not be told,
+/// [`DbError::ReadOnly`] for a command that writes on a node that takes no writes.
+pub async fn connect(settings: &DatabaseSettings, access: Access) -> Result<PgPool, DbError> {
     let options = connect_options(settings)?;
     let target = describe(&options);
     // One direct connection first: the pool would only say "pool timed out", hiding why
     // (connection refused, authentication failed, no such database).
-    let probe = tokio::time::timeout(
-        settings.acquire_timeout,
-        PgConnection::connect_with(&options),
-    )
+    let probe = tokio::time::timeout(settings.acquire_timeout, async {
+        let mut conn = PgConnection::connect_with(&options).await?;
+        let state = read_only(&mut conn).await;
+        let _ = conn.close().await;
+        state
+    })
     .await
     .unwrap_or(Err(sqlx::Error::PoolTimedOut));
-    match probe {
-        Ok(conn) => {
-            let _ = conn.close().await;
-        }
-        Err(source) => return Err(DbError::Connect { target, source }),
-    }
-    PgPoolOptions::new()
+    // Behind a transaction pooler, a connection's first statement may meet what other clients
+    // left on the backend it is handed: that says why, where "could not connect" would not.
+    let failed = |target: String, source: sqlx::Error| match session::Pooling::seen_in(&source) {
+        Some(seen) => DbError::TransactionPooling {
+            target,
+            seen,
+            max_connections: settings.max_connections,
+        },
+        None => DbError::Connect { target, source },
+    };
+    let state = probe.map_err(|source| failed(target.clone(), source))?;
+    // The startup packet carries the timeouts too, but a pooler drops it (PgBouncer's
+    // ignore_startup_parameters = options): each pooled session sets them again.
+    let set = std::sync::Arc::new(
+        session_settings(settings)
+            .iter()
+            .map(|(name, value)| format!("SET {name} = {value};"))
+            .collect::<String>(),
+    );
+    let pool = PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
         .before_acquire(|_, meta| Box::pin(async move { Ok(!stale(meta.age)) }))
+        .after_connect(move |conn, _| {
+            let set = set.clone();
+            Box::pin(async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(set.as_str()))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
         .connect_with(options)
         .await
-        .map_err(|source| DbError::Connect { target, source })
+        .map_err(|source| failed(target.clone(), source))?;
+    let checked = tokio::time::timeout(settings.acquire_timeout, session::probe(&pool))
+        .await
+        .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+    match checked {
+        Ok(None) => {}
+        Ok(Some(seen)) => {
+            pool.close().await;
+            return Err(DbError::TransactionPooling {
+                target,
+                seen,
+                max_connections: settings.max_connections,
+            });
+        }
+        Err(source) => {
+            pool.close().await;
+            return Err(DbError::SessionProbe { target, source });
+        }
+    }
+    if access == Access::Write
+        && let Some(state) = state
+    {
+        pool.close().await;
+        return Err(DbError::ReadOnly { target, state });
+    }
+    Ok(pool)
 }
 
 /// When this process started: what connection ages are measured against.
@@ -119,88 +214,133 @@ fn stale(age: Duration) -> bool {
     renewed > 0 && STARTED.elapsed().saturating_sub(age).as_millis() < u128::from(renewed)
 }
 
-/// Whether the database takes writes: (read only, in recovery) as one session sees it.
-async fn read_only<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<(bool, bool), sqlx::Error> {
-    sqlx::query_as("SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery()")
-        .fetch_one(db)
-        .await
+/// Why a node takes no writes (ER-6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadOnly {
+    /// A standby: `pg_is_in_recovery()` is true.
+    InRecovery,
+    /// `default_transaction_read_only` is on for the session (the role's, the database's or the
+    /// server's setting).
+    DefaultReadOnly,
 }
 
-/// Watches, now and every `interval`, whether the pool's connections take writes (ER-6): while
-/// they do not, it asks a new connection; if that one does, the database became writable again
-/// and the pool's connections are renewed, else the node is read-only and it says so, once per
-/// interval, naming why — and returns why if `give_up` (a run until idle would wait forever).
-pub async fn watch_writable(
-    pool: PgPool,
-    settings: DatabaseSettings,
-    interval: Duration,
-    give_up: bool,
-) -> String {
-    loop {
-        if let Some(why) = writable(&pool, &settings, give_up).await
-            && give_up
-        {
-            return why;
+impl ReadOnly {
+    /// What makes the node take writes, for the person reading the error.
+    pub fn fix(self) -> &'static str {
+        match self {
+            ReadOnly::InRecovery => "point sexton at the primary",
+            ReadOnly::DefaultReadOnly => {
+                "turn default_transaction_read_only off for sexton's role and database, or \
+                 point sexton at a node that takes writes"
+            }
         }
-        tokio::time::sleep(interval).await;
     }
 }
 
-/// How long [`writable`] waits for a pooled connection before it asks a new one: on a
-/// read-only node the queue's consumers keep failing and restarting, and the pool can take
-/// longer than its acquire timeout to serve anyone.
-const POOLED_CHECK: Duration = Duration::from_secs(1);
-
-/// One check of [`watch_writable`]: why the node is read-only, if it is. `fresh_only` skips the
-/// pool (nothing to renew when the run ends on a read-only node anyway).
-async fn writable(pool: &PgPool, settings: &DatabaseSettings, fresh_only: bool) -> Option<String> {
-    // A pool that cannot serve (every connection busy, or failing) does not say: ask anew.
-    let pooled_read_only = if fresh_only {
-        false
-    } else {
-        match tokio::time::timeout(POOLED_CHECK, read_only(pool)).await {
-            Ok(Ok((false, _))) => return None,
-            Ok(Ok((true, _))) => true,
-            Ok(Err(_)) | Err(_) => false,
-        }
-    };
-    let options = connect_options(settings).ok()?;
-    let fresh = tokio::time::timeout(settings.acquire_timeout, async {
-        let mut conn = PgConnection::connect_with(&options).await?;
-        let state = read_only(&mut conn).await;
-        let _ = conn.close().await;
-        state
-    })
-    .await
-    .unwrap_or(Err(sqlx::Error::PoolTimedOut));
-    match fresh {
-        Ok((false, _)) => {
-            if pooled_read_only {
-                renew_connections();
-                tracing::info!(
-                    event = crate::event::DATABASE_WRITABLE,
-                    "the database takes writes again: renewing the connections opened while it \
-                     was read-only"
-                );
+impl std::fmt::Display for ReadOnly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReadOnly::InRecovery => {
+                "the database is read-only (a standby in recovery: pg_is_in_recovery() is true)"
             }
-            None
+            ReadOnly::DefaultReadOnly => {
+                "the database is read-only (default_transaction_read_only = on)"
+            }
+        })
+    }
+}
+
+/// Whether one session's transactions may write.
+async fn read_only<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Option<ReadOnly>, sqlx::Error> {
+    // A plain query: it runs before the session probe, and a prepared statement fails behind a
+    // transaction pooler with an error that does not say why.
+    let row = sqlx::raw_sql(
+        "SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery()",
+    )
+    .fetch_one(db)
+    .await?;
+    let (read_only, in_recovery): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
+    Ok(match (read_only, in_recovery) {
+        (_, true) => Some(ReadOnly::InRecovery),
+        (true, false) => Some(ReadOnly::DefaultReadOnly),
+        (false, false) => None,
+    })
+}
+
+/// Watches whether the database takes writes (ER-6), as a new session sees it: a role's or
+/// database's `default_transaction_read_only` reaches only sessions opened after it changed.
+/// Clones share what was seen last.
+#[derive(Debug, Clone)]
+pub struct Writable {
+    settings: DatabaseSettings,
+    was_read_only: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Writable {
+    pub fn new(settings: &DatabaseSettings) -> Self {
+        Self {
+            settings: settings.clone(),
+            was_read_only: std::sync::Arc::default(),
         }
-        Ok((true, recovery)) => {
-            let why = if recovery {
-                "a standby in recovery"
-            } else {
-                "default_transaction_read_only is on"
-            };
-            tracing::warn!(
-                event = crate::event::DATABASE_READ_ONLY,
-                in_recovery = recovery,
-                "the database is read-only ({why}): no job can run until it takes writes"
-            );
-            Some(why.to_owned())
+    }
+
+    /// One check on a new connection: why the node takes no writes, if it does not, said in
+    /// the log each time. The first check that finds it writable again renews the pool's
+    /// connections opened meanwhile (they stay read-only) and says so. A node that cannot be
+    /// reached counts as writable: the queue's consumers retry what fails (ER-2).
+    pub async fn check(&self) -> Option<ReadOnly> {
+        let options = connect_options(&self.settings).ok()?;
+        let fresh = tokio::time::timeout(self.settings.acquire_timeout, async {
+            let mut conn = PgConnection::connect_with(&options).await?;
+            let state = read_only(&mut conn).await;
+            let _ = conn.close().await;
+            state
+        })
+        .await
+        .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+        match fresh {
+            Ok(None) => {
+                if self.was_read_only.swap(false, Ordering::Relaxed) {
+                    renew_connections();
+                    tracing::info!(
+                        event = crate::event::DATABASE_WRITABLE,
+                        "the database takes writes again: renewing the connections opened \
+                         while it was read-only, and taking jobs"
+                    );
+                }
+                None
+            }
+            Ok(Some(state)) => {
+                self.was_read_only.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    event = crate::event::DATABASE_READ_ONLY,
+                    in_recovery = state == ReadOnly::InRecovery,
+                    "{state}: taking no job until it takes writes ({})",
+                    state.fix()
+                );
+                Some(state)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not open a connection to check whether the database takes writes");
+                None
+            }
         }
-        Err(err) => {
-            tracing::warn!(error = %err, "could not open a connection to check whether the database takes writes");
-            None
+    }
+
+    /// Resolves with why, at the first check (every `interval`) that finds the node read-only.
+    pub async fn until_read_only(self, interval: Duration) -> ReadOnly {
+        loop {
+            tokio::time::sleep(interval).await;
+            if let Some(state) = self.check().await {
+                return state;
+            }
+        }
+    }
+
+    /// Resolves at the first check (now, then every `interval`) that finds the node writable.
+    pub async fn until_writable(&self, interval: Duration) {
+        while self.check().await.is_some() {
+            tokio::time::sleep(interval).await;
         }
     }
 }
@@ -210,13 +350,20 @@ async fn writable(pool: &PgPool, settings: &DatabaseSettings, fresh_only: bool) 
 ///
 /// # Errors
 /// The last [`DbError`] once every attempt failed.
-pub async fn connect_with_retry(settings: &DatabaseSettings) -> Result<PgPool, DbError> {
+pub async fn connect_with_retry(
+    settings: &DatabaseSettings,
+    access: Access,
+) -> Result<PgPool, DbError> {
     let mut delay = std::time::Duration::from_millis(500);
     let mut attempt = 1;
     loop {
-        match connect(settings).await {
+        match connect(settings, access).await {
             Ok(pool) => return Ok(pool),
-            Err(err @ DbError::BadUrl(_)) => return Err(err),
+            Err(
+                err @ (DbError::BadUrl(_)
+                | DbError::TransactionPooling { .. }
+                | DbError::ReadOnly { .. }),
+            ) => return Err(err),
             Err(err) if attempt >= settings.connect_attempts => return Err(err),
             Err(err) => {
                 tracing::warn!(event = crate::event::DATABASE_UNREACHABLE, attempt, of = settings.connect_attempts, error = %err, "database unreachable; retrying");

@@ -84,7 +84,7 @@ struct Snapshot {
 pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     let root = root();
     let settings = demo_settings(settings, &root);
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(&settings.database, db::Access::Write).await?;
     let now = seed_empty(&pool, &settings, scale, &root).await?;
     let held = hold_one(&pool).await?;
 

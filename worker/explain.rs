@@ -89,7 +89,7 @@ pub async fn explain(
     };
     kind.parse_id(subject, id)
         .map_err(|why| UsageError(format!("{subject} id: {why}")))?;
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(&settings.database, db::Access::Read).await?;
     let mut conn = pool.acquire().await?;
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *conn)

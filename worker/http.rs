@@ -1,6 +1,6 @@
 //! The worker's HTTP endpoints (OP-3): `/metrics` in Prometheus text, `/healthz` (the process
-//! is alive) and `/readyz` (connected to the database and consuming the queue, with no consumer
-//! failing in the last 30 seconds).
+//! is alive) and `/readyz` (connected to a database that takes writes and consuming the queue,
+//! with no consumer failing in the last 30 seconds).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +20,8 @@ use tokio::net::TcpListener;
 pub struct Health {
     pool: OnceLock<PgPool>,
     consuming: AtomicBool,
+    /// The database takes no writes (ER-6): the worker takes no job.
+    read_only: AtomicBool,
     /// When a queue consumer last failed.
     consumer_failed_at: Mutex<Option<Instant>>,
 }
@@ -38,6 +40,11 @@ impl Health {
         self.consuming.store(consuming, Ordering::Relaxed);
     }
 
+    /// The database takes no writes (or, again, takes them).
+    pub fn read_only(&self, read_only: bool) {
+        self.read_only.store(read_only, Ordering::Relaxed);
+    }
+
     /// A queue consumer failed (it is restarted after a pause).
     pub fn consumer_failed(&self) {
         *self
@@ -50,7 +57,7 @@ impl Health {
         let Some(pool) = self.pool.get() else {
             return false;
         };
-        if !self.consuming.load(Ordering::Relaxed) {
+        if !self.consuming.load(Ordering::Relaxed) || self.read_only.load(Ordering::Relaxed) {
             return false;
         }
         let failed_at = *self

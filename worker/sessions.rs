@@ -104,7 +104,15 @@ pub async fn prune(
     if confirm {
         settings.check_roots()?;
     }
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(
+        &settings.database,
+        if confirm {
+            db::Access::Write
+        } else {
+            db::Access::Read
+        },
+    )
+    .await?;
     let at: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;
     let targets = {
         let mut conn = pool.acquire().await?;

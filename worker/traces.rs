@@ -74,7 +74,7 @@ pub async fn clean(settings: &Settings, confirm: bool, json: bool) -> anyhow::Re
     }
     settings.check_roots()?;
     let root = &settings.paths.traces_root;
-    let pool = db::connect(&settings.database).await?;
+    let pool = db::connect(&settings.database, db::Access::Read).await?;
     let at: chrono::DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;
     let _lease = if confirm {
         match Lease::acquire(root, &job::holder("sexton traces clean", at)) {

@@ -3,7 +3,7 @@
 //! workers, until the queue is empty.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -184,11 +184,13 @@ pub enum Mode {
     UntilIdle,
 }
 
-/// Runs this process as a fleet member until SIGTERM/SIGINT, or until idle.
+/// Runs this process as a fleet member until SIGTERM/SIGINT, or until idle. While the database
+/// takes no writes no queue is consumed; a run until idle then ends (ER-6).
 ///
 /// # Errors
-/// The database stayed unreachable at start, the HTTP address cannot be bound, or the
-/// monitor failed.
+/// The database stayed unreachable at start or is behind a transaction pooler (ER-5), the HTTP
+/// address cannot be bound, the monitor failed, or (running until idle) the database takes no
+/// writes.
 pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     let settings = Arc::new(settings.clone());
     let health = Arc::new(Health::default());
@@ -197,7 +199,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
         Mode::UntilIdle => None,
     };
 
-    let pool = db::connect_with_retry(&settings.database).await?;
+    let pool = db::connect_with_retry(&settings.database, db::Access::Read).await?;
     health.connected(&pool);
     // Everything this replica times goes by the database's clock, not its host's (FL-2).
     let clock = Arc::new(DatabaseClock::default());
@@ -207,46 +209,46 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
     }
     let ctx = JobContext::new(pool.clone(), settings.clone(), clock.clone());
     let wakeups = Arc::new(Wakeups::default());
-    let background = start_background(&ctx, mode, &wakeups, clock);
+    let background = start_background(&ctx, mode, clock);
 
-    let name = worker_name(&settings);
-    let monitor = monitor(&ctx, &wakeups, &health, &name);
-
-    tracing::info!(event = crate::event::WORKER_STARTED, worker = %name, queues = Consumer::all().count(), "worker started");
-    health.consuming(true);
-    let watch = (mode == Mode::UntilIdle).then(|| {
-        db::watch_writable(
-            pool.clone(),
-            settings.database.clone(),
-            WRITABLE_INTERVAL,
-            true,
-        )
-    });
-    // The monitor on a task of its own: its restart pauses hold its thread (see `monitor`),
-    // never the watch beside it.
-    let run = tokio::spawn(monitor.run_with_signal(stop(ctx.clone(), mode)));
-    let run = async move {
-        match run.await {
-            Ok(outcome) => outcome.context("the worker monitor failed"),
-            Err(err) => Err(anyhow::anyhow!("the worker monitor ended: {err}")),
+    let writable = db::Writable::new(&settings.database);
+    let mut pause_first = false;
+    let outcome = loop {
+        // No consumer runs on a node that takes no writes (ER-6): apalis would fail to register,
+        // heartbeat and rescue, and restart over and over. The check says why each interval.
+        let hold = async {
+            if pause_first {
+                tokio::time::sleep(WRITABLE_INTERVAL).await;
+            }
+            while let Some(state) = writable.check().await {
+                health.read_only(true);
+                // A run until idle there would wait forever: it ends at once, saying why.
+                if mode == Mode::UntilIdle {
+                    return Some(state);
+                }
+                tokio::time::sleep(WRITABLE_INTERVAL).await;
+            }
+            None
+        };
+        tokio::select! {
+            signal = shutdown_signal() => break signal.map_err(anyhow::Error::from),
+            held = hold => if let Some(state) = held {
+                break Err(read_only_error(state));
+            },
+        }
+        health.read_only(false);
+        match consume(&ctx, &wakeups, &health, mode, &writable).await {
+            Ok(Ended::Stopped) => break Ok(()),
+            Ok(Ended::ReadOnly(state)) if mode == Mode::UntilIdle => {
+                break Err(read_only_error(state));
+            }
+            Ok(Ended::ReadOnly(_)) => {
+                health.read_only(true);
+                pause_first = true;
+            }
+            Err(err) => break Err(err),
         }
     };
-    // A run until idle on a read-only node would wait forever: it ends at once, saying why
-    // (ER-6). No hop can hold anything there, and its consumers, failing, would keep the
-    // monitor restarting them for a graceful stop.
-    let outcome = match watch {
-        Some(watch) => tokio::select! {
-            outcome = run => outcome,
-            why = watch => {
-                anyhow::bail!(
-                    "the database is read-only ({why}): no job can run on it; point sexton at \
-                     the primary"
-                )
-            }
-        },
-        None => run.await,
-    };
-    health.consuming(false);
     for task in background {
         task.abort();
     }
@@ -254,9 +256,77 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
         let _ = stop.send(());
         http.await??;
     }
+    outcome
+}
+
+/// How a run until idle ends on a node that takes no writes.
+fn read_only_error(state: db::ReadOnly) -> anyhow::Error {
+    anyhow::anyhow!("{state}: no job can run on it; {}", state.fix())
+}
+
+/// Why [`consume`] ended.
+enum Ended {
+    /// Signalled, or (running until idle) idle.
+    Stopped,
+    /// The database stopped taking writes: the consumers were stopped until it does again.
+    ReadOnly(db::ReadOnly),
+}
+
+/// Consumes every queue under one monitor, with a name of its own (and, in a fleet member,
+/// runs the schedule), until signalled, idle (running until idle) or the database stops taking
+/// writes.
+///
+/// # Errors
+/// The monitor failed.
+async fn consume(
+    ctx: &JobContext,
+    wakeups: &Arc<Wakeups>,
+    health: &Arc<Health>,
+    mode: Mode,
+    writable: &db::Writable,
+) -> anyhow::Result<Ended> {
+    let name = worker_name(&ctx.settings);
+    let holding = Arc::new(AtomicBool::new(false));
+    let monitor = monitor(ctx, wakeups, health, &name, &holding);
+    let mut beside = match mode {
+        Mode::Fleet => start_schedule(ctx),
+        Mode::UntilIdle => Vec::new(),
+    };
+    // LISTEN is refused on a standby: the wake-ups run only beside the consumers they wake.
+    beside.push(tokio::spawn(wakeups.clone().run(ctx.pool.clone())));
+    tracing::info!(event = crate::event::WORKER_STARTED, worker = %name, queues = Consumer::all().count(), "worker started");
+    health.consuming(true);
+    let (ended, why) = tokio::sync::oneshot::channel();
+    let signal = {
+        let (ctx, writable) = (ctx.clone(), writable.clone());
+        async move {
+            tokio::select! {
+                result = stop(ctx, mode) => {
+                    let _ = ended.send(Ended::Stopped);
+                    result
+                }
+                state = writable.until_read_only(WRITABLE_INTERVAL) => {
+                    // Consumers that fail from now on are not restarted.
+                    holding.store(true, Ordering::Relaxed);
+                    let _ = ended.send(Ended::ReadOnly(state));
+                    Ok(())
+                }
+            }
+        }
+    };
+    // The monitor on a task of its own: its restart pauses hold its thread (see `monitor`),
+    // never the watch beside it.
+    let outcome = match tokio::spawn(monitor.run_with_signal(signal)).await {
+        Ok(outcome) => outcome.context("the worker monitor failed"),
+        Err(err) => Err(anyhow::anyhow!("the worker monitor ended: {err}")),
+    };
+    health.consuming(false);
+    for task in beside {
+        task.abort();
+    }
     outcome?;
     tracing::info!(worker = %name, "worker stopped");
-    Ok(())
+    Ok(why.await.unwrap_or(Ended::Stopped))
 }
 
 /// Resolves on SIGTERM or SIGINT or, running until idle, once idle; running hops are then told
@@ -293,48 +363,47 @@ async fn serve_http(
     Ok((stop, tokio::spawn(serve)))
 }
 
-/// The tasks a worker runs beside its queue consumers, aborted when it stops: the LISTEN
-/// wake-ups and the clock's measurement; in a fleet member also the writable watch, the
-/// nightly schedule, the gauges, and the timer of every kind on a cadence of its own.
+/// The tasks a worker runs whether or not it consumes, aborted when it stops: the clock's
+/// measurement; in a fleet member also the gauges.
 fn start_background(
     ctx: &JobContext,
     mode: Mode,
-    wakeups: &Arc<Wakeups>,
     clock: Arc<DatabaseClock>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let pool = &ctx.pool;
-    let mut background = vec![
-        tokio::spawn(wakeups.clone().run(pool.clone())),
-        tokio::spawn(clock.keep(pool.clone())),
-    ];
+    let mut background = vec![tokio::spawn(clock.keep(ctx.pool.clone()))];
     if mode == Mode::Fleet {
-        let watch = db::watch_writable(
-            pool.clone(),
-            ctx.settings.database.clone(),
-            WRITABLE_INTERVAL,
-            false,
-        );
-        background.push(tokio::spawn(async move {
-            watch.await;
-        }));
-        background.push(tokio::spawn(tick::run_schedule(
-            pool.clone(),
-            ctx.settings.clone(),
-            ctx.clock.clone(),
-        )));
         background.push(tokio::spawn(refresh_gauges(ctx.clone())));
-        for kind in registry::KINDS {
-            if let Cadence::Every(period) = kind.cadence(&ctx.settings) {
-                background.push(tokio::spawn(tick::run_every(ctx.clone(), *kind, period)));
-            }
-        }
     }
     background
 }
 
+/// What pushes jobs in a fleet member, beside its consumers and for as long as they run (not
+/// while the database takes no writes): the nightly schedule (with its catch-up) and the timer
+/// of every kind on a cadence of its own.
+fn start_schedule(ctx: &JobContext) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut timers = vec![tokio::spawn(tick::run_schedule(
+        ctx.pool.clone(),
+        ctx.settings.clone(),
+        ctx.clock.clone(),
+    ))];
+    for kind in registry::KINDS {
+        if let Cadence::Every(period) = kind.cadence(&ctx.settings) {
+            timers.push(tokio::spawn(tick::run_every(ctx.clone(), *kind, period)));
+        }
+    }
+    timers
+}
+
 /// One apalis worker per queue under one monitor, which stops claiming on shutdown and waits
 /// up to the grace for running jobs (FL-5).
-fn monitor(ctx: &JobContext, wakeups: &Arc<Wakeups>, health: &Arc<Health>, name: &str) -> Monitor {
+/// A consumer that fails once `holding` is set is not restarted (the database took no writes).
+fn monitor(
+    ctx: &JobContext,
+    wakeups: &Arc<Wakeups>,
+    health: &Arc<Health>,
+    name: &str,
+    holding: &Arc<AtomicBool>,
+) -> Monitor {
     let poll = ctx.settings.queue.poll_interval;
     let concurrency = ctx.settings.queue.concurrency;
     let mut monitor = Monitor::new();
@@ -369,9 +438,12 @@ fn monitor(ctx: &JobContext, wakeups: &Arc<Wakeups>, health: &Arc<Health>, name:
     // Restarts are paced (ER-2): an error that repeats at once (a role without grants) must
     // not become a hot loop. /readyz says not ready while consumers keep failing.
     let pacer = Arc::new(Mutex::new(RestartPacer::default()));
-    let health = health.clone();
+    let (health, holding) = (health.clone(), holding.clone());
     monitor
         .should_restart(move |worker, err| {
+            if holding.load(Ordering::Relaxed) {
+                return false;
+            }
             health.consumer_failed();
             let pause = pacer
                 .lock()
@@ -457,7 +529,7 @@ impl RestartPacer {
     }
 }
 
-/// How often a worker checks whether its pool's connections take writes (ER-6).
+/// How often a worker checks whether the database takes writes (ER-6).
 const WRITABLE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Keeps the queue, backlog, last-success, quarantine and holds gauges current (OP-3, HD-5).
