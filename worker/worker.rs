@@ -297,17 +297,27 @@ async fn consume(
     tracing::info!(event = crate::event::WORKER_STARTED, worker = %name, queues = Consumer::all().count(), "worker started");
     health.consuming(true);
     let (ended, why) = tokio::sync::oneshot::channel();
+    // The watch on a task of its own: the monitor, which polls the stop signal, can be held in
+    // a consumer's restart pause (see `monitor`) just when the node stops taking writes.
+    let (read_only, became_read_only) = tokio::sync::oneshot::channel();
+    let watch = {
+        let (writable, holding) = (writable.clone(), holding.clone());
+        tokio::spawn(async move {
+            let state = writable.until_read_only(WRITABLE_INTERVAL).await;
+            // Consumers that fail from now on are not restarted.
+            holding.store(true, Ordering::Relaxed);
+            let _ = read_only.send(state);
+        })
+    };
     let signal = {
-        let (ctx, writable) = (ctx.clone(), writable.clone());
+        let ctx = ctx.clone();
         async move {
             tokio::select! {
                 result = stop(ctx, mode) => {
                     let _ = ended.send(Ended::Stopped);
                     result
                 }
-                state = writable.until_read_only(WRITABLE_INTERVAL) => {
-                    // Consumers that fail from now on are not restarted.
-                    holding.store(true, Ordering::Relaxed);
+                Ok(state) = became_read_only => {
                     let _ = ended.send(Ended::ReadOnly(state));
                     Ok(())
                 }
@@ -321,6 +331,7 @@ async fn consume(
         Err(err) => Err(anyhow::anyhow!("the worker monitor ended: {err}")),
     };
     health.consuming(false);
+    watch.abort();
     for task in beside {
         task.abort();
     }
