@@ -73,6 +73,18 @@ ensure_faketime() {
   fi
 }
 
+# Debian's PgBouncer, for the tests that run sexton through a pooler in session and in
+# transaction mode (ER-5): installed if missing.
+ensure_pgbouncer() {
+  if ! command -v pgbouncer >/dev/null 2>&1; then
+    echo "installing PgBouncer (Debian package pgbouncer)..." >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq pgbouncer >/dev/null
+  fi
+}
+
 # Runs "$@" with PG* variables and DATABASE_URL pointing at a fresh cluster that is dropped after.
 # Durability is traded for speed: the cluster is thrown away anyway.
 with_throwaway_postgres() {

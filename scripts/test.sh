@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite against a throw-away local PostgreSQL (a fresh database per test), plus the
 # formatting and lint gates, the Prometheus alert rules and the Dockerfile's lint. Installs
-# PostgreSQL, Prometheus, faketime and hadolint if they are missing.
+# PostgreSQL, Prometheus, faketime, hadolint and PgBouncer if they are missing.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(repo_root)"
 ensure_cargo
@@ -9,6 +9,7 @@ ensure_postgres
 ensure_prometheus
 ensure_faketime
 ensure_hadolint
+ensure_pgbouncer
 promtool check rules deploy/prometheus/alerts.yml
 (cd deploy/prometheus && promtool test rules alerts_test.yml)
 "$HADOLINT" deploy/Dockerfile

@@ -34,6 +34,8 @@ mod lost_backends;
 mod kind;
 // OP-1 … OP-5: configuration, the CLI's output, metrics, logs and the deploy.
 mod operations;
+// ER-5: through a real PgBouncer: session mode as a direct connection, transaction mode refused.
+mod poolers;
 // FL-1: each queue's jobs run, and bad rows, payloads and panics fail alone.
 mod queue;
 // FL-6, OP-1, OP-3 for every registered job kind: connections, the pass ledger, status.
