@@ -10,7 +10,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
-use crate::common::process::{Proc, events, fleet_worker, free_port, http_get, poll_until};
+use crate::common::process::{
+    Proc, events, fleet_worker, free_port, http_get, poll_until, serving_fleet_worker,
+};
 use crate::common::{self, audit};
 
 #[tokio::test]
@@ -237,4 +239,131 @@ async fn er6_a_run_until_idle_on_a_read_only_database_exits_1_saying_so(pool: Pg
     common::run_until_idle(&pool, dir.path()).await;
     assert!(fixture::is_pruned(&pool, due.id).await);
     assert!(fixture::has_detail(&pool, young.id).await);
+}
+
+/// A pool on the test's database whose sessions take writes whatever the database's default.
+async fn writer(url: &str) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET default_transaction_read_only = off")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test]
+async fn er6_a_worker_on_a_database_made_read_only_takes_no_job_is_not_ready_and_resumes(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    let root = &settings.paths.output_root;
+    let [due, young] = [40.0, 5.0].map(|days| RunSpec::conversation(account, conversation, days));
+    let due = fixture::run(&pool, root, due).await;
+    let young = fixture::run(&pool, root, young).await;
+
+    let (cmd, address) = serving_fleet_worker(&url, dir.path());
+    let worker = Proc::spawn(cmd);
+    worker.wait_for(event::WORKER_STARTED).await;
+    poll_until(Duration::from_secs(60), || async {
+        http_get(&address, "/readyz").await.map(|r| r.0) == Some(200)
+    })
+    .await;
+
+    // Read-only for every new session while the worker runs; then the slot is pushed past it.
+    read_only_database(&pool, true).await;
+    worker.wait_for(event::DATABASE_READ_ONLY).await;
+    let writer = writer(&url).await;
+    sexton::tick::tick(&writer, &settings, pass_start())
+        .await
+        .unwrap();
+    poll_until(Duration::from_secs(30), || async {
+        http_get(&address, "/readyz").await.map(|r| r.0) == Some(503)
+    })
+    .await;
+    // Two more checks of the held worker: it took nothing meanwhile.
+    let seen = |w: &Proc| events(&w.lines.lock().unwrap(), event::DATABASE_READ_ONLY).count();
+    let first = seen(&worker);
+    poll_until(Duration::from_secs(60), || async {
+        seen(&worker) >= first + 2
+    })
+    .await;
+    assert!(!fixture::is_pruned(&pool, due.id).await);
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM apalis.jobs WHERE job_type = $1 AND status = 'Pending'",
+    )
+    .bind(sexton::tick::NIGHTLY)
+    .fetch_one(&writer)
+    .await
+    .unwrap();
+    assert_eq!(pending, 1, "the slot waits, untaken");
+    assert_eq!(http_get(&address, "/readyz").await.map(|r| r.0), Some(503));
+
+    read_only_database(&pool, false).await;
+    worker.wait_for(event::DATABASE_WRITABLE).await;
+    poll_until(Duration::from_secs(60), || async {
+        fixture::is_pruned(&pool, due.id).await
+    })
+    .await;
+    assert!(fixture::has_detail(&pool, young.id).await);
+    poll_until(Duration::from_secs(60), || async {
+        http_get(&address, "/readyz").await.map(|r| r.0) == Some(200)
+    })
+    .await;
+    let lines = worker.stop().await;
+    // Held, it does not spin: its own line per check, and no restart loop of the queue's (the
+    // consumers may fail until the check sees the node read-only, never after).
+    let consumers = sexton::registry::KINDS.len() + 1;
+    let restarts = lines
+        .iter()
+        .filter(|l| l.contains("restarting worker"))
+        .count();
+    assert!(
+        events(&lines, event::CONSUMER_RESTARTING).count() <= 1 && restarts < 4 * consumers,
+        "{restarts} restarts: {lines:#?}"
+    );
+    writer.close().await;
+}
+
+#[sqlx::test]
+async fn er6_commands_that_write_exit_1_on_a_read_only_database_and_reading_ones_run(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = common::database_url(&pool).await;
+    read_only_database(&pool, true).await;
+    let run = |args: &'static [&'static str]| {
+        let mut cmd = common::sexton(&url, dir.path());
+        cmd.args(args);
+        Proc::spawn(cmd).finish(Duration::from_secs(60))
+    };
+    for args in [&["tick"][..], &["migrate"], &["demo"]] {
+        let (status, lines) = run(args).await;
+        assert_eq!(status.code(), Some(1), "{args:?}: {lines:?}");
+        assert!(
+            lines.iter().any(|l| l
+                .contains("the database is read-only (default_transaction_read_only = on)")
+                && l.contains("this command writes")),
+            "{args:?}: {lines:?}"
+        );
+    }
+    // The control: what only reads runs on a read-only node.
+    let (status, lines) = run(&["status"]).await;
+    assert_eq!(status.code(), Some(0), "{lines:?}");
+    read_only_database(&pool, false).await;
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM apalis.jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 0, "nothing was pushed");
 }
