@@ -33,8 +33,10 @@ pub enum DbError {
          keeps state in its sessions (the hops' scope locks, the queue's LISTEN, prepared \
          statements), which transaction pooling cannot carry. Point sexton at the pooler in \
          session mode (PgBouncer: pool_mode = session, with a pool of at least \
-         database.max_connections = {max_connections} connections per sexton process) or \
-         straight at the database (a DATABASE_URL for sexton beside the platform's pooled one)"
+         database.max_connections + 1 = {} connections per sexton process: its pool and the \
+         writable check's own connection) or \
+         straight at the database (a DATABASE_URL for sexton beside the platform's pooled one)",
+        .max_connections + 1
     )]
     TransactionPooling {
         target: String,
