@@ -114,6 +114,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "holds",
             "http",
             "ledger",
+            "restarts",
             "schedule",
             "seed",
             "telemetry",

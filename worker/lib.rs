@@ -5,7 +5,7 @@
 //! own layer's modules (without a cycle) or lower ones':
 //! 1. configuration, and what needs nothing above it: config, clock, context, db, event (the
 //!    names of logged events), holds (placed, released and listed), http, ledger, schedule (the
-//!    slot arithmetic), seed, telemetry, text, wakeups;
+//!    slot arithmetic), restarts (the consumers' restart pacing), seed, telemetry, text, wakeups;
 //! 2. the queue and one hop off it: queue, hop;
 //! 3. the job kinds: registry;
 //! 4. what runs over the kinds: tick (slots and their fan-out), status, explain, preview,
@@ -28,6 +28,7 @@ pub mod ledger;
 pub mod preview;
 pub mod queue;
 pub mod registry;
+pub mod restarts;
 pub mod schedule;
 pub mod seed;
 pub mod sessions;

@@ -2,10 +2,9 @@
 //! queue under one monitor, until SIGTERM/SIGINT — or, with `--exit-when-idle`, only the queue
 //! workers, until the queue is empty.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use apalis::layers::WorkerBuilderExt;
@@ -448,7 +447,7 @@ fn monitor(
     // A worker stops when its backend fails (the database went away, ER-2): start it again.
     // Restarts are paced (ER-2): an error that repeats at once (a role without grants) must
     // not become a hot loop. /readyz says not ready while consumers keep failing.
-    let pacer = Arc::new(Mutex::new(RestartPacer::default()));
+    let pacer = Arc::new(Mutex::new(crate::restarts::RestartPacer::default()));
     let (health, holding) = (health.clone(), holding.clone());
     monitor
         .should_restart(move |worker, err| {
@@ -466,78 +465,6 @@ fn monitor(
             true
         })
         .shutdown_timeout(ctx.settings.queue.shutdown_grace)
-}
-
-/// How long a failed queue consumer waits before its restart, and when that is logged.
-#[derive(Debug, Default)]
-struct RestartPacer {
-    consumers: HashMap<String, Failing>,
-    /// Failures of any consumer not yet logged, and when the last log line was written: one
-    /// line per interval for the whole worker, however many queues it consumes.
-    unlogged: u32,
-    logged: Option<Instant>,
-}
-
-#[derive(Debug)]
-struct Failing {
-    /// Failures in a row (reset after a quiet minute).
-    streak: u32,
-    last: Instant,
-}
-
-impl RestartPacer {
-    /// The first pause after a failure; doubled on every failure in a row, up to the longest.
-    const FIRST: Duration = Duration::from_millis(250);
-    /// Kept well under the shutdown grace: a pause holds off SIGTERM handling until it ends.
-    const LONGEST: Duration = Duration::from_secs(5);
-    /// A consumer quiet this long starts a new streak.
-    const QUIET: Duration = Duration::from_secs(60);
-    /// Failures are logged once per this interval, with a count of them all.
-    const LOG_EVERY: Duration = Duration::from_secs(10);
-
-    /// Records a failure of the worker `name` and returns the pause before its restart. A
-    /// restarted worker's name carries `.r<n>`; its failures count for the consumer it restarts.
-    fn failed(&mut self, name: &str, error: &str) -> Duration {
-        let consumer = match name.rsplit_once(".r") {
-            Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
-            _ => name,
-        };
-        let now = Instant::now();
-        let failing = self
-            .consumers
-            .entry(consumer.to_owned())
-            .or_insert(Failing {
-                streak: 0,
-                last: now,
-            });
-        if now.duration_since(failing.last) > Self::QUIET {
-            failing.streak = 0;
-        }
-        failing.streak += 1;
-        failing.last = now;
-        let (streak, pause) = (
-            failing.streak,
-            (Self::FIRST * 2u32.saturating_pow(failing.streak.min(16) - 1)).min(Self::LONGEST),
-        );
-        self.unlogged += 1;
-        if self
-            .logged
-            .is_none_or(|at| now.duration_since(at) >= Self::LOG_EVERY)
-        {
-            tracing::warn!(
-                event = crate::event::CONSUMER_RESTARTING,
-                worker = consumer,
-                failures = self.unlogged,
-                in_a_row = streak,
-                pause_ms = pause.as_millis() as u64,
-                error,
-                "queue worker failed; restarting it after a pause"
-            );
-            self.unlogged = 0;
-            self.logged = Some(now);
-        }
-        pause
-    }
 }
 
 /// How often a worker checks whether the database takes writes (ER-6).
@@ -616,28 +543,5 @@ async fn wait_until_idle(pool: &PgPool, handling: &AtomicUsize) -> std::io::Resu
             Err(err) => tracing::warn!(error = %err, "could not read the queue"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn er2_restarts_of_one_consumer_pause_longer_each_time_up_to_the_longest() {
-        let mut pacer = RestartPacer::default();
-        let pauses: Vec<u128> = ["w.nightly", "w.nightly.r1", "w.nightly.r2", "w.nightly.r3"]
-            .iter()
-            .chain(["w.nightly.r4"; 6].iter())
-            .map(|name| pacer.failed(name, "permission denied").as_millis())
-            .collect();
-        assert_eq!(
-            pauses,
-            [250, 500, 1000, 2000, 4000, 5000, 5000, 5000, 5000, 5000]
-        );
-        assert_eq!(
-            pacer.failed("w.prune_execution_details", "x").as_millis(),
-            250
-        );
     }
 }
