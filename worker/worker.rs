@@ -1,5 +1,5 @@
 //! A fleet member (`sexton worker`): the schedule, the HTTP endpoints and one apalis worker per
-//! queue under one monitor, until SIGTERM/SIGINT — or, with `--exit-when-idle`, only the queue
+//! queue, each under a monitor of its own, until SIGTERM/SIGINT — or, with `--exit-when-idle`, only the queue
 //! workers, until the queue is empty.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -271,7 +271,7 @@ enum Ended {
     ReadOnly(db::ReadOnly),
 }
 
-/// Consumes every queue under one monitor, with a name of its own (and, in a fleet member,
+/// Consumes every queue, each under a monitor of its own, with a worker name of its own (and, in a fleet member,
 /// runs the schedule), until signalled, idle (running until idle) or the database stops taking
 /// writes.
 ///
@@ -286,7 +286,7 @@ async fn consume(
 ) -> anyhow::Result<Ended> {
     let name = worker_name(&ctx.settings);
     let holding = Arc::new(AtomicBool::new(false));
-    let monitor = monitor(ctx, wakeups, health, &name, &holding);
+    let monitors = monitors(ctx, wakeups, health, &name, &holding);
     let mut beside = match mode {
         Mode::Fleet => start_schedule(ctx),
         Mode::UntilIdle => Vec::new(),
@@ -296,8 +296,8 @@ async fn consume(
     tracing::info!(event = crate::event::WORKER_STARTED, worker = %name, queues = Consumer::all().count(), "worker started");
     health.consuming(true);
     let (ended, why) = tokio::sync::oneshot::channel();
-    // The watch on a task of its own: the monitor, which polls the stop signal, can be held in
-    // a consumer's restart pause (see `monitor`) just when the node stops taking writes.
+    // The watch on a task of its own: a monitor, which polls the stop signal, can be held in its
+    // consumer's restart pause (see `paced`) just when the node stops taking writes.
     let (read_only, became_read_only) = tokio::sync::oneshot::channel();
     let watch = {
         let (writable, holding) = (writable.clone(), holding.clone());
@@ -323,12 +323,33 @@ async fn consume(
             }
         }
     };
-    // The monitor on a task of its own: its restart pauses hold its thread (see `monitor`),
-    // never the watch beside it.
-    let outcome = match tokio::spawn(monitor.run_with_signal(signal)).await {
-        Ok(outcome) => outcome.context("the worker monitor failed"),
-        Err(err) => Err(anyhow::anyhow!("the worker monitor ended: {err}")),
-    };
+    // Each monitor on a task of its own: its restart pauses hold its thread (see `paced`),
+    // never the watch beside it, nor another consumer's restart. The signal reaches them all.
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
+    let signalled = tokio::spawn(async move {
+        let result = signal.await;
+        let _ = stopping.send(true);
+        result
+    });
+    let running: Vec<_> = monitors
+        .into_iter()
+        .map(|monitor| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(monitor.run_with_signal(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+                Ok(())
+            }))
+        })
+        .collect();
+    let mut outcome = Ok(());
+    for monitor in running {
+        let ended = match monitor.await {
+            Ok(ended) => ended.context("a queue consumer's monitor failed"),
+            Err(err) => Err(anyhow::anyhow!("a queue consumer's monitor ended: {err}")),
+        };
+        outcome = outcome.and(ended);
+    }
+    signalled.abort();
     health.consuming(false);
     watch.abort();
     for task in beside {
@@ -404,24 +425,29 @@ fn start_schedule(ctx: &JobContext) -> Vec<tokio::task::JoinHandle<()>> {
     timers
 }
 
-/// One apalis worker per queue under one monitor, which stops claiming on shutdown and waits
-/// up to the grace for running jobs (FL-5).
-/// A consumer that fails once `holding` is set is not restarted (the database took no writes).
-fn monitor(
+/// One apalis worker per queue, each under a monitor of its own, which stops claiming on
+/// shutdown and waits up to the grace for running jobs (FL-5). A consumer that fails once
+/// `holding` is set is not restarted (the database took no writes).
+fn monitors(
     ctx: &JobContext,
     wakeups: &Arc<Wakeups>,
     health: &Arc<Health>,
     name: &str,
     holding: &Arc<AtomicBool>,
-) -> Monitor {
+) -> Vec<Monitor> {
     let poll = ctx.settings.queue.poll_interval;
-    let concurrency = ctx.settings.queue.concurrency;
-    let mut monitor = Monitor::new();
+    let (concurrency, grace) = (
+        ctx.settings.queue.concurrency,
+        ctx.settings.queue.shutdown_grace,
+    );
+    // One pacer for them all: it logs the whole worker's failures once per interval.
+    let pacer = Arc::new(Mutex::new(crate::restarts::RestartPacer::default()));
+    let mut monitors = Vec::new();
     for consumer in Consumer::all() {
         let ctx = ctx.clone();
         let wakeups = wakeups.clone();
         let worker = format!("{name}.{}", consumer.job());
-        monitor = monitor.register(move |restarts| {
+        let monitor = Monitor::new().register(move |restarts| {
             let queue = consumer.queue();
             let backend = queue::storage(&ctx.pool, queue, &ctx.settings.queue).poll_with_strategy(
                 Strategy::new()
@@ -443,12 +469,22 @@ fn monitor(
                 .concurrency(concurrency)
                 .build(handle)
         });
+        monitors.push(paced(monitor, grace, health, holding, &pacer));
     }
-    // A worker stops when its backend fails (the database went away, ER-2): start it again.
-    // Restarts are paced (ER-2): an error that repeats at once (a role without grants) must
-    // not become a hot loop. /readyz says not ready while consumers keep failing.
-    let pacer = Arc::new(Mutex::new(crate::restarts::RestartPacer::default()));
-    let (health, holding) = (health.clone(), holding.clone());
+    monitors
+}
+
+/// `monitor` restarting its consumer when its backend fails (the database went away, ER-2),
+/// after a pause: an error that repeats at once (a role without grants) must not become a hot
+/// loop. /readyz says not ready while consumers keep failing.
+fn paced(
+    monitor: Monitor,
+    grace: Duration,
+    health: &Arc<Health>,
+    holding: &Arc<AtomicBool>,
+    pacer: &Arc<Mutex<crate::restarts::RestartPacer>>,
+) -> Monitor {
+    let (health, holding, pacer) = (health.clone(), holding.clone(), pacer.clone());
     monitor
         .should_restart(move |worker, err| {
             if holding.load(Ordering::Relaxed) {
@@ -459,12 +495,13 @@ fn monitor(
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .failed(worker.name(), &err.to_string());
-            // The monitor restarts synchronously: the pause holds the monitor's thread, not the
-            // runtime; running jobs go on, each on a task of its own (see `handle`).
+            // A monitor restarts synchronously: the pause holds its thread, not the runtime, nor
+            // the other consumers' monitors; running jobs go on, each on a task of its own (see
+            // `handle`).
             tokio::task::block_in_place(|| std::thread::sleep(pause));
             true
         })
-        .shutdown_timeout(ctx.settings.queue.shutdown_grace)
+        .shutdown_timeout(grace)
 }
 
 /// How often a worker checks whether the database takes writes (ER-6).
