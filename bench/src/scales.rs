@@ -20,10 +20,11 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
+use uuid::Uuid;
 
 pub use self::markdown::markdown;
 use self::naive::run_naive;
-use self::raw::{Floor, SAME_END, run_raw, run_raw_sessions};
+use self::raw::{Floor, SAME_END, SESSIONS_SAME_END, run_raw, run_raw_sessions};
 use self::seed::{Template, seed};
 pub use self::targets::targets;
 use self::writers::{append_at_rate, write_at_rate};
@@ -316,7 +317,7 @@ async fn session_methods(
     )
     .await?;
     let mut methods = Vec::new();
-    for name in ["sessions", "sessions raw"] {
+    for name in ["sessions", "sessions raw", SESSIONS_SAME_END] {
         eprintln!("scale {}: {name}", template.scale);
         let mut method = session_method(cli, admin, base, template, name).await?;
         net_wal(&mut method, template.sessions, idle_wal);
@@ -352,7 +353,11 @@ async fn session_method(
     .await?;
     let mut method = match name {
         "sessions" => run_sexton(cli, admin, &db, &run_files, name, 2, &SESSIONS, &[]).await?,
-        _ => run_raw_sessions(admin, base, &db).await?,
+        SESSIONS_SAME_END => {
+            let dirs = run_files.join("sessions");
+            run_raw_sessions(admin, base, &db, Some(&dirs)).await?
+        }
+        _ => run_raw_sessions(admin, base, &db, None).await?,
     };
     stop.store(true, Ordering::Relaxed);
     let writer = writer.await??;
@@ -372,11 +377,37 @@ async fn session_method(
         );
     }
     check.close().await;
+    if name != "sessions raw" {
+        let left = session_dirs_left(base, &db, &run_files.join("sessions")).await?;
+        if left > 0 {
+            bail!(
+                "{name} left {left} directories of deleted sessions at scale {}",
+                template.scale
+            );
+        }
+    }
     writer_pool.close().await;
     let (sessions, rows) = (template.sessions, template.session_rows);
     score(&mut method, sessions, rows, writer, longest);
     drop_copy(admin, &db, &run_files).await?;
     Ok(method)
+}
+
+/// How many of the deleted sessions' directories are still under `root`.
+async fn session_dirs_left(
+    base: &PgConnectOptions,
+    db: &str,
+    root: &Path,
+) -> anyhow::Result<usize> {
+    let pool = connect(base, db, "bench").await?;
+    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_sessions")
+        .fetch_all(&pool)
+        .await?;
+    pool.close().await;
+    Ok(ids
+        .iter()
+        .filter(|id| root.join(id.to_string()).exists())
+        .count())
 }
 
 /// Sets copy `db` up for SessionRetention alone — the policies back, execution retention off —

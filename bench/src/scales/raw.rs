@@ -115,13 +115,16 @@ fn unlink_all(root: &Path, files: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The floor for sessions: batched deletes of exactly the same sessions, 100 per transaction;
+/// The floors for sessions: batched deletes of exactly the same sessions, 100 per transaction;
 /// the foreign keys cascade to their history and null the handoffs, as sexton's end state has
-/// it (frame files are left on disk: sexton also removes those). Its WAL is read on `admin`.
+/// it. With `dirs` (the sessions root), each batch's session directories are then removed, one
+/// after another — sexton's end state on disk too (PF-6); without, they are left.
+/// Its WAL is read on `admin`.
 pub async fn run_raw_sessions(
     admin: &PgPool,
     base: &PgConnectOptions,
     db: &str,
+    dirs: Option<&Path>,
 ) -> anyhow::Result<Method> {
     let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
@@ -133,10 +136,28 @@ pub async fn run_raw_sessions(
             .bind(batch)
             .execute(&pool)
             .await?;
+        if let Some(root) = dirs {
+            for id in batch {
+                let dir = root.join(id.to_string());
+                match std::fs::remove_dir_all(&dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("removing {}", dir.display()));
+                    }
+                    _ => {}
+                }
+            }
+        }
     }
     pool.close().await;
-    let mut m = method("sessions raw");
+    let mut m = method(if dirs.is_some() {
+        SESSIONS_SAME_END
+    } else {
+        "sessions raw"
+    });
     m.seconds = started.elapsed().as_secs_f64();
     m.wal_bytes = Some(wal_position(admin).await? - wal);
     Ok(m)
 }
+
+/// The sessions floor that reaches sexton's end state, rows and directories (PF-6).
+pub const SESSIONS_SAME_END: &str = "sessions raw+dirs";
