@@ -92,12 +92,13 @@ RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
     SELECT * FROM sexton.holds_of($1, NULL, $2, $3, NULL)
 $$;
 
--- A handoff: its account, its agent, and either session it names.
+-- A handoff: its account, its agent, and either session it names (each hold once, when both
+-- name the same session).
 CREATE OR REPLACE FUNCTION sexton.handoff_holds(
     account uuid, agent uuid, from_session uuid, to_session uuid
 ) RETURNS SETOF sexton.holds LANGUAGE sql STABLE AS $$
     SELECT * FROM sexton.holds_of($1, NULL, $2, $3, NULL)
-    UNION ALL
+    UNION
     SELECT * FROM sexton.holds_of(NULL, NULL, NULL, $4, NULL)
 $$;
 
