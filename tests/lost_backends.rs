@@ -84,7 +84,7 @@ async fn er7_backends_terminated_mid_pass_cost_retries_and_lose_nothing(pool: Pg
     .await;
     assert!(
         worker.try_wait().unwrap().is_none(),
-        "the worker outlived its lost backends"
+        "the worker process exited during the pass"
     );
     worker.start_kill().unwrap();
     worker.wait().await.unwrap();

@@ -276,7 +276,8 @@ enum Ended {
 /// writes.
 ///
 /// # Errors
-/// The monitor failed.
+/// A consumer's monitor or the stop signal failed (apalis reports a monitor with a shutdown
+/// grace as ended well, whatever its workers did).
 async fn consume(
     ctx: &JobContext,
     wakeups: &Arc<Wakeups>,
@@ -349,7 +350,17 @@ async fn consume(
         };
         outcome = outcome.and(ended);
     }
-    signalled.abort();
+    // The monitors may all have ended before the signal told why: their consumers were not
+    // restarted once the node stopped taking writes, which the signal is then about to say.
+    if holding.load(Ordering::Relaxed) || signalled.is_finished() {
+        match signalled.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => outcome = outcome.and(Err(err).context("waiting for the stop signal")),
+            Err(err) => outcome = outcome.and(Err(anyhow::anyhow!("the stop signal ended: {err}"))),
+        }
+    } else {
+        signalled.abort();
+    }
     health.consuming(false);
     watch.abort();
     for task in beside {
