@@ -2,13 +2,17 @@
 //! the commit, by the hop or beside it; a path outside the root, a directory or a file a
 //! surviving row names under any spelling is never unlinked; bytes reclaimed count what was.
 
+use std::time::Duration;
+
 use sexton_jobs::files::{self, Root};
 use sexton_jobs::prune_execution_details::Args;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::common;
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::hops::Env;
+use crate::common::process::poll_until;
 
 async fn set_path(pool: &PgPool, run: Uuid, path: &str) {
     sqlx::query("UPDATE output_files SET relative_path = $2 WHERE run_id = $1")
@@ -59,19 +63,24 @@ async fn ex3_a_file_recorded_before_a_crash_is_deleted_by_the_next_hop(pool: PgP
 
 /// Enough owners that their files are unlinked beside the hop (`files::Beside` starts once 100
 /// paths wait) as well as by its last drain: every file goes, each counted once, and a young
-/// run's file stays. The overlap is counted: files already gone while owners of the same hop
-/// still wait to be pruned (without the drain beside it, a hop unlinks only after its last
-/// owner transaction).
+/// run's file stays. The overlap is shown, not sampled: the platform holds the conversation of
+/// the hop's last 200 owners, and while the hop waits for it, files of the 300 it pruned before
+/// go (without the drain beside it, a hop unlinks only after its last owner transaction).
 #[sqlx::test]
 async fn ex3_files_of_many_owners_go_beside_the_hop_each_counted_once(pool: PgPool) {
     const OWNERS: usize = 500;
+    const HELD: usize = 200;
     let mut env = Env::new(pool).await;
     env.settings.owners_per_transaction = 10;
     env.settings.window_size = 1000;
+    env.settings.owner_lock_timeout = Duration::from_secs(60);
     let account = fixture::account(&env.pool, Some(30)).await;
-    let conversation = fixture::conversation(&env.pool, account).await;
+    let first = fixture::conversation(&env.pool, account).await;
+    let held = fixture::conversation(&env.pool, account).await;
     let mut old = Vec::new();
     for i in 0..OWNERS {
+        // Oldest first: the hop reaches `held`'s runs, the youngest of the old, last.
+        let conversation = if i < HELD { held } else { first };
         let run = env
             .run(RunSpec::conversation(
                 account,
@@ -81,32 +90,24 @@ async fn ex3_files_of_many_owners_go_beside_the_hop_each_counted_once(pool: PgPo
             .await;
         old.push(run.id);
     }
-    let young = env
-        .run(RunSpec::conversation(account, conversation, 10.0))
-        .await;
+    let young = env.run(RunSpec::conversation(account, first, 10.0)).await;
     let file = |run: &Uuid| env.root().join(format!("{account}/{run}/out.bin"));
 
+    let mut writer = env.pool.begin().await.unwrap();
+    fixture::lock_conversation(&mut writer, held).await;
     let hop = env.spawn_hop(Args::first(account, pass_start()));
-    let mut overlaps = 0;
-    while !hop.is_finished() {
-        // Files first: pruning only ever grows, so owners unpruned afterwards were unpruned
-        // when the files were seen gone.
-        let gone = old.iter().rev().take(150).any(|run| !file(run).exists());
-        let unpruned: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM runs WHERE account_id = $1 AND details_pruned_at IS NULL",
-        )
-        .bind(account)
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-        // The young run is never pruned.
-        if gone && unpruned > 1 {
-            overlaps += 1;
-        }
-    }
+    common::wait_for_lock_waiter(&env.pool, "conversations").await;
+    poll_until(Duration::from_secs(60), || async {
+        old[HELD..].iter().any(|run| !file(run).exists())
+    })
+    .await;
+    assert!(
+        old[..HELD].iter().all(|run| file(run).exists()),
+        "the waiting owners' files are all there"
+    );
+    writer.rollback().await.unwrap();
     let report = hop.await.unwrap();
 
-    assert!(overlaps > 0, "no file went while the hop was still pruning");
     assert_eq!(
         (report.pruned, report.files_deleted),
         (OWNERS as u32, OWNERS as u64)
