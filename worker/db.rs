@@ -126,14 +126,7 @@ pub async fn connect(settings: &DatabaseSettings, access: Access) -> Result<PgPo
     let target = describe(&options);
     // One direct connection first: the pool would only say "pool timed out", hiding why
     // (connection refused, authentication failed, no such database).
-    let probe = tokio::time::timeout(settings.acquire_timeout, async {
-        let mut conn = PgConnection::connect_with(&options).await?;
-        let state = read_only(&mut conn).await;
-        let _ = conn.close().await;
-        state
-    })
-    .await
-    .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+    let probe = fresh_read_only(&options, settings.acquire_timeout).await;
     // Behind a transaction pooler, a connection's first statement may meet what other clients
     // left on the backend it is handed: that says why, where "could not connect" would not.
     let failed = |target: String, source: sqlx::Error| match session::Pooling::seen_in(&source) {
@@ -252,6 +245,22 @@ impl std::fmt::Display for ReadOnly {
     }
 }
 
+/// [`read_only`] on a connection of its own, opened for it (a session keeps the read-only
+/// default it started with) and closed after, within `limit`.
+async fn fresh_read_only(
+    options: &PgConnectOptions,
+    limit: Duration,
+) -> Result<Option<ReadOnly>, sqlx::Error> {
+    tokio::time::timeout(limit, async {
+        let mut conn = PgConnection::connect_with(options).await?;
+        let state = read_only(&mut conn).await;
+        let _ = conn.close().await;
+        state
+    })
+    .await
+    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+}
+
 /// Whether one session's transactions may write.
 async fn read_only<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Option<ReadOnly>, sqlx::Error> {
     // A plain query: it runs before the session probe, and a prepared statement fails behind a
@@ -292,14 +301,7 @@ impl Writable {
     /// reached counts as writable: the queue's consumers retry what fails (ER-2).
     pub async fn check(&self) -> Option<ReadOnly> {
         let options = connect_options(&self.settings).ok()?;
-        let fresh = tokio::time::timeout(self.settings.acquire_timeout, async {
-            let mut conn = PgConnection::connect_with(&options).await?;
-            let state = read_only(&mut conn).await;
-            let _ = conn.close().await;
-            state
-        })
-        .await
-        .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+        let fresh = fresh_read_only(&options, self.settings.acquire_timeout).await;
         match fresh {
             Ok(None) => {
                 if self.was_read_only.swap(false, Ordering::Relaxed) {

@@ -68,11 +68,7 @@ pub async fn pruned_count(pool: &PgPool) -> i64 {
 pub async fn verify(pool: &PgPool, output_root: &Path, before: &Before, complete: bool) {
     whole_or_pruned(pool).await;
 
-    let pruned: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM runs WHERE details_pruned_at IS NOT NULL ORDER BY id")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let pruned = pruned_runs(pool).await;
     assert!(
         pruned
             .iter()
@@ -133,11 +129,7 @@ pub async fn no_file_lost(pool: &PgPool, output_root: &Path, before: &Before) {
         .iter()
         .filter(|(_, relative)| !output_root.join(relative).exists())
         .collect();
-    let pruned: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM runs WHERE details_pruned_at IS NOT NULL ORDER BY id")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let pruned = pruned_runs(pool).await;
     let lost: Vec<&String> = gone
         .into_iter()
         .filter(|(run, _)| pruned.binary_search(run).is_err())
@@ -147,4 +139,12 @@ pub async fn no_file_lost(pool: &PgPool, output_root: &Path, before: &Before) {
         lost.is_empty(),
         "files of runs that kept their rows are gone: {lost:?}"
     );
+}
+
+/// The runs whose detail is pruned, by id.
+async fn pruned_runs(pool: &PgPool) -> Vec<Uuid> {
+    sqlx::query_scalar("SELECT id FROM runs WHERE details_pruned_at IS NOT NULL ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
 }
