@@ -126,7 +126,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the job kinds", &["registry"]),
     (
         "what runs over the kinds",
-        &["tick", "status", "explain", "preview", "sessions", "traces"],
+        &[
+            "tick", "status", "explain", "gauges", "preview", "sessions", "traces",
+        ],
     ),
     ("the runtime", &["worker"]),
     ("the CLI", &["demo", "cli"]),

@@ -8,8 +8,8 @@
 //!    slot arithmetic), restarts (the consumers' restart pacing), seed, telemetry, text, wakeups;
 //! 2. the queue and one hop off it: queue, hop;
 //! 3. the job kinds: registry;
-//! 4. what runs over the kinds: tick (slots and their fan-out), status, explain, preview,
-//!    sessions, traces;
+//! 4. what runs over the kinds: tick (slots and their fan-out), status, explain, gauges (kept
+//!    current between scrapes), preview, sessions, traces;
 //! 5. the runtime: worker;
 //! 6. the CLI: demo, cli.
 
@@ -21,6 +21,7 @@ pub mod db;
 pub mod demo;
 pub mod event;
 pub mod explain;
+pub mod gauges;
 pub mod holds;
 pub mod hop;
 pub mod http;

@@ -23,7 +23,7 @@ use crate::registry::{self, Kind};
 use crate::telemetry::metrics;
 use crate::tick::{self, NightlySlot};
 use crate::wakeups::Wakeups;
-use crate::{db, holds, queue};
+use crate::{db, queue};
 
 /// What one queue's consumer runs: the nightly fan-out, or the hops of one job kind.
 #[derive(Clone, Copy)]
@@ -297,33 +297,7 @@ async fn consume(
     tracing::info!(event = crate::event::WORKER_STARTED, worker = %name, queues = Consumer::all().count(), "worker started");
     health.consuming(true);
     let (ended, why) = tokio::sync::oneshot::channel();
-    // The watch on a task of its own: a monitor, which polls the stop signal, can be held in its
-    // consumer's restart pause (see `paced`) just when the node stops taking writes.
-    let (read_only, became_read_only) = tokio::sync::oneshot::channel();
-    let watch = {
-        let (writable, holding) = (writable.clone(), holding.clone());
-        tokio::spawn(async move {
-            let state = writable.until_read_only(WRITABLE_INTERVAL).await;
-            // Consumers that fail from now on are not restarted.
-            holding.store(true, Ordering::Relaxed);
-            let _ = read_only.send(state);
-        })
-    };
-    let signal = {
-        let ctx = ctx.clone();
-        async move {
-            tokio::select! {
-                result = stop(ctx, mode) => {
-                    let _ = ended.send(Ended::Stopped);
-                    result
-                }
-                Ok(state) = became_read_only => {
-                    let _ = ended.send(Ended::ReadOnly(state));
-                    Ok(())
-                }
-            }
-        }
-    };
+    let (signal, watch) = stop_or_read_only(ctx, mode, writable, &holding, ended);
     // Each monitor on a task of its own: its restart pauses hold its thread (see `paced`),
     // never the watch beside it, nor another consumer's restart. The signal reaches them all.
     let (stopping, stopped) = tokio::sync::watch::channel(false);
@@ -332,24 +306,7 @@ async fn consume(
         let _ = stopping.send(true);
         result
     });
-    let running: Vec<_> = monitors
-        .into_iter()
-        .map(|monitor| {
-            let mut stopped = stopped.clone();
-            tokio::spawn(monitor.run_with_signal(async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-                Ok(())
-            }))
-        })
-        .collect();
-    let mut outcome = Ok(());
-    for monitor in running {
-        let ended = match monitor.await {
-            Ok(ended) => ended.context("a queue consumer's monitor failed"),
-            Err(err) => Err(anyhow::anyhow!("a queue consumer's monitor ended: {err}")),
-        };
-        outcome = outcome.and(ended);
-    }
+    let mut outcome = run_monitors(monitors, stopped).await;
     // The monitors may all have ended before the signal told why: their consumers were not
     // restarted once the node stopped taking writes, which the signal is then about to say.
     if holding.load(Ordering::Relaxed) || signalled.is_finished() {
@@ -369,6 +326,72 @@ async fn consume(
     outcome?;
     tracing::info!(worker = %name, "worker stopped");
     Ok(why.await.unwrap_or(Ended::Stopped))
+}
+
+/// The signal that ends the consumers, and the task that watches the node: it resolves on
+/// [`stop`], or once the database stops taking writes (from then on failed consumers are not
+/// restarted), and sends `ended` why.
+fn stop_or_read_only(
+    ctx: &JobContext,
+    mode: Mode,
+    writable: &db::Writable,
+    holding: &Arc<AtomicBool>,
+    ended: tokio::sync::oneshot::Sender<Ended>,
+) -> (
+    impl std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+    tokio::task::JoinHandle<()>,
+) {
+    // The watch on a task of its own: a monitor, which polls the stop signal, can be held in its
+    // consumer's restart pause (see `paced`) just when the node stops taking writes.
+    let (read_only, became_read_only) = tokio::sync::oneshot::channel();
+    let watch = {
+        let (writable, holding) = (writable.clone(), holding.clone());
+        tokio::spawn(async move {
+            let state = writable.until_read_only(WRITABLE_INTERVAL).await;
+            holding.store(true, Ordering::Relaxed);
+            let _ = read_only.send(state);
+        })
+    };
+    let ctx = ctx.clone();
+    let signal = async move {
+        tokio::select! {
+            result = stop(ctx, mode) => {
+                let _ = ended.send(Ended::Stopped);
+                result
+            }
+            Ok(state) = became_read_only => {
+                let _ = ended.send(Ended::ReadOnly(state));
+                Ok(())
+            }
+        }
+    };
+    (signal, watch)
+}
+
+/// Runs each monitor on a task of its own until `stopped` turns true, and waits for them all.
+async fn run_monitors(
+    monitors: Vec<Monitor>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let running: Vec<_> = monitors
+        .into_iter()
+        .map(|monitor| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(monitor.run_with_signal(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+                Ok(())
+            }))
+        })
+        .collect();
+    let mut outcome = Ok(());
+    for monitor in running {
+        let ended = match monitor.await {
+            Ok(ended) => ended.context("a queue consumer's monitor failed"),
+            Err(err) => Err(anyhow::anyhow!("a queue consumer's monitor ended: {err}")),
+        };
+        outcome = outcome.and(ended);
+    }
+    outcome
 }
 
 /// Resolves on SIGTERM or SIGINT or, running until idle, once idle; running hops are then told
@@ -414,7 +437,7 @@ fn start_background(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut background = vec![tokio::spawn(clock.keep(ctx.pool.clone()))];
     if mode == Mode::Fleet {
-        background.push(tokio::spawn(refresh_gauges(ctx.clone())));
+        background.push(tokio::spawn(crate::gauges::refresh(ctx.clone())));
     }
     background
 }
@@ -517,48 +540,6 @@ fn paced(
 
 /// How often a worker checks whether the database takes writes (ER-6).
 const WRITABLE_INTERVAL: Duration = Duration::from_secs(5);
-
-/// Keeps the queue, backlog, last-success, quarantine and holds gauges current (OP-3, HD-5).
-async fn refresh_gauges(ctx: JobContext) {
-    loop {
-        match queue::counts(&ctx.pool).await {
-            Ok(counts) => counts.publish(),
-            Err(err) => tracing::warn!(error = %err, "could not count queue jobs"),
-        }
-        for kind in registry::KINDS {
-            match kind
-                .backlog(&ctx.pool, &ctx.settings, ctx.clock.now())
-                .await
-            {
-                Ok(Some(seconds)) => metrics::backlog(kind.name(), seconds),
-                Ok(None) => {}
-                Err(err) => {
-                    tracing::warn!(
-                        job = kind.name(),
-                        error = format!("{err:#}"),
-                        "could not measure the backlog"
-                    )
-                }
-            }
-        }
-        metrics::publish_last_success(&ctx.pool).await;
-        match sexton_jobs::files::quarantined(&ctx.pool).await {
-            Ok(counts) => metrics::quarantined(&counts),
-            Err(err) => tracing::warn!(error = %err, "could not count quarantined file deletions"),
-        }
-        match holds::active_count(&ctx.pool).await {
-            Ok(n) => metrics::holds_active(n),
-            Err(err) => tracing::warn!(
-                error = format!("{:#}", anyhow::Error::new(err)),
-                "could not count active holds"
-            ),
-        }
-        if let Some(readings) = ctx.health.last() {
-            metrics::health(&readings);
-        }
-        tokio::time::sleep(ctx.settings.http.refresh_interval).await;
-    }
-}
 
 /// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() -> std::io::Result<()> {
