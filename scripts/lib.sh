@@ -85,6 +85,38 @@ ensure_pgbouncer() {
   fi
 }
 
+# s3s-fs, a real S3-compatible server that keeps each object as a file (OS-5): built from
+# crates.io (about 1.5 minutes; 0.14.1 is the last release this toolchain builds).
+ensure_s3s_fs() {
+  S3S_FS="${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs"
+  if [ ! -x "$S3S_FS" ]; then
+    echo "installing s3s-fs 0.14.1 (cargo install)..." >&2
+    cargo install --quiet s3s-fs --version 0.14.1 --features binary
+  fi
+}
+
+# Runs "$@" with an s3s-fs server on loopback serving a fresh data directory, its endpoint in
+# SEXTON_TEST_S3 and the directory in SEXTON_TEST_S3_ROOT (tests/common/backend.rs); the server
+# and the directory go after.
+with_s3s_fs() {
+  local data port pid status
+  data="$(mktemp -d)"
+  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  "$S3S_FS" --host 127.0.0.1 --port "$port" --access-key sexton-test \
+    --secret-key sexton-test-secret "$data" >"$data.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.1
+  done
+  status=0
+  SEXTON_TEST_S3="http://127.0.0.1:$port" SEXTON_TEST_S3_ROOT="$data" "$@" || status=$?
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  rm -rf "$data" "$data.log"
+  return "$status"
+}
+
 # Runs "$@" with PG* variables and DATABASE_URL pointing at a fresh cluster that is dropped after.
 # Durability is traded for speed: the cluster is thrown away anyway.
 with_throwaway_postgres() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite against a throw-away local PostgreSQL (a fresh database per test), plus the
 # formatting and lint gates, the Prometheus alert rules and the Dockerfile's lint. Installs
-# PostgreSQL, Prometheus, faketime, hadolint and PgBouncer if they are missing.
+# PostgreSQL, Prometheus, faketime, hadolint, PgBouncer and s3s-fs if they are missing.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(repo_root)"
 ensure_cargo
@@ -10,6 +10,7 @@ ensure_prometheus
 ensure_faketime
 ensure_hadolint
 ensure_pgbouncer
+ensure_s3s_fs
 promtool check rules deploy/prometheus/alerts.yml
 (cd deploy/prometheus && promtool test rules alerts_test.yml)
 "$HADOLINT" deploy/Dockerfile
@@ -20,3 +21,9 @@ with_throwaway_postgres cargo test --workspace "$@"
 # ER-2 stops and restarts its PostgreSQL, hl3 reads the cluster's WAL rate and hl4's replication
 # slot lags for every test: each runs alone, one after the other, on a cluster of their own.
 with_throwaway_postgres cargo test --test tests -- --ignored --test-threads=1 er2_ hl3_ hl4_
+# OS-5: the file tests that hold on both backends again, their roots in buckets of a real
+# S3-compatible server (tests/common/backend.rs).
+with_s3s_fs with_throwaway_postgres cargo test --test tests -- \
+  ex3_a_file_still_referenced ex3_ex4_detail_goes ex3_a_file_recorded_before_a_crash \
+  ex3_a_drain_beside ex3_files_of_many ss6_history_goes at1_the_files_mtime_decides \
+  at1_a_missing_file at1_many_attachments at1_the_artifacts_root

@@ -35,7 +35,7 @@ fn settings() -> AttachmentSettings {
 impl World {
     async fn new(pool: PgPool) -> Self {
         common::migrate(&pool).await;
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::backend::tempdir();
         let paths = run::roots(dir.path());
         let account = common::fixture::account(&pool, Some(90)).await;
         Self {
@@ -257,7 +257,7 @@ async fn at1_many_attachments_go_in_bounded_hops_and_zero_disables(pool: PgPool)
 #[sqlx::test]
 async fn at1_overlapping_roots_are_refused_but_a_shared_prefix_is_not_an_overlap(pool: PgPool) {
     let url = common::database_url(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::backend::tempdir();
     let store = dir.path().join("store");
     let inside = store.join("artifacts");
     let beside = dir.path().join("store-artifacts");

@@ -40,6 +40,7 @@ fn paths() -> PathSettings {
         artifacts_root: none.clone(),
         sessions_root: none.clone(),
         traces_root: none,
+        objects: Vec::new(),
     }
 }
 

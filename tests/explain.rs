@@ -156,7 +156,7 @@ async fn explain_sessions_agree_with_the_next_pass(pool: PgPool) {
         sessions_per_transaction: 5,
         budget: Duration::from_secs(60),
         lock_timeout: Duration::from_millis(200),
-        sessions_root: paths.sessions_root.clone(),
+        sessions: paths.store(sexton_jobs::files::Root::Sessions),
     };
     let mut args = SessionArgs::first(account, now, Policy::Persisted);
     loop {

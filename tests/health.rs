@@ -29,7 +29,7 @@ fn hop_settings(paths: &PathSettings) -> HopSettings {
         transaction_target: Duration::from_millis(50),
         budget: Duration::from_secs(600),
         owner_lock_timeout: Duration::from_millis(200),
-        output_root: paths.output_root.clone(),
+        outputs: paths.store(sexton_jobs::files::Root::Outputs),
     }
 }
 

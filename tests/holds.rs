@@ -267,7 +267,7 @@ async fn hd2_a_session_agent_or_account_hold_keeps_its_sessions_and_frames_the_o
         sessions_per_transaction: 2,
         budget: Duration::from_secs(600),
         lock_timeout: Duration::from_millis(200),
-        sessions_root: paths.sessions_root.clone(),
+        sessions: paths.store(sexton_jobs::files::Root::Sessions),
     };
     let account = with_policy(&pool).await;
     let (agent, held_agent) = (

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use serde_json::{Value, json};
-use sexton_jobs::files;
+use sexton_jobs::files::{self, Root, Store};
 use sexton_jobs::session_retention::{self as job, Args, HopReport, HopSettings, Policy};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -17,24 +17,28 @@ use crate::common::fixture::{self, days_before_pass, pass_start};
 struct Env {
     pool: PgPool,
     dir: tempfile::TempDir,
+    /// Where the sessions' directories are on disk (on the object backend, the server's files).
+    frames_root: PathBuf,
     settings: HopSettings,
 }
 
 impl Env {
     async fn new(pool: PgPool) -> Self {
         common::migrate(&pool).await;
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::backend::tempdir();
+        let frames_root = dir.path().join("sessions");
         let settings = HopSettings {
             window_size: 4,
             sessions_per_transaction: 2,
             budget: Duration::from_secs(600),
             lock_timeout: Duration::from_millis(200),
-            sessions_root: dir.path().join("sessions"),
+            sessions: common::backend::paths(dir.path()).store(Root::Sessions),
         };
-        std::fs::create_dir_all(&settings.sessions_root).unwrap();
+        std::fs::create_dir_all(&frames_root).unwrap();
         Self {
             pool,
             dir,
+            frames_root,
             settings,
         }
     }
@@ -56,7 +60,7 @@ impl Env {
     }
 
     fn frames(&self, session: Uuid) -> PathBuf {
-        self.settings.sessions_root.join(session.to_string())
+        self.frames_root.join(session.to_string())
     }
 
     /// A whole pass for one account under `policy`; every hop's report.
@@ -91,7 +95,7 @@ impl Env {
     /// A session idle for `days` before the pass, with three entries, an archive of two
     /// entries and a frame file on disk.
     async fn session(&self, spec: Session) -> Uuid {
-        insert_session(&self.pool, &self.settings.sessions_root, spec).await
+        insert_session(&self.pool, &self.frames_root, spec).await
     }
 
     async fn policy(&self, account: Uuid, enabled: bool, ages: [Option<i32>; 3]) {
@@ -778,7 +782,7 @@ async fn ss6_history_goes_with_the_session_handoffs_keep_their_rows_frames_follo
     assert!(!env.exists(old).await);
     assert_eq!(history(&env.pool, old).await, (0, 0, 0));
     assert!(
-        !env.frames(old).exists(),
+        common::backend::gone(&env.frames(old)),
         "the deleted session's frames are gone"
     );
     assert!(env.exists(young).await);
@@ -826,7 +830,6 @@ async fn ss1_the_cli_prunes_with_its_own_ages_where_the_policy_is_disabled(pool:
     let cli = |confirm: bool| {
         let mut cmd = common::sexton(&url, dir);
         cmd.args(["sessions", "prune", "--json"])
-            .env("SEXTON_PATHS__SESSIONS_ROOT", &env.settings.sessions_root)
             .env("SEXTON_SESSION_MAIN_DAYS", "300");
         if confirm {
             cmd.arg("--confirm");
@@ -1095,7 +1098,8 @@ async fn ss6_a_session_directory_of_any_depth_goes_and_never_stops_the_pass(pool
     let shm = tempfile::tempdir_in("/dev/shm")
         .or_else(|_| tempfile::tempdir())
         .unwrap();
-    env.settings.sessions_root = shm.path().to_owned();
+    env.frames_root = shm.path().to_owned();
+    env.settings.sessions = Store::Local(shm.path().to_owned());
     let account = fixture::account(&env.pool, Some(30)).await;
     env.policy(account, true, [Some(30), None, None]).await;
     let agent = env.agent(account).await;

@@ -252,7 +252,7 @@ fn not_blank(value: &str) -> Result<String, String> {
 pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::CheckConfig => {
-            settings.check_roots()?;
+            settings.check_roots().await?;
             println!("configuration is valid");
             println!("{settings:#?}");
             Ok(())
@@ -264,7 +264,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Worker { exit_when_idle } => {
-            settings.check_roots()?;
+            settings.check_roots().await?;
             let mode = if exit_when_idle {
                 worker::Mode::UntilIdle
             } else {

@@ -208,6 +208,7 @@ fn demo_settings(settings: &Settings, root: &Path) -> Settings {
         artifacts_root: root.join("artifacts"),
         sessions_root: root.join("sessions"),
         traces_root: root.join("traces"),
+        objects: Vec::new(),
     };
     settings
 }

@@ -102,7 +102,7 @@ pub async fn prune(
 ) -> anyhow::Result<Outcome> {
     let ages = ages_from_env()?;
     if confirm {
-        settings.check_roots()?;
+        settings.check_roots().await?;
     }
     let pool = db::connect(
         &settings.database,
@@ -141,7 +141,7 @@ async fn delete(
     json: bool,
 ) -> anyhow::Result<Deleted> {
     let hop_settings = HopSettings {
-        sessions_root: settings.paths.sessions_root.clone(),
+        sessions: settings.paths.store(sexton_jobs::files::Root::Sessions),
         ..settings
             .jobs
             .get::<HopSettings>(SessionRetention::NAME)

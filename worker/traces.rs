@@ -72,7 +72,7 @@ pub async fn clean(settings: &Settings, confirm: bool, json: bool) -> anyhow::Re
         }])
         .into());
     }
-    settings.check_roots()?;
+    settings.check_roots().await?;
     let root = &settings.paths.traces_root;
     let pool = db::connect(&settings.database, db::Access::Read).await?;
     let at: chrono::DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;

@@ -19,14 +19,13 @@
 //! ([`begin`], [`lock`], [`busy_or`]).
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection as _, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::files::{self, Beside, DrainError, FileCounts, Root};
+use crate::files::{self, Beside, DrainError, FileCounts, Root, Store};
 use crate::health::{Health, Indicator};
 use crate::job::{HopOutcome, Report};
 
@@ -44,7 +43,7 @@ pub struct Bounds {
 #[derive(Debug, Clone, Copy)]
 pub struct Files<'a> {
     pub root: Root,
-    pub path: &'a Path,
+    pub store: &'a Store,
     /// The account, for a per-account job.
     pub scope: Option<Uuid>,
     /// A pool to drain from beside the hop, for a kind that declares the connection
@@ -201,7 +200,7 @@ impl<'a> Hop<'a> {
     ) -> Result<Self, DrainError> {
         let mut drained = 0;
         if let Some(f) = &files {
-            let (earlier, last) = files::drain_from(conn, f.root, f.path, f.scope, 0).await?;
+            let (earlier, last) = files::drain_from(conn, f.root, f.store, f.scope, 0).await?;
             report.files(earlier);
             drained = last;
         }
@@ -238,7 +237,7 @@ impl<'a> Hop<'a> {
         let started = Instant::now();
         let mut beside = files.and_then(|f| {
             f.beside
-                .map(|pool| Beside::new(pool, f.root, f.path, f.scope, drained))
+                .map(|pool| Beside::new(pool, f.root, f.store, f.scope, drained))
         });
         let mut pace = health.pace();
         let mut at = start;
@@ -283,7 +282,7 @@ impl<'a> Hop<'a> {
             drained = last;
         }
         if let Some(f) = &files {
-            let (counts, _) = files::drain_from(conn, f.root, f.path, f.scope, drained).await?;
+            let (counts, _) = files::drain_from(conn, f.root, f.store, f.scope, drained).await?;
             report.files(counts);
         }
         Ok(end)

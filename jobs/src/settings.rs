@@ -153,6 +153,24 @@ impl<'a> Check<'a> {
         }
     }
 
+    /// `true` or `false`.
+    pub fn flag(&mut self, setting: &str, raw: &Raw<bool>) -> Option<bool> {
+        match raw {
+            Raw::Typed(b) => Some(*b),
+            Raw::Other(v) => {
+                self.fail(setting, "true or false", shown(v));
+                None
+            }
+        }
+    }
+
+    /// A string, empty for none.
+    pub fn text(&mut self, setting: &str, raw: &Raw<String>) -> Option<Option<String>> {
+        self.parsed(setting, raw, "a string", |s| {
+            Some((!s.trim().is_empty()).then(|| s.to_owned()))
+        })
+    }
+
     /// A non-empty path.
     pub fn path(&mut self, setting: &str, raw: &Raw<String>) -> Option<PathBuf> {
         self.parsed(setting, raw, "a non-empty path", |s| {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton_jobs::clock::ManualClock;
+use sexton_jobs::files::{Root, Store};
 use sexton_jobs::prune_execution_details::{
     self as job, Args, HopReport, HopSettings, RetainReason,
 };
@@ -25,16 +26,17 @@ pub struct Env {
 impl Env {
     pub async fn new(pool: PgPool) -> Self {
         super::migrate(&pool).await;
-        let dir = tempfile::tempdir().unwrap();
+        let dir = super::backend::tempdir();
+        let outputs = dir.path().join("outputs");
         let settings = HopSettings {
             window_size: 500,
             owners_per_transaction: 50,
             transaction_target: Duration::from_millis(50),
             budget: Duration::from_secs(600),
             owner_lock_timeout: Duration::from_millis(200),
-            output_root: dir.path().join("outputs"),
+            outputs: super::backend::paths(dir.path()).store(Root::Outputs),
         };
-        std::fs::create_dir_all(&settings.output_root).unwrap();
+        std::fs::create_dir_all(&outputs).unwrap();
         Self {
             pool,
             dir,
@@ -59,12 +61,18 @@ impl Env {
         .await
     }
 
-    pub fn root(&self) -> &std::path::Path {
-        &self.settings.output_root
+    /// Where the outputs' files are on disk (on the object backend, the server's files).
+    pub fn root(&self) -> std::path::PathBuf {
+        self.dir.path().join("outputs")
+    }
+
+    /// Where the job finds the outputs.
+    pub fn store(&self) -> &Store {
+        &self.settings.outputs
     }
 
     pub async fn run(&self, spec: RunSpec) -> fixture::Run {
-        fixture::run(&self.pool, &self.settings.output_root, spec).await
+        fixture::run(&self.pool, &self.root(), spec).await
     }
 
     /// One hop, as the worker would run it.
@@ -117,9 +125,7 @@ impl Env {
     }
 
     pub fn output_file(&self, account: Uuid, run: Uuid) -> std::path::PathBuf {
-        self.settings
-            .output_root
-            .join(format!("{account}/{run}/out.bin"))
+        self.root().join(format!("{account}/{run}/out.bin"))
     }
 }
 

@@ -2,6 +2,7 @@
 //! fresh database, and the `sexton` binary pointed at that database.
 
 pub mod audit;
+pub mod backend;
 pub mod contract;
 pub mod fixture;
 pub mod hops;
@@ -13,20 +14,14 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use sexton::config::{PathSettings, Settings};
+use sexton::config::Settings;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
 /// The default settings with every file root under `dir`.
 pub fn settings(dir: &Path) -> Settings {
     let mut settings = sexton::registry::load_settings(None).expect("default settings are valid");
-    settings.paths = PathSettings {
-        output_root: dir.join("outputs"),
-        attachments_root: dir.join("attachments"),
-        artifacts_root: dir.join("artifacts"),
-        sessions_root: dir.join("sessions"),
-        traces_root: dir.join("traces"),
-    };
+    settings.paths = backend::paths(dir);
     settings.queue.poll_interval = Duration::from_millis(100);
     settings.queue.retry_backoff = Duration::from_millis(50);
     // Health throttling is proven by its own tests; elsewhere an autovacuum the
@@ -121,11 +116,7 @@ pub fn sexton(database_url: &str, dir: &Path) -> Command {
     }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sexton"));
     cmd.env("DATABASE_URL", database_url)
-        .env("SEXTON_PATHS__OUTPUT_ROOT", dir.join("outputs"))
-        .env("SEXTON_PATHS__ATTACHMENTS_ROOT", dir.join("attachments"))
-        .env("SEXTON_PATHS__ARTIFACTS_ROOT", dir.join("artifacts"))
-        .env("SEXTON_PATHS__SESSIONS_ROOT", dir.join("sessions"))
-        .env("SEXTON_PATHS__TRACES_ROOT", dir.join("traces"))
+        .envs(backend::env(dir))
         .env("SEXTON_QUEUE__POLL_INTERVAL_MS", "100")
         .env("SEXTON_HEALTH__MAX_REPLICATION_LAG_BYTES", "0")
         .env("SEXTON_HEALTH__PAUSE_ON_VACUUM", "false")

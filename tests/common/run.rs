@@ -81,13 +81,7 @@ pub async fn pass_with<J: Job>(
 
 /// The file roots under `dir`, created.
 pub fn roots(dir: &std::path::Path) -> PathSettings {
-    let paths = PathSettings {
-        output_root: dir.join("outputs"),
-        attachments_root: dir.join("attachments"),
-        artifacts_root: dir.join("artifacts"),
-        sessions_root: dir.join("sessions"),
-        traces_root: dir.join("traces"),
-    };
+    let paths = super::backend::paths(dir);
     for root in [
         &paths.output_root,
         &paths.attachments_root,

@@ -27,7 +27,7 @@ async fn set_path(pool: &PgPool, run: Uuid, path: &str) {
 async fn ex3_a_file_recorded_before_a_crash_is_deleted_by_the_next_hop(pool: PgPool) {
     let env = Env::new(pool).await;
     let account = fixture::account(&env.pool, Some(30)).await;
-    let leftover = env.settings.output_root.join("left/over.bin");
+    let leftover = env.root().join("left/over.bin");
     std::fs::create_dir_all(leftover.parent().unwrap()).unwrap();
     std::fs::write(&leftover, b"x").unwrap();
     // What a worker killed between commit and unlink leaves behind.
@@ -156,7 +156,7 @@ async fn ex3_a_drain_beside_the_hop_removes_what_is_recorded_once_enough_waits(p
     let others = recorded_files(&env, other, 3).await;
 
     let few = recorded_files(&env, account, 99).await;
-    let mut beside = files::Beside::new(&env.pool, Root::Outputs, env.root(), Some(account), 0);
+    let mut beside = files::Beside::new(&env.pool, Root::Outputs, env.store(), Some(account), 0);
     beside.recorded(99).await.unwrap();
     let (counts, after) = beside.finish().await.unwrap();
     assert_eq!((counts.deleted, after), (0, 0));
@@ -170,7 +170,7 @@ async fn ex3_a_drain_beside_the_hop_removes_what_is_recorded_once_enough_waits(p
     .fetch_one(&env.pool)
     .await
     .unwrap();
-    let mut beside = files::Beside::new(&env.pool, Root::Outputs, env.root(), Some(account), 0);
+    let mut beside = files::Beside::new(&env.pool, Root::Outputs, env.store(), Some(account), 0);
     beside.recorded(159).await.unwrap();
     let (counts, after) = beside.finish().await.unwrap();
     assert_eq!((counts.deleted, counts.bytes, after), (159, 159 * 5, last));

@@ -3,14 +3,17 @@
 //! settings, then the jobs' own sections, `[health]`, and the pool they all need at once.
 //! Every problem is collected; a value is only built once every setting it depends on is valid.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use figment::value::Dict;
-use sexton_jobs::settings::{Check, Problem};
+use sexton_jobs::files::Root;
+use sexton_jobs::files::object::{self, ObjectRoot, StorageSettings};
+use sexton_jobs::settings::{Check, Problem, Raw};
 
 use super::raw::{
-    self, RawDatabase, RawHttp, RawLog, RawPaths, RawQueue, RawSchedule, RawSettings,
+    self, RawDatabase, RawHttp, RawLog, RawPaths, RawQueue, RawSchedule, RawSettings, RawStorage,
 };
 use super::{
     DatabaseSettings, HttpSettings, JobSettings, LogFormat, LogSettings, PathSettings, PoolBudget,
@@ -21,7 +24,8 @@ use super::{
 pub(super) fn settings(raw: &RawSettings, problems: &mut Vec<Problem>) -> Option<Settings> {
     let mut c = Check::new(problems);
     let database = database(&raw.database, &mut c);
-    let paths = paths(&raw.paths, &mut c);
+    let storage = storage(&raw.storage, &mut c);
+    let paths = storage.and_then(|storage| paths(&raw.paths, &storage, &mut c));
     let (schedule, catch_up) = schedule(&raw.schedule, &mut c);
     let queue = queue(&raw.queue, catch_up, &mut c);
     let http = http(&raw.http, &mut c);
@@ -76,43 +80,169 @@ fn database(d: &RawDatabase, c: &mut Check<'_>) -> Option<DatabaseSettings> {
 const APART_FROM_ARTIFACTS: &str =
     "a directory that neither contains nor lies inside paths.artifacts_root";
 
-fn paths(p: &RawPaths, c: &mut Check<'_>) -> Option<PathSettings> {
-    let output_root = c.path("paths.output_root", &p.output_root);
-    let attachments_root = c.path("paths.attachments_root", &p.attachments_root);
-    let artifacts_root = c.path("paths.artifacts_root", &p.artifacts_root);
-    let sessions_root = c.path("paths.sessions_root", &p.sessions_root);
-    let traces_root = c.path("paths.traces_root", &p.traces_root);
-    if let Some(artifacts) = &artifacts_root {
-        for (setting, root, why) in [
-            (
-                "paths.traces_root",
-                &traces_root,
-                "(generated artifacts have no TTL)",
-            ),
-            (
-                "paths.attachments_root",
-                &attachments_root,
-                "(generated artifacts have no TTL, AT-1)",
-            ),
+/// `[storage]`, how object-store roots are reached (OS-1).
+fn storage(s: &RawStorage, c: &mut Check<'_>) -> Option<StorageSettings> {
+    let endpoint = c.text("storage.endpoint", &s.endpoint);
+    let region = c.text("storage.region", &s.region);
+    let path_style = c.flag("storage.path_style", &s.path_style);
+    let allow_http = c.flag("storage.allow_http", &s.allow_http);
+    let access_key_id = c.text("storage.access_key_id", &s.access_key_id);
+    // Never shown, even when of the wrong type.
+    let secret_access_key = match &s.secret_access_key {
+        Raw::Typed(secret) => Some((!secret.is_empty()).then(|| secret.clone())),
+        Raw::Other(_) => {
+            c.fail("storage.secret_access_key", "a string", "another type");
+            None
+        }
+    };
+    let batch_delete = c.flag("storage.batch_delete", &s.batch_delete);
+    Some(StorageSettings {
+        endpoint: endpoint?,
+        region: region?,
+        path_style: path_style?,
+        allow_http: allow_http?,
+        access_key_id: access_key_id?,
+        secret_access_key: secret_access_key?,
+        batch_delete: batch_delete?,
+    })
+}
+
+/// Where one root is: a directory, or a bucket and prefix (OS-1).
+enum Place {
+    Dir(PathBuf),
+    Bucket(String, String),
+}
+
+impl Place {
+    /// Whether one place contains the other: directories compared lexically, and canonically
+    /// where both exist, so that a symlinked root is caught too; buckets by bucket and prefix.
+    fn overlaps(&self, other: &Place) -> bool {
+        match (self, other) {
+            (Place::Dir(a), Place::Dir(b)) => overlap(a, b),
+            (Place::Bucket(a, p), Place::Bucket(b, q)) => {
+                a == b && (Path::new(p).starts_with(q) || Path::new(q).starts_with(p))
+            }
+            _ => false,
+        }
+    }
+}
+
+fn place(setting: &str, raw: &Raw<String>, c: &mut Check<'_>) -> Option<Place> {
+    let text = match raw {
+        Raw::Typed(text) => text,
+        Raw::Other(_) => return c.path(setting, raw).map(Place::Dir),
+    };
+    match object::parse_url(text) {
+        Some(Ok((bucket, prefix))) => Some(Place::Bucket(bucket, prefix)),
+        Some(Err(expected)) => {
+            c.fail(setting, &expected, format!("{text:?}"));
+            None
+        }
+        None => c.path(setting, raw).map(Place::Dir),
+    }
+}
+
+fn paths(p: &RawPaths, storage: &StorageSettings, c: &mut Check<'_>) -> Option<PathSettings> {
+    let roots = [
+        ("paths.output_root", Some(Root::Outputs), &p.output_root),
+        (
+            "paths.attachments_root",
+            Some(Root::Attachments),
+            &p.attachments_root,
+        ),
+        ("paths.artifacts_root", None, &p.artifacts_root),
+        (
+            "paths.sessions_root",
+            Some(Root::Sessions),
+            &p.sessions_root,
+        ),
+        ("paths.traces_root", Some(Root::Traces), &p.traces_root),
+    ];
+    let places: Vec<Option<Place>> = roots
+        .iter()
+        .map(|(setting, _, raw)| place(setting, raw, c))
+        .collect();
+    apart_from_artifacts(&roots, &places, c);
+    let mut objects = Vec::new();
+    let mut located = Vec::new();
+    for ((setting, root, raw), place) in roots.iter().zip(places) {
+        located.push(match place? {
+            Place::Dir(path) => path,
+            Place::Bucket(bucket, prefix) => {
+                if *root == Some(Root::Traces) {
+                    c.fail(
+                        setting,
+                        "a local directory (run traces in an object store are not supported by this build)",
+                        format!("{:?}", shown_raw(raw)),
+                    );
+                    return None;
+                }
+                match ObjectRoot::new(&bucket, &prefix, storage) {
+                    Ok(objects_root) => {
+                        if let Some(root) = root {
+                            objects.push((*root, Arc::new(objects_root)));
+                        }
+                    }
+                    Err(why) => {
+                        c.fail(setting, &format!("an object-store root that can be reached ({why})"), format!("{:?}", shown_raw(raw)));
+                        return None;
+                    }
+                }
+                PathBuf::from(shown_raw(raw))
+            }
+        });
+    }
+    let [
+        output_root,
+        attachments_root,
+        artifacts_root,
+        sessions_root,
+        traces_root,
+    ]: [PathBuf; 5] = located.try_into().ok()?;
+    Some(PathSettings {
+        output_root,
+        attachments_root,
+        artifacts_root,
+        sessions_root,
+        traces_root,
+        objects,
+    })
+}
+
+/// Refuses an attachments or traces root that contains or lies inside the artifacts root.
+fn apart_from_artifacts(
+    roots: &[(&str, Option<Root>, &Raw<String>); 5],
+    places: &[Option<Place>],
+    c: &mut Check<'_>,
+) {
+    if let Some(artifacts) = &places[2] {
+        for (at, why) in [
+            (4, "(generated artifacts have no TTL)"),
+            (1, "(generated artifacts have no TTL, AT-1)"),
         ] {
-            if let Some(root) = root
-                && overlap(root, artifacts)
+            if let Some(root) = &places[at]
+                && root.overlaps(artifacts)
             {
                 c.fail(
-                    setting,
+                    roots[at].0,
                     &format!("{APART_FROM_ARTIFACTS} {why}"),
-                    format!("{root:?} and {artifacts:?}"),
+                    format!(
+                        "{:?} and {:?}",
+                        shown_raw(roots[at].2),
+                        shown_raw(roots[2].2)
+                    ),
                 );
             }
         }
     }
-    Some(PathSettings {
-        output_root: output_root?,
-        attachments_root: attachments_root?,
-        artifacts_root: artifacts_root?,
-        sessions_root: sessions_root?,
-        traces_root: traces_root?,
-    })
+}
+
+/// A root's text as given.
+fn shown_raw(raw: &Raw<String>) -> String {
+    match raw {
+        Raw::Typed(text) => text.clone(),
+        Raw::Other(value) => value.to_string(),
+    }
 }
 
 /// Whether one directory contains the other (compared lexically, and canonically where both

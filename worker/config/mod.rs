@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use figment::Figment;
 pub use sexton_jobs::files::PathSettings;
+use sexton_jobs::files::{Root, Store};
 use sexton_jobs::health::HealthSettings;
 use sexton_jobs::settings::Check;
 pub use sexton_jobs::settings::Problem;
@@ -187,33 +188,50 @@ impl Settings {
         }
     }
 
-    /// Refuses file roots that do not exist or are not directories (OP-2, ER-3): under a
-    /// missing root every file would look "already deleted". For the commands that remove files.
+    /// Refuses file roots that do not exist or are not directories, and object-store roots the
+    /// store does not answer for (OP-2, ER-3, OS-1): under a missing root every file would look
+    /// "already deleted". For the commands that remove files, and `check-config`.
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming every such root.
-    pub fn check_roots(&self) -> Result<(), ConfigError> {
+    pub async fn check_roots(&self) -> Result<(), ConfigError> {
         let p = &self.paths;
-        let problems: Vec<Problem> = [
-            ("paths.output_root", &p.output_root),
-            ("paths.attachments_root", &p.attachments_root),
-            ("paths.artifacts_root", &p.artifacts_root),
-            ("paths.sessions_root", &p.sessions_root),
-            ("paths.traces_root", &p.traces_root),
-        ]
-        .into_iter()
-        .filter_map(|(setting, path)| {
-            let why = match std::fs::metadata(path) {
-                Ok(meta) if meta.is_dir() => return None,
-                Ok(_) => "not a directory".to_owned(),
-                Err(err) => err.to_string(),
+        let mut problems = Vec::new();
+        for (setting, root, path) in [
+            ("paths.output_root", Some(Root::Outputs), &p.output_root),
+            (
+                "paths.attachments_root",
+                Some(Root::Attachments),
+                &p.attachments_root,
+            ),
+            ("paths.artifacts_root", None, &p.artifacts_root),
+            (
+                "paths.sessions_root",
+                Some(Root::Sessions),
+                &p.sessions_root,
+            ),
+            ("paths.traces_root", Some(Root::Traces), &p.traces_root),
+        ] {
+            let why = match root.map(|root| p.store(root)) {
+                Some(Store::Object(objects)) => match objects.reach().await {
+                    Ok(()) => continue,
+                    Err(why) => format!(
+                        "expected a bucket and prefix the store answers for, got {objects} ({why})"
+                    ),
+                },
+                _ => match std::fs::metadata(path) {
+                    Ok(meta) if meta.is_dir() => continue,
+                    Ok(_) => {
+                        format!("expected an existing directory, got {path:?} (not a directory)")
+                    }
+                    Err(err) => format!("expected an existing directory, got {path:?} ({err})"),
+                },
             };
-            Some(Problem {
+            problems.push(Problem {
                 setting: setting.to_owned(),
-                message: format!("expected an existing directory, got {path:?} ({why})"),
-            })
-        })
-        .collect();
+                message: why,
+            });
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -289,8 +307,8 @@ mod tests {
         assert!(load("[schedule]\ncron = \"0 3 29 2 *\"\n").is_ok());
     }
 
-    #[test]
-    fn op2_a_missing_root_or_a_file_as_root_is_refused_naming_the_setting() {
+    #[tokio::test]
+    async fn op2_a_missing_root_or_a_file_as_root_is_refused_naming_the_setting() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("file");
         std::fs::write(&file, b"").unwrap();
@@ -304,8 +322,9 @@ mod tests {
             artifacts_root: dir.path().join("artifacts"),
             sessions_root: file.clone(),
             traces_root: dir.path().join("traces"),
+            objects: Vec::new(),
         };
-        let text = settings.check_roots().unwrap_err().to_string();
+        let text = settings.check_roots().await.unwrap_err().to_string();
         assert!(text.contains("paths.output_root"), "{text}");
         assert!(
             text.contains("paths.sessions_root") && text.contains("not a directory"),
@@ -314,7 +333,7 @@ mod tests {
         assert!(!text.contains("paths.traces_root"), "{text}");
         settings.paths.output_root = dir.path().join("outputs");
         settings.paths.sessions_root = dir.path().join("sessions");
-        assert!(settings.check_roots().is_ok());
+        assert!(settings.check_roots().await.is_ok());
     }
 
     #[test]

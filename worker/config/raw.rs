@@ -98,6 +98,7 @@ fn unknown_settings(defaults: &Dict, given: &Dict, prefix: &str, problems: &mut 
 pub(super) struct RawSettings {
     pub database: RawDatabase,
     pub paths: RawPaths,
+    pub storage: RawStorage,
     pub schedule: RawSchedule,
     pub queue: RawQueue,
     pub http: RawHttp,
@@ -126,6 +127,24 @@ pub(super) struct RawPaths {
     pub artifacts_root: Raw<String>,
     pub sessions_root: Raw<String>,
     pub traces_root: Raw<String>,
+}
+
+/// `[storage]`: never printed as given, as it holds the secret.
+#[derive(Deserialize)]
+pub(super) struct RawStorage {
+    pub endpoint: Raw<String>,
+    pub region: Raw<String>,
+    pub path_style: Raw<bool>,
+    pub allow_http: Raw<bool>,
+    pub access_key_id: Raw<String>,
+    pub secret_access_key: Raw<String>,
+    pub batch_delete: Raw<bool>,
+}
+
+impl std::fmt::Debug for RawStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RawStorage { .. }")
+    }
 }
 
 #[derive(Debug, Deserialize)]

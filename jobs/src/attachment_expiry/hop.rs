@@ -10,23 +10,14 @@ pub(super) enum Verdict {
     Kept(&'static str),
 }
 
-pub(super) fn judge(root: &std::os::fd::OwnedFd, relative: &str, cutoff: DateTime<Utc>) -> Verdict {
-    match files::stat_under(root, relative) {
-        Ok(Some(stat)) => match FileType::from_raw_mode(stat.st_mode) {
-            FileType::RegularFile => {
-                let mtime = DateTime::from_timestamp(stat.st_mtime, 0).unwrap_or(cutoff);
-                if mtime < cutoff {
-                    Verdict::Expired
-                } else {
-                    Verdict::Young
-                }
-            }
-            FileType::Symlink => Verdict::Kept("outside_root"),
-            _ => Verdict::Kept("not_regular"),
-        },
+pub(super) async fn judge(root: &Opened, relative: &str, cutoff: DateTime<Utc>) -> Verdict {
+    match root.entry(relative).await {
+        Ok(Some(Entry::File { modified })) if modified < cutoff => Verdict::Expired,
+        Ok(Some(Entry::File { .. })) => Verdict::Young,
+        Ok(Some(Entry::Symlink)) | Err(Unseen::OutsideRoot) => Verdict::Kept("outside_root"),
+        Ok(Some(Entry::Other)) => Verdict::Kept("not_regular"),
         Ok(None) => Verdict::Kept("missing"),
-        Err(err) if err.kind() == std::io::ErrorKind::InvalidInput => Verdict::Kept("outside_root"),
-        Err(_) => Verdict::Kept("unreadable"),
+        Err(Unseen::Unreadable) => Verdict::Kept("unreadable"),
     }
 }
 
@@ -40,7 +31,7 @@ pub async fn hop(
     args: &Args,
     report: &mut Report<Args>,
 ) -> Result<(), Error> {
-    let root_path = &env.paths.attachments_root;
+    let store = env.paths.store(Root::Attachments);
     *report = Report::new(&RETAIN_REASONS);
     // Rows are marked, never deleted: what expired is counted in `pruned` and the files.
     report.window = settings.window_size;
@@ -50,7 +41,7 @@ pub async fn hop(
     };
     let files = Files {
         root: Root::Attachments,
-        path: root_path,
+        store: &store,
         scope: Some(args.account_id),
         beside: None,
     };
@@ -79,10 +70,7 @@ pub async fn hop(
     let Some(cutoff) = cutoff else {
         return Ok(());
     };
-    let root = files::open_root(root_path).map_err(|source| DrainError::Root {
-        path: root_path.clone(),
-        source,
-    })?;
+    let root = Opened::open(&store)?;
     let mut live = Windowed::new(
         Live {
             account_id: args.account_id,
@@ -108,7 +96,7 @@ pub async fn hop(
 pub(super) struct Live {
     account_id: Uuid,
     cutoff: DateTime<Utc>,
-    root: std::os::fd::OwnedFd,
+    root: Opened,
 }
 
 impl Window for Live {
@@ -155,7 +143,7 @@ impl Window for Live {
     ) -> Result<Taken, Error> {
         let (mut expired, mut judged) = (Vec::new(), Vec::new());
         for (id, path) in chunk {
-            match judge(&self.root, path, self.cutoff) {
+            match judge(&self.root, path, self.cutoff).await {
                 Verdict::Expired => {
                     expired.push(*id);
                     judged.push(path.clone());

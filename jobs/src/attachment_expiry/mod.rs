@@ -16,14 +16,13 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use rustix::fs::FileType;
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::{self, days_before};
 use crate::explain::{Explanation, LEGAL_HOLD, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{self, DrainError, PathSettings, Root};
+use crate::files::{self, Entry, Opened, PathSettings, Root, Unseen};
 use crate::job::{AccountRange, Env, HopOutcome, Inspect, Job, Look, Position, Report};
 use crate::owner_loop::{Bounds, Candidates, Chunks, Files, Hop, Taken, Window, Windowed};
 use crate::payload::V1;

@@ -42,11 +42,7 @@ impl Inspect for AttachmentExpiry {
             0 => None,
             days => days_before(now, days),
         };
-        let root =
-            files::open_root(&paths.attachments_root).map_err(|source| DrainError::Root {
-                path: paths.attachments_root.clone(),
-                source,
-            })?;
+        let root = Opened::open(&paths.store(Root::Attachments))?;
         // A hold on the account keeps every attachment of it (HD-2).
         let held: Vec<Uuid> = sqlx::query_scalar(
             "SELECT a FROM unnest($1::uuid[]) AS a WHERE EXISTS (SELECT 1 FROM sexton.account_holds(a))",
@@ -88,7 +84,7 @@ impl Inspect for AttachmentExpiry {
                     continue;
                 };
                 let preview = &mut previews[at];
-                match judge(&root, &path, cutoff) {
+                match judge(&root, &path, cutoff).await {
                     Verdict::Expired if held.contains(&account) => {
                         count(&mut preview.kept, LEGAL_HOLD);
                     }
@@ -133,14 +129,11 @@ async fn explain_attachment(
         0 => None,
         days => days_before(now, days),
     };
-    let root = files::open_root(&paths.attachments_root).map_err(|source| DrainError::Root {
-        path: paths.attachments_root.clone(),
-        source,
-    })?;
-    let mtime = files::stat_under(&root, &path)
-        .ok()
-        .flatten()
-        .and_then(|stat| DateTime::from_timestamp(stat.st_mtime, 0));
+    let root = Opened::open(&paths.store(Root::Attachments))?;
+    let mtime = match root.entry(&path).await {
+        Ok(Some(Entry::File { modified })) => Some(modified),
+        _ => None,
+    };
     let mut explanation = Explanation {
         job: AttachmentExpiry::NAME,
         subject: "attachment",
@@ -176,7 +169,7 @@ async fn explain_attachment(
         ));
         return Ok(Some(explanation));
     };
-    let (verdict, reason) = verdict(&root, &path, cutoff);
+    let (verdict, reason) = verdict(&root, &path, cutoff).await;
     // Whatever its file says, every hold on its account keeps it, and is named (HD-5).
     let id = account.to_string();
     let holds = crate::explain::holds(conn, "sexton.account_holds($1::uuid)", &[&id]).await?;
@@ -190,12 +183,12 @@ async fn explain_attachment(
 }
 
 /// The job's own verdict on the file at `path` under `root` against `cutoff`, with its reason.
-fn verdict(
-    root: &std::os::fd::OwnedFd,
+async fn verdict(
+    root: &Opened,
     path: &str,
     cutoff: DateTime<Utc>,
 ) -> (ExplainVerdict, ExplainReason) {
-    let reason = match judge(root, path, cutoff) {
+    let reason = match judge(root, path, cutoff).await {
         Verdict::Expired => {
             let reason = ExplainReason::new(
                 "AT-1",

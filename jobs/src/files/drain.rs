@@ -22,10 +22,10 @@ use super::*;
 pub async fn drain(
     conn: &mut PgConnection,
     root: Root,
-    root_path: &Path,
+    store: &Store,
     scope: Option<Uuid>,
 ) -> Result<FileCounts, DrainError> {
-    Ok(drain_from(conn, root, root_path, scope, 0).await?.0)
+    Ok(drain_from(conn, root, store, scope, 0).await?.0)
 }
 
 /// [`drain`] of the records after id `after` only, for a hop that drains more than once: with
@@ -37,11 +37,11 @@ pub async fn drain(
 pub async fn drain_from(
     conn: &mut PgConnection,
     root: Root,
-    root_path: &Path,
+    store: &Store,
     scope: Option<Uuid>,
     after: i64,
 ) -> Result<(FileCounts, i64), DrainError> {
-    drain_until(conn, root, root_path, scope, after, &Arc::default()).await
+    drain_until(conn, root, store, scope, after, &Arc::default()).await
 }
 
 /// [`drain_from`] that also ends, after the unlink in progress, once `stop` is raised; it
@@ -49,7 +49,7 @@ pub async fn drain_from(
 pub(super) async fn drain_until(
     conn: &mut PgConnection,
     root: Root,
-    root_path: &Path,
+    store: &Store,
     scope: Option<Uuid>,
     mut after: i64,
     stop: &Arc<AtomicBool>,
@@ -57,7 +57,7 @@ pub(super) async fn drain_until(
     let _stop = RaiseOnDrop(stop.clone());
     let mut counts = FileCounts::default();
     loop {
-        let batch: Vec<(i64, String, i32)> = {
+        let batch: Vec<Claimed> = {
             let mut tx = conn
                 .begin_with("BEGIN; SET LOCAL synchronous_commit = on")
                 .await?;
@@ -67,7 +67,7 @@ pub(super) async fn drain_until(
                               WHERE p.root = $1 AND p.account_id = $2 AND p.id > $3
                                 AND p.quarantined_at IS NULL AND NOT EXISTS ({HELD})
                               ORDER BY p.id LIMIT $4)
-                 RETURNING id, relative_path, attempts"
+                 RETURNING id, relative_path, attempts, created_at"
             )))
             .bind(root.as_str())
             .bind(scope.unwrap_or_default())
@@ -78,25 +78,36 @@ pub(super) async fn drain_until(
             tx.commit().await?;
             batch
         };
-        let Some(last) = batch.iter().map(|(id, _, _)| *id).max() else {
+        let Some(last) = batch.iter().map(|claimed| claimed.id).max() else {
             return Ok((counts, after));
         };
         after = last;
         // A hold placed since the claim keeps its files too, unclaimed (HD-3).
         let batch = unheld(conn, batch).await?;
-        let paths: Vec<String> = batch.iter().map(|(_, p, _)| p.clone()).collect();
+        let paths: Vec<String> = batch.iter().map(|claimed| claimed.path.clone()).collect();
         let referenced = root.referenced(conn, &paths).await?;
-        let dir = open_root(root_path).map_err(|source| DrainError::Root {
-            path: root_path.to_owned(),
-            source,
-        })?;
-        // The unlinks block: on a thread of their own, so that the runtime's threads go on
-        // serving the hops and drains beside this one.
-        let unlinks = tokio::task::spawn_blocking({
-            let (stop, span) = (stop.clone(), tracing::Span::current());
-            move || span.in_scope(|| remove_batch(root, &dir, &batch, &referenced, &stop))
-        });
-        let removed = joined(unlinks.await)?;
+        let removed = match store {
+            Store::Local(root_path) => {
+                let dir = open_root(root_path).map_err(|source| DrainError::Root {
+                    path: root_path.to_owned(),
+                    source,
+                })?;
+                // The unlinks block: on a thread of their own, so that the runtime's threads go
+                // on serving the hops and drains beside this one.
+                let unlinks = tokio::task::spawn_blocking({
+                    let (stop, span) = (stop.clone(), tracing::Span::current());
+                    move || span.in_scope(|| remove_batch(root, &dir, &batch, &referenced, &stop))
+                });
+                joined(unlinks.await)?
+            }
+            Store::Object(objects) => {
+                objects.reach().await.map_err(|why| DrainError::Store {
+                    root: objects.to_string(),
+                    why,
+                })?;
+                objects.remove_batch(root, &batch, &referenced, stop).await
+            }
+        };
         counts.add(removed.counts);
         conclude(conn, &removed).await?;
         if stop.load(Ordering::Relaxed) {
@@ -112,11 +123,8 @@ const HELD: &str =
 
 /// The records of a claimed `batch` no hold covers, asked just before their unlinks; the others
 /// are handed back as they were, their claim undone, to wait for the hold's release.
-async fn unheld(
-    conn: &mut PgConnection,
-    batch: Vec<(i64, String, i32)>,
-) -> Result<Vec<(i64, String, i32)>, sqlx::Error> {
-    let ids: Vec<i64> = batch.iter().map(|(id, _, _)| *id).collect();
+async fn unheld(conn: &mut PgConnection, batch: Vec<Claimed>) -> Result<Vec<Claimed>, sqlx::Error> {
+    let ids: Vec<i64> = batch.iter().map(|claimed| claimed.id).collect();
     let held: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "UPDATE sexton.pending_file_deletions p SET attempts = attempts - 1
          WHERE p.id = ANY($1) AND EXISTS ({HELD})
@@ -127,7 +135,7 @@ async fn unheld(
     .await?;
     Ok(batch
         .into_iter()
-        .filter(|(id, _, _)| !held.contains(id))
+        .filter(|claimed| !held.contains(&claimed.id))
         .collect())
 }
 
@@ -162,7 +170,7 @@ pub(super) fn joined<T>(result: Result<T, tokio::task::JoinError>) -> Result<T, 
 pub struct Beside {
     pool: sqlx::PgPool,
     root: Root,
-    root_path: PathBuf,
+    store: Store,
     scope: Option<Uuid>,
     running: Option<Running>,
     /// The last record id a drain of this hop claimed.
@@ -182,14 +190,14 @@ impl Beside {
     pub fn new(
         pool: &sqlx::PgPool,
         root: Root,
-        root_path: &Path,
+        store: &Store,
         scope: Option<Uuid>,
         after: i64,
     ) -> Self {
         Self {
             pool: pool.clone(),
             root,
-            root_path: root_path.to_owned(),
+            store: store.clone(),
             scope,
             running: None,
             after,
@@ -215,10 +223,10 @@ impl Beside {
         }
         self.collect().await?;
         self.waiting = 0;
-        let (pool, root, root_path, scope, after) = (
+        let (pool, root, store, scope, after) = (
             self.pool.clone(),
             self.root,
-            self.root_path.clone(),
+            self.store.clone(),
             self.scope,
             self.after,
         );
@@ -227,7 +235,7 @@ impl Beside {
             let stop = stop.clone();
             async move {
                 let mut conn = pool.acquire().await?;
-                drain_until(&mut conn, root, &root_path, scope, after, &stop).await
+                drain_until(&mut conn, root, &store, scope, after, &stop).await
             }
         };
         self.running = Some(Running {
@@ -269,16 +277,29 @@ impl Drop for Beside {
     }
 }
 
+/// A record a drain claimed.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct Claimed {
+    pub id: i64,
+    #[sqlx(rename = "relative_path")]
+    pub path: String,
+    /// Counting this one.
+    pub attempts: i32,
+    /// When the transaction that removed its owners recorded it.
+    #[sqlx(rename = "created_at")]
+    pub recorded_at: chrono::DateTime<chrono::Utc>,
+}
+
 /// What became of one claimed batch's records.
 #[derive(Debug, Default)]
 pub(super) struct Removed {
-    counts: FileCounts,
+    pub counts: FileCounts,
     /// Gone, refused or still referenced: the record is deleted.
-    forget: Vec<i64>,
+    pub forget: Vec<i64>,
     /// Failed on its last attempt, or claimed past it: kept aside, with why.
-    quarantine: Vec<(i64, String)>,
+    pub quarantine: Vec<(i64, String)>,
     /// Failed, to be tried again: why, for people.
-    failed: Vec<(i64, String)>,
+    pub failed: Vec<(i64, String)>,
 }
 
 /// Writes down what became of a batch's records (see [`drain`]).
@@ -312,59 +333,81 @@ pub(super) async fn conclude(
     Ok(())
 }
 
-/// Removes the paths of one claimed `batch` (id, path, attempts) below the open root `dir`,
-/// except those `referenced`, until `stop` is raised (see [`drain`]).
+/// Removes the paths of one claimed `batch` below the open root `dir`, except those
+/// `referenced`, until `stop` is raised (see [`drain`]).
 pub(super) fn remove_batch(
     root: Root,
     dir: &OwnedFd,
-    batch: &[(i64, String, i32)],
+    batch: &[Claimed],
     referenced: &[String],
     stop: &AtomicBool,
 ) -> Removed {
     let mut removed = Removed::default();
-    for (id, relative, attempts) in batch {
+    for claimed in batch {
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        if referenced.contains(relative) {
-            removed.forget.push(*id);
+        if referenced.contains(&claimed.path) {
+            removed.forget.push(claimed.id);
             continue;
         }
-        if *attempts > MAX_ATTEMPTS {
-            // Claimed that often without ever reporting back: each try ended the process that
-            // made it. Never again (ER-3).
-            removed.counts.errors += 1;
-            let why = format!(
-                "claimed {} times without a result: each removal ended its process",
-                attempts - 1
-            );
-            tracing::error!(root = root.as_str(), path = %relative, attempts, "file quarantined: {why}");
-            removed.quarantine.push((*id, why));
+        if removed.quarantined_unfinished(root, claimed) {
             continue;
         }
-        match remove_under(dir, relative, root.holds_directories()) {
+        match remove_under(dir, &claimed.path, root.holds_directories()) {
             Ok(counts) => {
                 removed.counts.add(counts);
-                removed.forget.push(*id);
+                removed.forget.push(claimed.id);
             }
-            Err(err) => {
-                removed.counts.errors += 1;
-                let refused = err.kind() == io::ErrorKind::InvalidInput;
-                let last = *attempts >= MAX_ATTEMPTS;
-                tracing::warn!(
-                    root = root.as_str(), path = %relative, error = %err, attempts,
-                    refused, quarantined = !refused && last,
-                    "file not deleted"
-                );
-                if refused {
-                    removed.forget.push(*id);
-                } else if last {
-                    removed.quarantine.push((*id, err.to_string()));
-                } else {
-                    removed.failed.push((*id, err.to_string()));
-                }
+            Err(err) if err.kind() == io::ErrorKind::InvalidInput => {
+                removed.refused(root, claimed, &err.to_string());
             }
+            Err(err) => removed.failed_attempt(root, claimed, err.to_string()),
         }
     }
     removed
+}
+
+impl Removed {
+    /// A record claimed past its last attempt without a result: quarantined (see [`drain`]); whether it was.
+    pub(super) fn quarantined_unfinished(&mut self, root: Root, claimed: &Claimed) -> bool {
+        if claimed.attempts <= MAX_ATTEMPTS {
+            return false;
+        }
+        self.counts.errors += 1;
+        let why = format!(
+            "claimed {} times without a result: each removal ended its process",
+            claimed.attempts - 1
+        );
+        tracing::error!(root = root.as_str(), path = %claimed.path, attempts = claimed.attempts, "file quarantined: {why}");
+        self.quarantine.push((claimed.id, why));
+        true
+    }
+
+    /// A path that names nothing of the root's (outside it, not of its kind, OS-3): counted,
+    /// and its record forgotten.
+    pub(super) fn refused(&mut self, root: Root, claimed: &Claimed, why: &str) {
+        self.counts.errors += 1;
+        tracing::warn!(
+            root = root.as_str(), path = %claimed.path, error = %why, attempts = claimed.attempts,
+            refused = true, quarantined = false, "file not deleted"
+        );
+        self.forget.push(claimed.id);
+    }
+
+    /// A removal that failed for a reason that may pass: tried again, or quarantined after its
+    /// last attempt.
+    pub(super) fn failed_attempt(&mut self, root: Root, claimed: &Claimed, why: String) {
+        self.counts.errors += 1;
+        let last = claimed.attempts >= MAX_ATTEMPTS;
+        tracing::warn!(
+            root = root.as_str(), path = %claimed.path, error = %why, attempts = claimed.attempts,
+            refused = false, quarantined = last, "file not deleted"
+        );
+        if last {
+            self.quarantine.push((claimed.id, why));
+        } else {
+            self.failed.push((claimed.id, why));
+        }
+    }
 }

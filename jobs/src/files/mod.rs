@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use chrono::{DateTime, Utc};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use serde::Serialize;
 use sqlx::{Connection as _, PgConnection};
@@ -26,11 +27,18 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 mod drain;
+pub mod object;
+mod store;
 mod under;
 pub use drain::*;
+pub use store::*;
 pub use under::*;
 
+use object::ObjectRoot;
+
 /// The platform's file roots (SPEC §1.2); relative paths in the database resolve under them.
+/// A root in an object store (OS-1) is in `objects`, its path field then the `s3://` URL as
+/// given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathSettings {
     pub output_root: PathBuf,
@@ -38,10 +46,21 @@ pub struct PathSettings {
     pub artifacts_root: PathBuf,
     pub sessions_root: PathBuf,
     pub traces_root: PathBuf,
+    pub objects: Vec<(Root, Arc<ObjectRoot>)>,
+}
+
+impl PathSettings {
+    /// Where `root`'s files are.
+    pub fn store(&self, root: Root) -> Store {
+        match self.objects.iter().find(|(r, _)| *r == root) {
+            Some((_, objects)) => Store::Object(objects.clone()),
+            None => Store::Local(root.path(self).to_owned()),
+        }
+    }
 }
 
 /// A root files are removed from. Generated artifacts have none: they are never removed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum Root {
     Outputs,
@@ -104,6 +123,10 @@ pub enum DrainError {
         #[source]
         source: io::Error,
     },
+    /// The object store does not answer for the root (a bucket gone, credentials refused):
+    /// nothing is forgotten, as with a missing directory (ER-3).
+    #[error("file root {root} cannot be reached: {why}")]
+    Store { root: String, why: String },
     /// The runtime shut down under the drain's unlinks.
     #[error("the drain was cancelled")]
     Cancelled,

@@ -62,7 +62,7 @@ pub(super) async fn hop_into(
     };
     let files = Files {
         root: Root::Outputs,
-        path: &settings.output_root,
+        store: &settings.outputs,
         scope: Some(args.account_id),
         beside: Some(pool),
     };

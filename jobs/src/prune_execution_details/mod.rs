@@ -11,7 +11,6 @@
 //! the window was full or its time budget ran out.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::LazyLock;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -25,7 +24,7 @@ use crate::clock::Clock;
 use crate::cutoff::{EARLIEST, days_before};
 use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{self, PathSettings, Root};
+use crate::files::{self, PathSettings, Root, Store};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
 use crate::job::{AccountRange, Env, Inspect, Job, Look, Position, Report};
@@ -136,8 +135,8 @@ pub struct HopSettings {
     pub budget: Duration,
     /// Longest wait for an owner's conversation or run lock before it is skipped as busy.
     pub owner_lock_timeout: Duration,
-    /// Root that `output_files.relative_path` is resolved under.
-    pub output_root: PathBuf,
+    /// Where `output_files.relative_path` is resolved.
+    pub outputs: Store,
 }
 
 /// Why an owner was left in place this pass (EX-5, EX-6), as counted in metrics.
@@ -386,7 +385,7 @@ impl Job for PruneExecutionDetails {
             transaction_target: transaction_target?,
             budget: budget?,
             owner_lock_timeout: owner_lock_timeout?,
-            output_root: paths.output_root.clone(),
+            outputs: paths.store(Root::Outputs),
         })
     }
 
@@ -419,7 +418,7 @@ impl Job for PruneExecutionDetails {
     ) -> Result<(), Error> {
         // The worker's roots are the ones in force, whatever the settings were loaded with.
         let settings = &HopSettings {
-            output_root: env.paths.output_root.clone(),
+            outputs: env.paths.store(Root::Outputs),
             ..settings.clone()
         };
         let mut done = HopReport::new();

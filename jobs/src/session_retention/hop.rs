@@ -78,7 +78,7 @@ pub(super) async fn hop_into(
     };
     let files = Files {
         root: Root::Sessions,
-        path: &settings.sessions_root,
+        store: &settings.sessions,
         scope: Some(args.account_id),
         beside: None,
     };

@@ -18,7 +18,6 @@
 //! independently of all this.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::LazyLock;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -31,7 +30,7 @@ use uuid::Uuid;
 use crate::cutoff::{EARLIEST, days_before};
 use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{self, FileCounts, PathSettings, Root};
+use crate::files::{self, FileCounts, PathSettings, Root, Store};
 use crate::health::{Health, Indicator};
 pub use crate::job::HopOutcome;
 use crate::job::{AccountRange, Env, Inspect, Job, Look, Position, Report};
@@ -240,8 +239,8 @@ pub struct HopSettings {
     pub budget: Duration,
     /// Longest wait for any lock inside a deletion (child rows an application holds).
     pub lock_timeout: Duration,
-    /// Root of the per-session archive frame directories.
-    pub sessions_root: PathBuf,
+    /// Where the per-session archive frame directories are.
+    pub sessions: Store,
 }
 
 /// Why a session was left in place this pass, as counted in metrics. `invalid_policy` counts a
@@ -343,7 +342,7 @@ impl Job for SessionRetention {
             sessions_per_transaction: sessions_per_transaction?,
             budget: budget?,
             lock_timeout: lock_timeout?,
-            sessions_root: paths.sessions_root.clone(),
+            sessions: paths.store(Root::Sessions),
         })
     }
 
@@ -376,7 +375,7 @@ impl Job for SessionRetention {
     ) -> Result<(), Error> {
         // The worker's roots are the ones in force, whatever the settings were loaded with.
         let settings = &HopSettings {
-            sessions_root: env.paths.sessions_root.clone(),
+            sessions: env.paths.store(Root::Sessions),
             ..settings.clone()
         };
         let mut done = HopReport::new();

@@ -225,13 +225,7 @@ pub struct RawSettings {
 
 /// Reads `[traces]`; enabled with no limit is refused, naming both (TR-1).
 pub fn settings(s: RawSettings, c: &mut Check<'_>) -> Option<TraceSettings> {
-    let enabled = match &s.enabled {
-        Raw::Typed(b) => Some(*b),
-        Raw::Other(v) => {
-            c.fail("traces.enabled", "true or false", v);
-            None
-        }
-    };
+    let enabled = c.flag("traces.enabled", &s.enabled);
     let max_age_days = c.int(
         "traces.max_age_days",
         &s.max_age_days,

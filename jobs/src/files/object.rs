@@ -1,0 +1,416 @@
+//! Roots in an S3-compatible object store (SPEC §10): `s3://BUCKET/PREFIX`, reached through
+//! `object_store`'s S3 client. A stored relative path maps to exactly one key under the prefix
+//! (OS-3: a spelling that could mean another key is refused, never normalised); a drain reads
+//! each object (HEAD) just before deleting it, deletes in batches of at most [`MAX_BATCH`] keys
+//! and keeps the record of every key whose delete failed (OS-4).
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use chrono::{DateTime, Utc};
+use futures::{StreamExt as _, TryStreamExt as _};
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt as _};
+
+use super::drain::{Claimed, Removed};
+use super::{FileCounts, Root};
+
+/// Keys one DeleteObjects call names at the most (AWS refuses more than 1,000).
+pub const MAX_BATCH: usize = 1_000;
+
+/// How sexton reaches the object store: what `[storage]` says, the standard AWS environment
+/// variables filling in what it leaves out (OS-1).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StorageSettings {
+    /// The store's URL (`http://127.0.0.1:8014`); AWS's own endpoint when unset.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Path-style requests (`endpoint/bucket/key`) instead of virtual-hosted ones.
+    pub path_style: bool,
+    /// Plain HTTP to the endpoint (a store on loopback).
+    pub allow_http: bool,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// DeleteObjects batches; off for a store that has none (single deletes, OS-4).
+    pub batch_delete: bool,
+}
+
+impl fmt::Debug for StorageSettings {
+    /// Never the secret (OS-1).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StorageSettings")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("path_style", &self.path_style)
+            .field("allow_http", &self.allow_http)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "(set)"),
+            )
+            .field("batch_delete", &self.batch_delete)
+            .finish()
+    }
+}
+
+/// A root in an object store: its bucket, the prefix its keys start with, and the client.
+#[derive(Clone)]
+pub struct ObjectRoot {
+    bucket: String,
+    /// Without a leading or trailing `/`; empty for a whole bucket.
+    prefix: String,
+    store: Arc<dyn ObjectStore>,
+}
+
+impl fmt::Debug for ObjectRoot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl fmt::Display for ObjectRoot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.prefix)
+    }
+}
+
+impl PartialEq for ObjectRoot {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.bucket, &self.prefix) == (&other.bucket, &other.prefix)
+    }
+}
+
+impl Eq for ObjectRoot {}
+
+/// A root's text that is `s3://BUCKET/PREFIX`, split (the prefix without its slashes); `None`
+/// for any other text (a local path).
+///
+/// # Errors
+/// The text starts with `s3://` but names no bucket, or a prefix that is not one key's start.
+pub fn parse_url(text: &str) -> Option<Result<(String, String), String>> {
+    let rest = text.strip_prefix("s3://")?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Some(Err("s3://BUCKET/PREFIX, with a bucket".to_owned()));
+    }
+    let prefix = prefix.trim_end_matches('/');
+    if !prefix.is_empty()
+        && let Err(why) = key_of("", prefix)
+    {
+        return Some(Err(format!("s3://BUCKET/PREFIX, the prefix {why}")));
+    }
+    Some(Ok((bucket.to_owned(), prefix.to_owned())))
+}
+
+impl ObjectRoot {
+    /// The root at `s3://bucket/prefix`, reached as `storage` says.
+    ///
+    /// # Errors
+    /// The client cannot be built from these settings (the reason, never the secret).
+    pub fn new(bucket: &str, prefix: &str, storage: &StorageSettings) -> Result<Self, String> {
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_virtual_hosted_style_request(!storage.path_style)
+            .with_allow_http(storage.allow_http)
+            .with_disable_bulk_delete(!storage.batch_delete);
+        if let Some(endpoint) = &storage.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let Some(region) = &storage.region {
+            builder = builder.with_region(region);
+        }
+        if let Some(key) = &storage.access_key_id {
+            builder = builder.with_access_key_id(key);
+        }
+        if let Some(secret) = &storage.secret_access_key {
+            builder = builder.with_secret_access_key(secret);
+        }
+        let store = builder.build().map_err(|err| err.to_string())?;
+        Ok(Self::with_store(bucket, prefix, Arc::new(store)))
+    }
+
+    /// The root at `bucket`/`prefix` through `store` (a test wraps the client to count calls).
+    pub fn with_store(bucket: &str, prefix: &str, store: Arc<dyn ObjectStore>) -> Self {
+        Self {
+            bucket: bucket.to_owned(),
+            prefix: prefix.trim_matches('/').to_owned(),
+            store,
+        }
+    }
+
+    /// The key `relative` names under this root (OS-3).
+    ///
+    /// # Errors
+    /// Why the path names no key of its own: see [`key_of`].
+    pub fn key(&self, relative: &str) -> Result<Key, String> {
+        key_of(&self.prefix, relative)
+    }
+
+    /// Whether the store answers for this root: one listing of at most a key (`check-config`).
+    ///
+    /// # Errors
+    /// The store's answer, for people.
+    pub async fn reach(&self) -> Result<(), String> {
+        let prefix = (!self.prefix.is_empty()).then(|| Key::from_iter(self.prefix.split('/')));
+        match self.store.list(prefix.as_ref()).next().await {
+            None | Some(Ok(_)) => Ok(()),
+            Some(Err(err)) => Err(err.to_string()),
+        }
+    }
+
+    /// The object at `relative`: its last modification and size; `None` when there is none.
+    ///
+    /// # Errors
+    /// The path names no key (OS-3), or the store failed.
+    pub async fn head(&self, relative: &str) -> Result<Option<Object>, Refusal> {
+        let key = self.key(relative).map_err(Refusal::Refused)?;
+        match self.store.head(&key).await {
+            Ok(meta) => Ok(Some(Object {
+                last_modified: meta.last_modified,
+                size: meta.size,
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(Refusal::Store(err.to_string())),
+        }
+    }
+
+    /// The object at `relative`, with its key, as a directory's one object.
+    async fn head_key(&self, relative: &str) -> Result<Vec<(Key, Object)>, Refusal> {
+        let key = self.key(relative).map_err(Refusal::Refused)?;
+        Ok(self
+            .head(relative)
+            .await?
+            .map(|object| (key, object))
+            .into_iter()
+            .collect())
+    }
+
+    /// Every object under `relative/` (a session's directory, SS-6), with its size and time.
+    async fn under(&self, relative: &str) -> Result<Vec<(Key, Object)>, Refusal> {
+        let key = self.key(relative).map_err(Refusal::Refused)?;
+        self.store
+            .list(Some(&key))
+            .map_ok(|meta| {
+                let object = Object {
+                    last_modified: meta.last_modified,
+                    size: meta.size,
+                };
+                (meta.location, object)
+            })
+            .try_collect()
+            .await
+            .map_err(|err| Refusal::Store(err.to_string()))
+    }
+
+    /// Deletes `keys` in calls of at most [`MAX_BATCH`] keys each; each key's outcome, in
+    /// order (a key already gone is deleted). A call that fails as a whole fails each of its keys.
+    async fn delete(&self, keys: &[Key]) -> Vec<Result<(), String>> {
+        let mut outcomes = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(MAX_BATCH) {
+            let stream = futures::stream::iter(chunk.to_vec()).map(Ok).boxed();
+            let results: Vec<_> = self.store.delete_stream(stream).collect().await;
+            if results.len() == chunk.len() {
+                outcomes.extend(results.into_iter().map(|result| match result {
+                    Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(err) => Err(err.to_string()),
+                }));
+            } else {
+                let why = results.into_iter().find_map(Result::err).map_or_else(
+                    || "the store answered for fewer keys".to_owned(),
+                    |e| e.to_string(),
+                );
+                outcomes.extend(chunk.iter().map(|_| Err(why.clone())));
+            }
+        }
+        outcomes
+    }
+
+    /// Removes the objects of one claimed `batch` except those `referenced` (see
+    /// [`drain`](super::drain)): each object re-read just before its delete, kept when it was
+    /// written after its record (a new object the platform put under the same key), the deletes
+    /// batched; a record is forgotten once each of its objects is gone.
+    pub(super) async fn remove_batch(
+        &self,
+        root: Root,
+        batch: &[Claimed],
+        referenced: &[String],
+        stop: &AtomicBool,
+    ) -> Removed {
+        let mut removed = Removed::default();
+        // Per record: its keys and their sizes.
+        let mut planned: Vec<(&Claimed, Vec<(Key, u64)>)> = Vec::new();
+        for claimed in batch {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            if referenced.contains(&claimed.path) {
+                removed.forget.push(claimed.id);
+                continue;
+            }
+            if removed.quarantined_unfinished(root, claimed) {
+                continue;
+            }
+            let found = if root.holds_directories() {
+                self.under(&claimed.path).await
+            } else {
+                self.head_key(&claimed.path).await
+            };
+            match found {
+                Ok(objects) => {
+                    let (young, old): (Vec<_>, Vec<_>) = objects
+                        .into_iter()
+                        .partition(|(_, object)| object.last_modified > claimed.recorded_at);
+                    for (key, _) in &young {
+                        tracing::warn!(root = root.as_str(), key = %key, "object not deleted: written after its record (a new object under the same key)");
+                    }
+                    planned.push((claimed, old.into_iter().map(|(k, o)| (k, o.size)).collect()));
+                }
+                Err(Refusal::Refused(why)) => removed.refused(root, claimed, &why),
+                Err(Refusal::Store(why)) => removed.failed_attempt(root, claimed, why),
+            }
+        }
+        let keys: Vec<Key> = planned
+            .iter()
+            .flat_map(|(_, keys)| keys.iter().map(|(key, _)| key.clone()))
+            .collect();
+        let mut outcomes = self.delete(&keys).await.into_iter();
+        for (claimed, keys) in planned {
+            let mut failed = None;
+            for (_, size) in keys {
+                match outcomes
+                    .next()
+                    .unwrap_or_else(|| Err("no answer".to_owned()))
+                {
+                    Ok(()) => removed.counts.add(FileCounts {
+                        deleted: 1,
+                        bytes: size,
+                        errors: 0,
+                    }),
+                    Err(why) => failed = Some(why),
+                }
+            }
+            match failed {
+                None => removed.forget.push(claimed.id),
+                Some(why) => removed.failed_attempt(root, claimed, why),
+            }
+        }
+        removed
+    }
+}
+
+/// The key `relative` names under `prefix` (OS-3): the prefix, a `/` and the path as it is.
+///
+/// # Errors
+/// The path is empty, starts with `/`, has an empty, `.` or `..` segment, a backslash, a
+/// percent-encoded `/` or `\`, or a control character: a spelling another key could share, or
+/// one a store may read as another key.
+pub fn key_of(prefix: &str, relative: &str) -> Result<Key, String> {
+    let why = if relative.is_empty() {
+        Some("is empty")
+    } else if relative.starts_with('/') {
+        Some("starts with `/`")
+    } else if relative.contains('\\') {
+        Some("holds a backslash")
+    } else if relative.chars().any(char::is_control) {
+        Some("holds a control character")
+    } else if ["%2f", "%5c"]
+        .iter()
+        .any(|encoded| relative.to_ascii_lowercase().contains(encoded))
+    {
+        Some("holds a percent-encoded separator")
+    } else if relative
+        .split('/')
+        .any(|segment| matches!(segment, "" | "." | ".."))
+    {
+        Some("has an empty, `.` or `..` segment")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(format!(
+            "path {relative:?} {why}: it names no key of its own"
+        ));
+    }
+    let key = if prefix.is_empty() {
+        relative.to_owned()
+    } else {
+        format!("{prefix}/{relative}")
+    };
+    Key::parse(&key).map_err(|err| format!("path {relative:?} names no key: {err}"))
+}
+
+/// An object's time and size, as the store reports them (OS-2: `LastModified` is its mtime).
+#[derive(Debug, Clone, Copy)]
+pub struct Object {
+    pub last_modified: DateTime<Utc>,
+    pub size: u64,
+}
+
+/// Why an object could not be looked at.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The path names no key of its own (OS-3).
+    Refused(String),
+    /// The store failed.
+    Store(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os3_each_ambiguous_spelling_is_refused_and_a_plain_path_is_one_key() {
+        for path in [
+            "",
+            "/a/x.out",
+            "a//x.out",
+            "a/./x.out",
+            "./a/x.out",
+            "a/../x.out",
+            "..",
+            "a/x.out/",
+            "a\\x.out",
+            "a%2Fx.out",
+            "a%2fx.out",
+            "a%5Cx.out",
+            "a/x\u{0}.out",
+            "a/x\n.out",
+            "a/x\u{7f}.out",
+        ] {
+            assert!(key_of("p", path).is_err(), "{path:?} was given a key");
+        }
+        assert_eq!(key_of("p/q", "a/x.out").unwrap().as_ref(), "p/q/a/x.out");
+        assert_eq!(key_of("", "a/x.out").unwrap().as_ref(), "a/x.out");
+        assert_eq!(
+            key_of("p", "a/x y%20.out").unwrap().as_ref(),
+            "p/a/x y%20.out"
+        );
+    }
+
+    #[test]
+    fn os1_urls_name_a_bucket_and_a_prefix() {
+        assert_eq!(
+            parse_url("s3://b/p/q/").unwrap().unwrap(),
+            ("b".to_owned(), "p/q".to_owned())
+        );
+        assert_eq!(
+            parse_url("s3://b").unwrap().unwrap(),
+            ("b".to_owned(), String::new())
+        );
+        assert!(parse_url("s3:///p").unwrap().is_err());
+        assert!(parse_url("s3://b/p//q").unwrap().is_err());
+        assert!(parse_url("/var/lib/platform").is_none());
+    }
+
+    #[test]
+    fn os1_the_secret_is_never_in_debug_output() {
+        let settings = StorageSettings {
+            secret_access_key: Some("hunter2-secret".to_owned()),
+            ..StorageSettings::default()
+        };
+        assert!(!format!("{settings:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,48 @@
+//! The gauges a worker keeps current between scrapes: the queue, each kind's backlog, the last
+//! success, quarantined file deletions, active holds and the database's health (OP-3, HD-5).
+
+use crate::context::JobContext;
+use crate::telemetry::metrics;
+use crate::{holds, queue, registry};
+
+/// Keeps the queue, backlog, last-success, quarantine and holds gauges current (OP-3, HD-5).
+pub async fn refresh(ctx: JobContext) {
+    loop {
+        match queue::counts(&ctx.pool).await {
+            Ok(counts) => counts.publish(),
+            Err(err) => tracing::warn!(error = %err, "could not count queue jobs"),
+        }
+        for kind in registry::KINDS {
+            match kind
+                .backlog(&ctx.pool, &ctx.settings, ctx.clock.now())
+                .await
+            {
+                Ok(Some(seconds)) => metrics::backlog(kind.name(), seconds),
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(
+                        job = kind.name(),
+                        error = format!("{err:#}"),
+                        "could not measure the backlog"
+                    )
+                }
+            }
+        }
+        metrics::publish_last_success(&ctx.pool).await;
+        match sexton_jobs::files::quarantined(&ctx.pool).await {
+            Ok(counts) => metrics::quarantined(&counts),
+            Err(err) => tracing::warn!(error = %err, "could not count quarantined file deletions"),
+        }
+        match holds::active_count(&ctx.pool).await {
+            Ok(n) => metrics::holds_active(n),
+            Err(err) => tracing::warn!(
+                error = format!("{:#}", anyhow::Error::new(err)),
+                "could not count active holds"
+            ),
+        }
+        if let Some(readings) = ctx.health.last() {
+            metrics::health(&readings);
+        }
+        tokio::time::sleep(ctx.settings.http.refresh_interval).await;
+    }
+}
