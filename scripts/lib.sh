@@ -111,8 +111,8 @@ with_s3s_fs() {
   done
   status=0
   SEXTON_TEST_S3="http://127.0.0.1:$port" SEXTON_TEST_S3_ROOT="$data" "$@" || status=$?
-  kill "$pid" 2>/dev/null
-  wait "$pid" 2>/dev/null
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
   rm -rf "$data" "$data.log"
   return "$status"
 }
