@@ -26,4 +26,7 @@ with_throwaway_postgres cargo test --test tests -- --ignored --test-threads=1 er
 with_s3s_fs with_throwaway_postgres cargo test --test tests -- \
   ex3_a_file_still_referenced ex3_ex4_detail_goes ex3_a_file_recorded_before_a_crash \
   ex3_a_drain_beside ex3_files_of_many ss6_history_goes at1_the_files_mtime_decides \
-  at1_a_missing_file at1_many_attachments at1_the_artifacts_root
+  at1_a_missing_file at1_many_attachments at1_the_artifacts_root \
+  er3_a_file_deleted_or_rewritten_between_plan tr2_age_first_then_quota tr2_live_traces_count \
+  tr2_traces_older_than_the_age tr3_a_live_session_spelled_otherwise tr3_a_second_cleaner \
+  tr3_the_trace_of_a_live_session tr4_the_background_job tr4_the_dry_run

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
+use sexton_jobs::files::Store;
 use sexton_jobs::job::{Job, Report};
 use sexton_jobs::prune_execution_details::{Args, PruneExecutionDetails, RetainReason};
 use sexton_jobs::record_expiry::{
@@ -551,12 +552,16 @@ async fn hd2_agent_and_session_holds_keep_their_traces_the_others_go(pool: PgPoo
         max_age_days: 30,
         max_bytes: 0,
     };
+    let store = Store::Local(root.clone());
+    let mut lease = traces::Lease::take(&mut conn, &store, "the test")
+        .await
+        .unwrap();
     let report = traces::clean(
         &mut conn,
-        &root,
+        &store,
         limits,
         pass_start(),
-        true,
+        Some(&mut lease),
         &mut Quiet,
         &AtomicBool::new(false),
     )

@@ -7,22 +7,22 @@
 use std::ffi::OsStr;
 use std::fs::FileTimes;
 use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use sexton::event;
+use sexton_jobs::files::{Root, Store};
 use sexton_jobs::trace_cleanup::{
     self as job, Lease, Limits, Observer, Planned, Quiet, TraceReport,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::common;
 use crate::common::fixture::{self, pass_start};
 use crate::common::process::{Proc, events, fleet_worker, poll_until};
+use crate::common::{self, backend};
 
 /// A traces root with agents' directories, and the moment the cleaner runs at.
 struct Traces {
@@ -33,7 +33,7 @@ struct Traces {
 
 impl Traces {
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = backend::tempdir();
         let root = dir.path().join("traces");
         std::fs::create_dir_all(&root).unwrap();
         Self {
@@ -41,6 +41,11 @@ impl Traces {
             root,
             agent: Uuid::new_v4(),
         }
+    }
+
+    /// Where the cleaner finds the traces: the directory, or the bucket's prefix it is.
+    fn store(&self) -> Store {
+        backend::paths(self.dir.path()).store(Root::Traces)
     }
 
     /// A trace of `session` with `body_bytes` of content after its signature, last modified
@@ -81,24 +86,40 @@ fn age(path: &Path, days: f64) {
         .unwrap();
 }
 
-fn allocated(path: &Path) -> u64 {
-    std::fs::metadata(path).unwrap().blocks() * 512
+/// A run of the cleaner over the traces of `t`: with `confirm`, holding the root's lease.
+async fn clean(pool: &PgPool, t: &Traces, limits: Limits, confirm: bool) -> TraceReport {
+    common::migrate(pool).await;
+    clean_watched(pool, t, limits, confirm, &mut Quiet).await
 }
 
-async fn clean(pool: &PgPool, root: &Path, limits: Limits, confirm: bool) -> TraceReport {
-    common::migrate(pool).await;
+async fn clean_watched(
+    pool: &PgPool,
+    t: &Traces,
+    limits: Limits,
+    confirm: bool,
+    observer: &mut dyn Observer,
+) -> TraceReport {
     let mut conn = pool.acquire().await.unwrap();
-    job::clean(
+    let store = t.store();
+    let mut lease = match confirm {
+        true => Some(Lease::take(&mut conn, &store, "the test").await.unwrap()),
+        false => None,
+    };
+    let report = job::clean(
         &mut conn,
-        root,
+        &store,
         limits,
         pass_start(),
-        confirm,
-        &mut Quiet,
+        lease.as_mut(),
+        observer,
         &AtomicBool::new(false),
     )
     .await
-    .unwrap()
+    .unwrap();
+    if let Some(lease) = lease {
+        lease.release(&mut conn).await.unwrap();
+    }
+    report
 }
 
 fn age_limit(days: i32) -> Limits {
@@ -114,11 +135,11 @@ async fn tr2_traces_older_than_the_age_go_younger_ones_stay(pool: PgPool) {
     let old = t.trace("old.trace.jsonl", Uuid::new_v4(), 31.0, 10);
     let young = t.trace("young.trace.jsonl", Uuid::new_v4(), 29.0, 10);
 
-    let dry = clean(&pool, &t.root, age_limit(30), false).await;
+    let dry = clean(&pool, &t, age_limit(30), false).await;
     assert!(old.exists(), "a dry run deletes nothing");
     assert_eq!(dry.planned.get("age"), Some(&1));
 
-    let report = clean(&pool, &t.root, age_limit(30), true).await;
+    let report = clean(&pool, &t, age_limit(30), true).await;
     assert!(!old.exists());
     assert!(young.exists());
     assert_eq!((report.candidates, report.deleted), (2, 1));
@@ -140,17 +161,20 @@ async fn tr2_over_quota_the_oldest_go_first_and_a_sparse_file_counts_by_its_bloc
     let b = t.trace("b.trace.jsonl", Uuid::new_v4(), 8.0, 20_000);
     let c = t.trace("c.trace.jsonl", Uuid::new_v4(), 7.0, 20_000);
     assert!(
-        allocated(&sparse) < 1 << 20,
+        backend::allocated(&sparse) < 1 << 20,
         "the file system keeps it sparse"
     );
-    let total: u64 = [&sparse, &a, &b, &c].iter().map(|p| allocated(p)).sum();
+    let total: u64 = [&sparse, &a, &b, &c]
+        .iter()
+        .map(|p| backend::allocated(p))
+        .sum();
 
     // Within the quota once the sparse file goes: by length it would take all of them.
     let limits = Limits {
         max_age_days: 0,
-        max_bytes: total - allocated(&sparse),
+        max_bytes: total - backend::allocated(&sparse),
     };
-    let report = clean(&pool, &t.root, limits, true).await;
+    let report = clean(&pool, &t, limits, true).await;
     assert!(!sparse.exists());
     assert!(a.exists() && b.exists() && c.exists());
     assert_eq!(report.planned.get("quota"), Some(&1));
@@ -158,9 +182,9 @@ async fn tr2_over_quota_the_oldest_go_first_and_a_sparse_file_counts_by_its_bloc
     // A tighter quota takes the next oldest too, and only it.
     let limits = Limits {
         max_age_days: 0,
-        max_bytes: allocated(&b) + allocated(&c),
+        max_bytes: backend::allocated(&b) + backend::allocated(&c),
     };
-    clean(&pool, &t.root, limits, true).await;
+    clean(&pool, &t, limits, true).await;
     assert!(!a.exists());
     assert!(b.exists() && c.exists());
 }
@@ -173,9 +197,9 @@ async fn tr2_age_first_then_quota_over_what_remains(pool: PgPool) {
     let newer = t.trace("newer.trace.jsonl", Uuid::new_v4(), 1.0, 20_000);
     let limits = Limits {
         max_age_days: 30,
-        max_bytes: allocated(&newer),
+        max_bytes: backend::allocated(&newer),
     };
-    let report = clean(&pool, &t.root, limits, true).await;
+    let report = clean(&pool, &t, limits, true).await;
     assert!(!ancient.exists() && !older.exists());
     assert!(newer.exists());
     assert_eq!(report.planned.get("age"), Some(&1));
@@ -222,7 +246,7 @@ async fn tr3_symlinks_bad_signatures_and_odd_files_are_counted_never_deleted(poo
     let other_name = t.file("notes.txt", b"keep", 400.0);
     let good = t.trace("good.trace.jsonl", Uuid::new_v4(), 400.0, 10);
 
-    let report = clean(&pool, &t.root, age_limit(30), true).await;
+    let report = clean(&pool, &t, age_limit(30), true).await;
 
     assert!(secret.exists(), "nothing outside the root is ever deleted");
     assert!(
@@ -254,7 +278,7 @@ async fn tr3_the_trace_of_a_live_session_stays(pool: PgPool) {
     let of_main = t.trace("main.trace.jsonl", main, 100.0, 10);
     let of_gone = t.trace("gone.trace.jsonl", Uuid::new_v4(), 100.0, 10);
 
-    let report = clean(&pool, &t.root, age_limit(30), true).await;
+    let report = clean(&pool, &t, age_limit(30), true).await;
 
     assert!(of_current.exists() && of_main.exists());
     assert!(!of_gone.exists());
@@ -290,22 +314,11 @@ async fn er3_a_file_deleted_or_rewritten_between_plan_and_delete_is_not_deleted_
     let vanishes = t.trace("vanishes.trace.jsonl", Uuid::new_v4(), 100.0, 10);
     let rewritten = t.trace("rewritten.trace.jsonl", Uuid::new_v4(), 100.0, 10);
     let plain = t.trace("plain.trace.jsonl", Uuid::new_v4(), 100.0, 10);
-    let mut conn = pool.acquire().await.unwrap();
     let mut meddler = Meddler {
         root: t.root.clone(),
     };
 
-    let report = job::clean(
-        &mut conn,
-        &t.root,
-        age_limit(30),
-        pass_start(),
-        true,
-        &mut meddler,
-        &AtomicBool::new(false),
-    )
-    .await
-    .unwrap();
+    let report = clean_watched(&pool, &t, age_limit(30), true, &mut meddler).await;
 
     assert!(!vanishes.exists());
     assert!(
@@ -331,22 +344,38 @@ async fn tr3_a_second_cleaner_reports_the_lease_holder_deletes_nothing_and_exits
         cmd
     };
 
-    let lease = Lease::acquire(&t.root, "the test's cleaner pid=1").unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let store = t.store();
+    let lease = Lease::take(&mut conn, &store, "the test's cleaner pid=1")
+        .await
+        .unwrap();
     let held = cli().output().await.unwrap();
     assert_eq!(held.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&held.stderr);
     assert!(stderr.contains("the test's cleaner pid=1"), "{stderr}");
     assert!(old.exists(), "nothing deleted while the lease is held");
 
-    drop(lease);
+    lease.release(&mut conn).await.unwrap();
     let free = cli().output().await.unwrap();
     assert_eq!(free.status.code(), Some(0));
     assert!(!old.exists(), "the control: with the lease free, it goes");
-    let holder = std::fs::read_to_string(t.root.join(job::LEASE_FILE)).unwrap();
-    assert!(
-        holder.contains("sexton traces clean") && holder.contains("pid="),
-        "{holder}"
-    );
+    match store {
+        // The file stays, naming its last holder; the row lease is gone with its cleaner.
+        Store::Local(root) => {
+            let holder = std::fs::read_to_string(root.join(job::LEASE_FILE)).unwrap();
+            assert!(
+                holder.contains("sexton traces clean") && holder.contains("pid="),
+                "{holder}"
+            );
+        }
+        Store::Object(_) => {
+            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM sexton.trace_leases")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert_eq!(rows, 0, "released when the cleaner is done");
+        }
+    }
 }
 
 #[sqlx::test]
@@ -518,7 +547,7 @@ async fn tr3_a_live_session_spelled_otherwise_still_stays_and_a_non_uuid_session
     );
     let control = t.trace("gone.trace.jsonl", Uuid::new_v4(), 100.0, 10);
 
-    let report = clean(&pool, &t.root, age_limit(30), true).await;
+    let report = clean(&pool, &t, age_limit(30), true).await;
 
     assert!(
         upper.exists() && braced.exists(),
@@ -543,16 +572,16 @@ async fn tr2_live_traces_count_toward_the_quota_and_the_next_oldest_go_instead(p
     let c = t.trace("c.trace.jsonl", Uuid::new_v4(), 7.0, 20_000);
     let limits = Limits {
         max_age_days: 0,
-        max_bytes: allocated(&live) + allocated(&c),
+        max_bytes: backend::allocated(&live) + backend::allocated(&c),
     };
 
-    let dry = clean(&pool, &t.root, limits, false).await;
+    let dry = clean(&pool, &t, limits, false).await;
     assert_eq!(
         dry.planned.get("quota"),
         Some(&2),
         "the dry run plans what will go"
     );
-    let report = clean(&pool, &t.root, limits, true).await;
+    let report = clean(&pool, &t, limits, true).await;
 
     assert!(live.exists() && c.exists());
     assert!(!a.exists() && !b.exists());
@@ -566,13 +595,13 @@ async fn tr2_more_equally_old_traces_than_are_sorted_in_memory_still_meet_the_qu
     for n in 0..21_000 {
         files.push(t.trace(&format!("t{n}.trace.jsonl"), Uuid::new_v4(), 5.0, 0));
     }
-    let each = allocated(&files[0]);
+    let each = backend::allocated(&files[0]);
     let limits = Limits {
         max_age_days: 0,
         max_bytes: each * 10_000,
     };
 
-    let report = clean(&pool, &t.root, limits, true).await;
+    let report = clean(&pool, &t, limits, true).await;
 
     let left = files.iter().filter(|f| f.exists()).count() as u64;
     assert_eq!(left, 10_000, "exactly within the quota");
@@ -732,19 +761,7 @@ async fn tr2_tr3_a_trace_whose_names_are_not_utf8_is_cleaned_like_any_other(pool
     std::os::unix::fs::symlink(&secret, &link).unwrap();
 
     let mut shown = Shown::default();
-    let mut conn = pool.acquire().await.unwrap();
-    let dry = job::clean(
-        &mut conn,
-        &t.root,
-        age_limit(30),
-        pass_start(),
-        false,
-        &mut shown,
-        &AtomicBool::new(false),
-    )
-    .await
-    .unwrap();
-    drop(conn);
+    let dry = clean_watched(&pool, &t, age_limit(30), false, &mut shown).await;
     assert_eq!(dry.planned.get("age"), Some(&3), "{dry:?}");
     assert!(in_odd_dir.exists() && odd_name.exists() && both_odd.exists());
     shown.0.sort();
@@ -756,7 +773,7 @@ async fn tr2_tr3_a_trace_whose_names_are_not_utf8_is_cleaned_like_any_other(pool
     expected.sort();
     assert_eq!(shown.0, expected, "shown lossily");
 
-    let report = clean(&pool, &t.root, age_limit(30), true).await;
+    let report = clean(&pool, &t, age_limit(30), true).await;
 
     assert!(
         !in_odd_dir.exists(),
@@ -811,18 +828,18 @@ async fn tr2_over_quota_traces_whose_names_are_not_utf8_count_and_go_oldest_firs
         7.0,
         20_000,
     );
-    let each = allocated(&oldest);
+    let each = backend::allocated(&oldest);
     assert!(
         [&tie_a, &tie_b, &newest]
             .iter()
-            .all(|p| allocated(p) == each)
+            .all(|p| backend::allocated(p) == each)
     );
     let limits = Limits {
         max_age_days: 0,
         max_bytes: 2 * each,
     };
 
-    let report = clean(&pool, &t.root, limits, true).await;
+    let report = clean(&pool, &t, limits, true).await;
 
     assert!(!oldest.exists(), "the oldest goes first");
     assert!(newest.exists());

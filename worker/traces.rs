@@ -8,6 +8,7 @@ use std::io::Write as _;
 
 use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
+use sexton_jobs::files::{Root, Store};
 use sexton_jobs::job::Job as _;
 use sexton_jobs::trace_cleanup::{
     self as job, Error, Lease, Limits, Observer, Planned, TraceCleanup, TraceReport, TraceSettings,
@@ -73,17 +74,24 @@ pub async fn clean(settings: &Settings, confirm: bool, json: bool) -> anyhow::Re
         .into());
     }
     settings.check_roots().await?;
-    let root = &settings.paths.traces_root;
-    let pool = db::connect(&settings.database, db::Access::Read).await?;
+    let root = settings.paths.store(Root::Traces);
+    // A confirmed run on an object root writes its lease row.
+    let access = match (&root, confirm) {
+        (Store::Object(_), true) => db::Access::Write,
+        _ => db::Access::Read,
+    };
+    let pool = db::connect(&settings.database, access).await?;
     let at: chrono::DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;
-    let _lease = if confirm {
-        match Lease::acquire(root, &job::holder("sexton traces clean", at)) {
+    let mut conn = pool.acquire().await?;
+    let mut lease = if confirm {
+        match Lease::take(&mut conn, &root, &job::holder("sexton traces clean", at)).await {
             Ok(lease) => Some(lease),
             Err(Error::LeaseHeld { holder }) => {
-                anyhow::bail!(
-                    "another trace cleaner holds {}: {holder}; nothing was deleted",
-                    root.join(job::LEASE_FILE).display()
-                )
+                let lease = match &root {
+                    Store::Local(path) => path.join(job::LEASE_FILE).display().to_string(),
+                    Store::Object(objects) => format!("the lease on {objects}"),
+                };
+                anyhow::bail!("another trace cleaner holds {lease}: {holder}; nothing was deleted")
             }
             Err(err) => return Err(err.into()),
         }
@@ -94,18 +102,21 @@ pub async fn clean(settings: &Settings, confirm: bool, json: bool) -> anyhow::Re
         writeln!(std::io::stdout(), "{{\"files\":[").ok();
     }
     let mut lines = Lines { json, first: true };
-    let mut conn = pool.acquire().await?;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let report = job::clean(
         &mut conn,
-        root,
+        &root,
         traces.limits,
         at,
-        confirm,
+        lease.as_mut(),
         &mut lines,
         &stop,
     )
-    .await?;
+    .await;
+    if let Some(lease) = lease {
+        lease.release(&mut conn).await?;
+    }
+    let report = report?;
     let totals = Totals {
         limits: traces.limits,
         at,

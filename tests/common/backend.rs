@@ -56,7 +56,7 @@ fn bucket(dir: &Path) -> Option<(String, String)> {
 }
 
 /// The file roots under `dir`: directories, and on the object backend also prefixes of the
-/// bucket `dir` is (outputs, attachments, sessions; traces stay local).
+/// bucket `dir` is (outputs, attachments, sessions, traces).
 pub fn paths(dir: &Path) -> PathSettings {
     let mut paths = PathSettings {
         output_root: dir.join("outputs"),
@@ -72,6 +72,7 @@ pub fn paths(dir: &Path) -> PathSettings {
             (Root::Outputs, "outputs"),
             (Root::Attachments, "attachments"),
             (Root::Sessions, "sessions"),
+            (Root::Traces, "traces"),
         ] {
             let objects = ObjectRoot::new(&bucket, prefix, &storage).expect("an object root");
             paths.objects.push((root, Arc::new(objects)));
@@ -95,6 +96,7 @@ pub fn env(dir: &Path) -> Vec<(&'static str, String)> {
             ("SEXTON_PATHS__OUTPUT_ROOT", "outputs"),
             ("SEXTON_PATHS__ATTACHMENTS_ROOT", "attachments"),
             ("SEXTON_PATHS__SESSIONS_ROOT", "sessions"),
+            ("SEXTON_PATHS__TRACES_ROOT", "traces"),
         ] {
             if let Some(entry) = env.iter_mut().find(|(name, _)| *name == setting) {
                 entry.1 = format!("s3://{bucket}/{prefix}");
@@ -110,6 +112,18 @@ pub fn env(dir: &Path) -> Vec<(&'static str, String)> {
         ]);
     }
     env
+}
+
+/// The bytes a file counts for against a quota: allocated blocks × 512 on disk (TR-2), the
+/// object's size on the object backend (OS-2).
+pub fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).expect("the file");
+    if server().is_some() {
+        meta.len()
+    } else {
+        meta.blocks() * 512
+    }
 }
 
 /// Whether nothing of `path` is left: on disk, it does not exist; on the object backend, no

@@ -169,14 +169,6 @@ fn paths(p: &RawPaths, storage: &StorageSettings, c: &mut Check<'_>) -> Option<P
         located.push(match place? {
             Place::Dir(path) => path,
             Place::Bucket(bucket, prefix) => {
-                if *root == Some(Root::Traces) {
-                    c.fail(
-                        setting,
-                        "a local directory (run traces in an object store are not supported by this build)",
-                        format!("{:?}", shown_raw(raw)),
-                    );
-                    return None;
-                }
                 match ObjectRoot::new(&bucket, &prefix, storage) {
                     Ok(objects_root) => {
                         if let Some(root) = root {
@@ -184,7 +176,11 @@ fn paths(p: &RawPaths, storage: &StorageSettings, c: &mut Check<'_>) -> Option<P
                         }
                     }
                     Err(why) => {
-                        c.fail(setting, &format!("an object-store root that can be reached ({why})"), format!("{:?}", shown_raw(raw)));
+                        c.fail(
+                            setting,
+                            &format!("an object-store root that can be reached ({why})"),
+                            format!("{:?}", shown_raw(raw)),
+                        );
                         return None;
                     }
                 }

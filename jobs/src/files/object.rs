@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
+use futures::stream::BoxStream;
 use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt as _};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt as _};
 
 use super::drain::{Claimed, Removed};
 use super::{FileCounts, Root};
@@ -204,9 +205,56 @@ impl ObjectRoot {
             .map_err(|err| Refusal::Store(err.to_string()))
     }
 
+    /// Every object under the root, as the store lists them (a stream: a root of millions of
+    /// objects is never held in memory).
+    pub fn list_all(&self) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let prefix = (!self.prefix.is_empty()).then(|| Key::from_iter(self.prefix.split('/')));
+        self.store.list(prefix.as_ref())
+    }
+
+    /// `key` relative to the root, if it names one of the root's objects by exactly that path
+    /// (OS-3: a key whose spelling [`key_of`] would refuse, or map elsewhere, is `None`).
+    pub fn relative(&self, key: &Key) -> Option<String> {
+        let relative = if self.prefix.is_empty() {
+            key.as_ref()
+        } else {
+            key.as_ref()
+                .strip_prefix(self.prefix.as_str())?
+                .strip_prefix('/')?
+        };
+        (self.key(relative).ok()? == *key).then(|| relative.to_owned())
+    }
+
+    /// The first `limit` bytes of the object at `key` (a ranged GET; all of it when shorter).
+    ///
+    /// # Errors
+    /// The store's answer, for people.
+    pub async fn first_bytes(&self, key: &Key, size: u64, limit: u64) -> Result<Vec<u8>, String> {
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        self.store
+            .get_range(key, 0..size.min(limit))
+            .await
+            .map(|bytes| bytes.to_vec())
+            .map_err(|err| err.to_string())
+    }
+
+    /// What the store says of the object at `key` now; `None` when there is none.
+    ///
+    /// # Errors
+    /// The store's answer, for people.
+    pub async fn meta(&self, key: &Key) -> Result<Option<ObjectMeta>, String> {
+        match self.store.head(key).await {
+            Ok(meta) => Ok(Some(meta)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(err.to_string()),
+        }
+    }
+
     /// Deletes `keys` in calls of at most [`MAX_BATCH`] keys each; each key's outcome, in
     /// order (a key already gone is deleted). A call that fails as a whole fails each of its keys.
-    async fn delete(&self, keys: &[Key]) -> Vec<Result<(), String>> {
+    pub async fn delete(&self, keys: &[Key]) -> Vec<Result<(), String>> {
         let mut outcomes = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(MAX_BATCH) {
             let stream = futures::stream::iter(chunk.to_vec()).map(Ok).boxed();

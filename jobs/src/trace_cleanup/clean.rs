@@ -35,54 +35,46 @@ pub(super) async fn kept(
         .collect())
 }
 
-/// Cleans the traces root by `limits` at `now`: plans every file (each shown to `observer`) and,
-/// with `confirm`, deletes them. The caller holds the [`Lease`] for a confirmed run. When `stop`
-/// is raised the run ends after the batch in hand; what is left waits for the next run.
+/// Cleans the traces root `store` by `limits` at `now`: plans every file (each shown to
+/// `observer`) and, holding the root's `lease` (a confirmed run), deletes them; without one it
+/// only plans. When `stop` is raised the run ends after the batch in hand; what is left waits for
+/// the next run.
 ///
 /// # Errors
-/// [`Error::Root`] when the root cannot be opened or read, [`Error::Database`] when the live
-/// sessions cannot be read.
+/// [`Error::Root`] when the root cannot be opened or read, [`Error::Store`] when an object
+/// root's listing fails, [`Error::Database`] when the live sessions cannot be read,
+/// [`Error::LeaseLost`] when another cleaner took the lease over.
 pub async fn clean(
     conn: &mut PgConnection,
-    root: &Path,
+    store: &Store,
     limits: Limits,
     now: DateTime<Utc>,
-    confirm: bool,
+    lease: Option<&mut Lease>,
     observer: &mut dyn Observer,
     stop: &AtomicBool,
 ) -> Result<TraceReport, Error> {
-    let root_error = |source: io::Error| Error::Root {
-        path: root.to_owned(),
-        source,
-    };
-    let canonical = root.canonicalize().map_err(root_error)?;
-    let walk = || -> Result<Walk, Error> {
-        let fd = crate::files::open_root(&canonical).map_err(root_error)?;
-        Walk::new(&canonical, fd).map_err(root_error)
-    };
+    let source = Source::of(store)?;
     let age_cutoff_ns = (limits.max_age_days > 0)
         .then(|| days_before(now, limits.max_age_days))
         .flatten()
-        .map(|cut| {
-            i128::from(cut.timestamp()) * 1_000_000_000 + i128::from(cut.timestamp_subsec_nanos())
-        });
+        .map(time_ns);
     let mut plan = Plan {
         conn,
         report: TraceReport {
-            confirmed: confirm,
+            confirmed: lease.is_some(),
             ..TraceReport::default()
         },
         candidates: Vec::new(),
         pending: Vec::new(),
         observer,
-        confirm,
+        lease,
         age_cutoff_ns,
         live_bytes: 0,
         stop,
         stopped: false,
     };
     let mut age = Pass::Age(Histogram::default());
-    plan.walk(&mut walk()?, &mut age).await?;
+    plan.walk(&mut source.walk()?, &mut age).await?;
     let Pass::Age(histogram) = age else {
         return Ok(plan.report);
     };
@@ -95,7 +87,7 @@ pub async fn clean(
         // Not even every other trace would bring the total within the quota: all of them go.
         let all = QuotaLine::Ties(i128::MAX, 0);
         plan.walk(
-            &mut walk()?,
+            &mut source.walk()?,
             &mut Pass::Quota {
                 line: all,
                 taken: 0,
@@ -105,12 +97,52 @@ pub async fn clean(
         return Ok(plan.report);
     };
     let start = (histogram.shift, first_bucket, first_before);
-    let Some(line) = boundary(&mut plan, &walk, start, excess).await? else {
+    let Some(line) = boundary(&mut plan, &source, start, excess).await? else {
         return Ok(plan.report);
     };
-    plan.walk(&mut walk()?, &mut Pass::Quota { line, taken: 0 })
+    plan.walk(&mut source.walk()?, &mut Pass::Quota { line, taken: 0 })
         .await?;
     Ok(plan.report)
+}
+
+/// A traces root to walk, again for each pass: a directory (as given, and canonical) or an
+/// object root.
+enum Source {
+    Tree { given: PathBuf, canonical: PathBuf },
+    Objects(Arc<ObjectRoot>),
+}
+
+impl Source {
+    /// # Errors
+    /// [`Error::Root`] when a directory root cannot be resolved.
+    fn of(store: &Store) -> Result<Source, Error> {
+        Ok(match store {
+            Store::Local(given) => Source::Tree {
+                given: given.clone(),
+                canonical: given.canonicalize().map_err(|source| Error::Root {
+                    path: given.clone(),
+                    source,
+                })?,
+            },
+            Store::Object(objects) => Source::Objects(objects.clone()),
+        })
+    }
+
+    /// # Errors
+    /// [`Error::Root`] when a directory root cannot be opened or read.
+    fn walk(&self) -> Result<Walk, Error> {
+        match self {
+            Source::Objects(objects) => Ok(Walk::Objects(Objects::new(objects.clone()))),
+            Source::Tree { given, canonical } => {
+                let root_error = |source: io::Error| Error::Root {
+                    path: given.clone(),
+                    source,
+                };
+                let fd = crate::files::open_root(canonical).map_err(root_error)?;
+                Ok(Walk::Tree(Tree::new(canonical, fd).map_err(root_error)?))
+            }
+        }
+    }
 }
 
 /// Narrows the quota's line from the histogram's bucket `start` (its shift, the bucket, the
@@ -118,7 +150,7 @@ pub async fn clean(
 /// traces that go to bring the root within `excess` end. `None` when the cleaner stopped.
 async fn boundary(
     plan: &mut Plan<'_>,
-    walk: &impl Fn() -> Result<Walk, Error>,
+    source: &Source,
     start: (u32, i128, u64),
     excess: u64,
 ) -> Result<Option<QuotaLine>, Error> {
@@ -131,7 +163,7 @@ async fn boundary(
             overflow: false,
             finer: BTreeMap::new(),
         };
-        plan.walk(&mut walk()?, &mut boundary).await?;
+        plan.walk(&mut source.walk()?, &mut boundary).await?;
         if plan.stopped {
             return Ok(None);
         }
@@ -234,10 +266,10 @@ impl Inspect for TraceCleanup {
         } = look;
         let report = clean(
             conn,
-            &paths.traces_root,
+            &paths.store(Root::Traces),
             settings.limits,
             now,
-            false,
+            None,
             &mut Quiet,
             &AtomicBool::new(false),
         )
@@ -252,7 +284,8 @@ impl Inspect for TraceCleanup {
 
 /// The cleaner's verdict on one file: a dry run of the cleaner itself — the same
 /// walk, signature check, live-session check, age and quota — watching that path. `path` is
-/// relative to the traces root, or absolute under it.
+/// relative to the traces root, or absolute under it (for an object root, its URL and the key's
+/// path under it).
 async fn explain_trace(
     look: Look<'_, TraceSettings>,
     path: &str,
@@ -263,47 +296,31 @@ async fn explain_trace(
         paths,
         now,
     } = look;
-    let root_error = |source: io::Error| Error::Root {
-        path: paths.traces_root.clone(),
-        source,
-    };
-    let root = paths.traces_root.canonicalize().map_err(root_error)?;
-    let Some(relative) = under_root(&root, &paths.traces_root, path) else {
-        return Ok(None);
-    };
-    let Ok(meta) = std::fs::symlink_metadata(root.join(&relative)) else {
+    let store = paths.store(Root::Traces);
+    let Some(found) = Found::look(&store, path).await? else {
         return Ok(None);
     };
     let mut watch = Watch {
-        path: &relative,
+        path: &found.relative,
         planned: None,
         kept: None,
     };
     let limits = settings.limits;
     if limits.any() {
-        clean(
-            conn,
-            &root,
-            limits,
-            now,
-            false,
-            &mut watch,
-            &AtomicBool::new(false),
-        )
-        .await?;
+        let stop = AtomicBool::new(false);
+        clean(conn, &store, limits, now, None, &mut watch, &stop).await?;
     }
-    let mtime = meta.modified().ok().map(DateTime::<Utc>::from);
     let mut explanation = Explanation {
         job: TraceCleanup::NAME,
         subject: "trace",
-        id: relative.clone(),
+        id: found.relative.clone(),
         account_id: None,
         policy: format!(
             "[traces] enabled = {}, max_age_days = {}, max_bytes = {}",
             settings.enabled, limits.max_age_days, limits.max_bytes
         ),
         measured_from: Some("the file's modification time".into()),
-        age_at: mtime,
+        age_at: found.mtime,
         cutoff: (limits.max_age_days > 0)
             .then(|| days_before(now, limits.max_age_days))
             .flatten(),
@@ -314,28 +331,107 @@ async fn explain_trace(
     };
     if watch.kept == Some(crate::explain::LEGAL_HOLD) {
         // Every hold that keeps it, by its signature's agent and session (HD-5).
-        let dir = crate::files::open_root(&root).map_err(root_error)?;
-        let name = std::ffi::CString::new(relative.as_bytes()).map_err(|e| root_error(e.into()))?;
-        if let Some((agent, session)) = signature(&first_line(&dir, &name).map_err(root_error)?) {
+        if let Some((agent, session)) = signature(&found.first_line(&store).await?) {
             let session = session.to_string();
             let holds = "sexton.trace_holds(sexton.jsonb_uuid(to_jsonb($1::text)), $2::uuid)";
             let holds = crate::explain::holds(conn, holds, &[&agent, &session]).await?;
             explanation.reasons.extend(holds);
         }
     }
-    judge(&mut explanation, watch, settings, &relative, &meta);
+    judge(&mut explanation, watch, settings, &found);
     Ok(Some(explanation))
+}
+
+/// The file `explain trace` was asked about, as found under the traces root.
+struct Found {
+    /// Relative to the root.
+    relative: String,
+    mtime: Option<DateTime<Utc>>,
+    /// A regular file, or an object.
+    is_file: bool,
+}
+
+impl Found {
+    /// What is at `path` under `store`; `None` when nothing is, or the path is not under it.
+    ///
+    /// # Errors
+    /// [`Error::Root`] or [`Error::Store`] when the root cannot be read.
+    async fn look(store: &Store, path: &str) -> Result<Option<Found>, Error> {
+        match store {
+            Store::Local(given) => {
+                let root = given.canonicalize().map_err(|source| Error::Root {
+                    path: given.clone(),
+                    source,
+                })?;
+                let Some(relative) = under_root(&root, given, path) else {
+                    return Ok(None);
+                };
+                let Ok(meta) = std::fs::symlink_metadata(root.join(&relative)) else {
+                    return Ok(None);
+                };
+                Ok(Some(Found {
+                    relative,
+                    mtime: meta.modified().ok().map(DateTime::<Utc>::from),
+                    is_file: meta.is_file(),
+                }))
+            }
+            Store::Object(objects) => {
+                let url = format!("{objects}/");
+                let relative = path.strip_prefix(url.as_str()).unwrap_or(path);
+                let Ok(key) = objects.key(relative) else {
+                    return Ok(None);
+                };
+                let meta = objects.meta(&key).await.map_err(|why| Error::Store {
+                    root: objects.to_string(),
+                    why,
+                })?;
+                Ok(meta.map(|meta| Found {
+                    relative: relative.to_owned(),
+                    mtime: Some(meta.last_modified),
+                    is_file: true,
+                }))
+            }
+        }
+    }
+
+    /// Its first line.
+    ///
+    /// # Errors
+    /// [`Error::Root`] or [`Error::Store`] when it cannot be read.
+    async fn first_line(&self, store: &Store) -> Result<Vec<u8>, Error> {
+        match store {
+            Store::Local(given) => {
+                let root_error = |source: io::Error| Error::Root {
+                    path: given.clone(),
+                    source,
+                };
+                let dir = crate::files::open_root(&given.canonicalize().map_err(root_error)?)
+                    .map_err(root_error)?;
+                let name = std::ffi::CString::new(self.relative.as_bytes())
+                    .map_err(|e| root_error(e.into()))?;
+                first_line(&dir, &name).map_err(root_error)
+            }
+            Store::Object(objects) => {
+                let store_error = |why: String| Error::Store {
+                    root: objects.to_string(),
+                    why,
+                };
+                let key = objects.key(&self.relative).map_err(store_error)?;
+                let meta = objects.meta(&key).await.map_err(store_error)?;
+                let size = meta.map_or(0, |meta| meta.size);
+                let first = objects
+                    .first_bytes(&key, size, FIRST_LINE_LIMIT as u64)
+                    .await
+                    .map_err(store_error)?;
+                Ok(line_of(first))
+            }
+        }
+    }
 }
 
 /// The cleaner's verdict on `relative`, from what its dry run `watch` saw, and every reason for
 /// it, into `explanation`.
-fn judge(
-    explanation: &mut Explanation,
-    watch: Watch<'_>,
-    settings: &TraceSettings,
-    relative: &str,
-    meta: &std::fs::Metadata,
-) {
+fn judge(explanation: &mut Explanation, watch: Watch<'_>, settings: &TraceSettings, found: &Found) {
     let limits = settings.limits;
     let reason = |code: &'static str, detail: String| ExplainReason::new("TR-3", code, detail);
     if !limits.any() {
@@ -384,7 +480,7 @@ fn judge(
                 _ => "it cannot be read".into(),
             },
         ));
-    } else if !relative.ends_with(".trace.jsonl") || !meta.is_file() {
+    } else if !found.relative.ends_with(".trace.jsonl") || !found.is_file {
         explanation.reasons.push(reason(
             "not_a_trace",
             "only regular files named *.trace.jsonl are traces".into(),

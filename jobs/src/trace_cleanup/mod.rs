@@ -32,24 +32,27 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
-use rustix::fs::{AtFlags, Dir, FileType, FlockOperation, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::{self, days_before};
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{FileCounts, PathSettings};
+use crate::files::object::ObjectRoot;
+use crate::files::{FileCounts, PathSettings, Root, Store};
 use crate::job::{Cadence, Env, HopOutcome, Inspect, Job, Look, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
 mod clean;
 mod lease;
+mod objects;
 mod plan;
 mod walk;
 pub use clean::*;
 pub use lease::*;
+use objects::Objects;
 use plan::*;
 use walk::*;
 
@@ -202,6 +205,12 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Another cleaner took over an expired row lease: nothing more is deleted.
+    #[error("the trace cleaner's lease on {root} was taken over by another cleaner")]
+    LeaseLost { root: String },
+    /// The object store does not answer for the traces root.
+    #[error("traces root {root} cannot be read: {why}")]
+    Store { root: String, why: String },
 }
 
 /// One run's payload: the period it belongs to.
@@ -356,7 +365,7 @@ impl Job for TraceCleanup {
         args: &Args,
         report: &mut Report<Args>,
     ) -> Result<(), Error> {
-        let root = &env.paths.traces_root;
+        let root = env.paths.store(Root::Traces);
         *report = Report {
             outcome: HopOutcome::Finished.as_str(),
             window: 0,
@@ -377,10 +386,8 @@ impl Job for TraceCleanup {
             .fetch_one(&mut *env.conn)
             .await?;
         let now = cutoff::reference(args.pass_started_at, database_now);
-        let _lease = match Lease::acquire(
-            root,
-            &holder("sexton worker (trace_cleanup)", database_now),
-        ) {
+        let holder = holder("sexton worker (trace_cleanup)", database_now);
+        let mut lease = match Lease::take(env.conn, &root, &holder).await {
             Ok(lease) => lease,
             Err(Error::LeaseHeld { holder }) => {
                 tracing::info!(%holder, "another trace cleaner holds the lease; nothing deleted");
@@ -392,14 +399,16 @@ impl Job for TraceCleanup {
         let started = std::time::Instant::now();
         let done = clean(
             env.conn,
-            root,
+            &root,
             settings.limits,
             now,
-            true,
+            Some(&mut lease),
             &mut Quiet,
             env.stop,
         )
-        .await?;
+        .await;
+        lease.release(env.conn).await?;
+        let done = done?;
         report.owner_seconds = started.elapsed().as_secs_f64();
         report.candidates = done.candidates;
         report.pruned = done.deleted;

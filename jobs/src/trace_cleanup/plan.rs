@@ -100,7 +100,8 @@ pub(super) struct Plan<'a> {
     /// Planned files of the current directory awaiting deletion (confirmed runs).
     pub(super) pending: Vec<Planned>,
     pub(super) observer: &'a mut dyn Observer,
-    pub(super) confirm: bool,
+    /// The lease of a confirmed run, which deletes; `None` for a dry run.
+    pub(super) lease: Option<&'a mut Lease>,
     pub(super) age_cutoff_ns: Option<i128>,
     /// Allocated bytes of the traces kept whatever the limits (held, or of live sessions): they
     /// count toward the quota but never go.
@@ -128,7 +129,7 @@ impl Plan<'_> {
         self.observer.planned(&planned);
         *self.report.planned.entry(reason.as_str()).or_default() += 1;
         self.report.planned_bytes += planned.bytes;
-        if self.confirm {
+        if self.lease.is_some() {
             self.pending.push(planned);
         }
     }
@@ -136,15 +137,18 @@ impl Plan<'_> {
     /// One walk of the tree for `pass`; stops early (and says so) when the worker stops.
     pub(super) async fn walk(&mut self, walk: &mut Walk, pass: &mut Pass) -> Result<(), Error> {
         let mut steps = 0u64;
-        while let Some(step) = walk.next_step() {
+        while let Some(step) = walk.next_step().await? {
             steps += 1;
-            // The walk is file-system work on the runtime's thread: let others run, and see a
-            // shutdown (FL-5), every so often.
+            // The walk is file-system work on the runtime's thread: let others run, see a
+            // shutdown (FL-5) and keep the lease, every so often.
             if steps.is_multiple_of(1024) {
                 tokio::task::yield_now().await;
                 if self.stop.load(Ordering::Relaxed) {
                     self.stopped = true;
                     return Ok(());
+                }
+                if let Some(lease) = self.lease.as_deref_mut() {
+                    lease.keep(self.conn).await?;
                 }
             }
             match step {
@@ -250,11 +254,14 @@ impl Plan<'_> {
         }
     }
 
-    /// Deletes the pending files of `dir`: a held or live session's trace kept, and each file
-    /// looked at again just before it goes.
-    async fn flush(&mut self, dir: &OwnedFd) -> Result<(), Error> {
+    /// Deletes the pending files of `dir`, the lease kept: a held or live session's trace kept,
+    /// and each file looked at again just before it goes.
+    async fn flush(&mut self, dir: &Listing) -> Result<(), Error> {
         if self.pending.is_empty() {
             return Ok(());
+        }
+        if let Some(lease) = self.lease.as_deref_mut() {
+            lease.keep(self.conn).await?;
         }
         let batch = std::mem::take(&mut self.pending);
         self.observer.before_delete(&batch);
@@ -263,11 +270,23 @@ impl Plan<'_> {
             .map(|p| (p.agent_id.as_str(), p.session_id))
             .collect();
         let kept = kept(self.conn, &traces).await?;
-        for (file, kept) in batch.iter().zip(kept) {
-            if let Some(reason) = kept {
-                self.report.keep(reason);
-                continue;
+        let mut going = Vec::with_capacity(batch.len());
+        for (file, kept) in batch.into_iter().zip(kept) {
+            match kept {
+                Some(reason) => self.report.keep(reason),
+                None => going.push(file),
             }
+        }
+        match dir {
+            Listing::Local(dir) => self.unlink(dir, &going),
+            Listing::Object(root) => self.delete_objects(root, going).await,
+        }
+        Ok(())
+    }
+
+    /// Unlinks `batch` from `dir`, each file looked at again just before it goes.
+    fn unlink(&mut self, dir: &OwnedFd, batch: &[Planned]) {
+        for file in batch {
             // Found again by its bytes in the directory it was listed in, never by the lossy
             // rendering.
             let name = file.name();
@@ -310,6 +329,5 @@ impl Plan<'_> {
                 }
             }
         }
-        Ok(())
     }
 }

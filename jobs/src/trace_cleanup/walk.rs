@@ -8,12 +8,13 @@ pub(super) fn as_path(bytes: &[u8]) -> &Path {
     Path::new(OsStr::from_bytes(bytes))
 }
 
-/// What a file looked like when it was planned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a file looked like when it was planned: for an object, its ETag too (no inode).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Seen {
     pub(super) ino: u64,
-    size: i64,
+    pub(super) size: i64,
     pub(super) mtime_ns: i128,
+    pub(super) etag: Option<String>,
 }
 
 /// One entry the walk met, as the cleaner classifies it.
@@ -42,6 +43,10 @@ pub(super) fn mtime_ns(stat: &rustix::fs::Stat) -> i128 {
     i128::from(stat.st_mtime) * 1_000_000_000 + i128::from(stat.st_mtime_nsec)
 }
 
+pub(super) fn time_ns(at: DateTime<Utc>) -> i128 {
+    i128::from(at.timestamp()) * 1_000_000_000 + i128::from(at.timestamp_subsec_nanos())
+}
+
 pub(super) fn to_time(ns: i128) -> DateTime<Utc> {
     let secs = ns.div_euclid(1_000_000_000) as i64;
     let nanos = ns.rem_euclid(1_000_000_000) as u32;
@@ -53,6 +58,7 @@ pub(super) fn seen(stat: &rustix::fs::Stat) -> Seen {
         ino: stat.st_ino,
         size: stat.st_size,
         mtime_ns: mtime_ns(stat),
+        etag: None,
     }
 }
 
@@ -88,12 +94,19 @@ pub(super) fn first_line(dir: &OwnedFd, name: &CStr) -> io::Result<Vec<u8>> {
             break;
         }
         buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.iter().position(|b| *b == b'\n') {
-            buf.truncate(end);
-            return Ok(buf);
+        if buf.contains(&b'\n') {
+            break;
         }
     }
-    Ok(buf)
+    Ok(line_of(buf))
+}
+
+/// What comes before the first newline of `bytes` (all of them without one).
+pub(super) fn line_of(mut bytes: Vec<u8>) -> Vec<u8> {
+    if let Some(end) = bytes.iter().position(|b| *b == b'\n') {
+        bytes.truncate(end);
+    }
+    bytes
 }
 
 /// Whether a symlink at `relative` resolves outside the canonical root.
@@ -116,33 +129,62 @@ pub(super) struct Pending {
 /// The directory being read.
 pub(super) struct Level {
     fd: Arc<OwnedFd>,
-    dir: Dir,
+    dir: rustix::fs::Dir,
     prefix: Vec<u8>,
     depth: usize,
 }
 
+/// Where an entry was found, to find it again when it is deleted.
+#[derive(Clone)]
+pub(super) enum Listing {
+    /// The directory it was listed in.
+    Local(Arc<OwnedFd>),
+    /// The object root.
+    Object(Arc<ObjectRoot>),
+}
+
 /// One step of a walk.
 pub(super) enum Step {
-    /// An entry of the directory `fd`.
-    Entry(Arc<OwnedFd>, Entry),
-    /// Every entry of `fd` has been seen: act on what is pending for it.
-    DirDone(Arc<OwnedFd>),
+    /// An entry of the directory (or the object root) given.
+    Entry(Listing, Entry),
+    /// Every entry of the directory has been seen (for an object root: every object, or the
+    /// last of a batch): act on what is pending for it.
+    DirDone(Listing),
+}
+
+/// A walk of a traces root: a directory tree, or the objects under a prefix.
+pub(super) enum Walk {
+    Tree(Tree),
+    Objects(super::objects::Objects),
+}
+
+impl Walk {
+    /// The next step; `None` when the walk is done.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when an object root's listing fails.
+    pub(super) async fn next_step(&mut self) -> Result<Option<Step>, Error> {
+        match self {
+            Walk::Tree(tree) => Ok(tree.next_step()),
+            Walk::Objects(objects) => objects.next_step().await,
+        }
+    }
 }
 
 /// A streaming walk of the tree below the root, one directory at a time, each opened relative
 /// to its parent without following a symlink. Only `*.trace.jsonl` entries and symlinks are
 /// reported; memory holds one directory reader and the directories still to read.
-pub(super) struct Walk {
+pub(super) struct Tree {
     root: PathBuf,
     current: Option<Level>,
     todo: Vec<Pending>,
 }
 
-impl Walk {
-    pub(super) fn new(root: &Path, fd: OwnedFd) -> io::Result<Walk> {
+impl Tree {
+    pub(super) fn new(root: &Path, fd: OwnedFd) -> io::Result<Tree> {
         let fd = Arc::new(fd);
-        let dir = Dir::read_from(&*fd)?;
-        Ok(Walk {
+        let dir = rustix::fs::Dir::read_from(&*fd)?;
+        Ok(Tree {
             root: root.to_owned(),
             current: Some(Level {
                 fd,
@@ -166,7 +208,7 @@ impl Walk {
         );
         // A directory swapped for a symlink, or removed, since it was listed: skipped.
         if let Ok(fd) = opened
-            && let Ok(dir) = Dir::read_from(&fd)
+            && let Ok(dir) = rustix::fs::Dir::read_from(&fd)
         {
             self.current = Some(Level {
                 fd: Arc::new(fd),
@@ -186,7 +228,7 @@ impl Walk {
             };
             let Some(entry) = level.dir.next() else {
                 let done = self.current.take().map(|level| level.fd)?;
-                return Some(Step::DirDone(done));
+                return Some(Step::DirDone(Listing::Local(done)));
             };
             let Ok(entry) = entry else {
                 continue;
@@ -207,7 +249,7 @@ impl Walk {
                 Err(rustix::io::Errno::NOENT) => continue,
                 Err(_) if is_trace => {
                     return Some(Step::Entry(
-                        level.fd.clone(),
+                        Listing::Local(level.fd.clone()),
                         Entry::Kept("unreadable", relative),
                     ));
                 }
@@ -247,7 +289,7 @@ impl Walk {
                 }
                 _ => continue,
             };
-            return Some(Step::Entry(level.fd.clone(), entry));
+            return Some(Step::Entry(Listing::Local(level.fd.clone()), entry));
         }
     }
 }

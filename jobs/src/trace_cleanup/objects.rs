@@ -1,0 +1,167 @@
+//! A traces root in an object store (OS-2): the walk is a listing of the root's prefix, each
+//! trace's signature read with a ranged GET of at most [`FIRST_LINE_LIMIT`] bytes, its size
+//! standing for allocated bytes and its `LastModified` for its mtime; each planned object is
+//! read again (HEAD) just before the batched delete, and one whose ETag, size or time changed
+//! is re-evaluated by the next run, never deleted blind.
+
+use futures::stream::BoxStream;
+use futures::{StreamExt as _, TryStreamExt as _};
+use object_store::ObjectMeta;
+
+use super::*;
+
+/// Objects whose signatures are read at once: a GET each, overlapping.
+const READ_AHEAD: usize = 16;
+
+/// The walk of an object root: every object under its prefix, once.
+pub(in crate::trace_cleanup) struct Objects {
+    root: Arc<ObjectRoot>,
+    entries: BoxStream<'static, Result<Option<Entry>, Error>>,
+    done: bool,
+}
+
+impl Objects {
+    pub(super) fn new(root: Arc<ObjectRoot>) -> Self {
+        let reader = root.clone();
+        let entries = root
+            .list_all()
+            .map_err({
+                let root = root.to_string();
+                move |err| Error::Store {
+                    root: root.clone(),
+                    why: err.to_string(),
+                }
+            })
+            .map_ok(move |meta| {
+                let root = reader.clone();
+                async move { Ok(classify(&root, meta).await) }
+            })
+            .try_buffered(READ_AHEAD)
+            .boxed();
+        Self {
+            root,
+            entries,
+            done: false,
+        }
+    }
+
+    /// The next trace or kept object; once every object is listed, one last
+    /// [`Step::DirDone`] for what is still pending.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the listing fails.
+    pub(super) async fn next_step(&mut self) -> Result<Option<Step>, Error> {
+        if self.done {
+            return Ok(None);
+        }
+        loop {
+            let dir = Listing::Object(self.root.clone());
+            match self.entries.try_next().await? {
+                None => {
+                    self.done = true;
+                    return Ok(Some(Step::DirDone(dir)));
+                }
+                Some(None) => {}
+                Some(Some(entry)) => return Ok(Some(Step::Entry(dir, entry))),
+            }
+        }
+    }
+}
+
+/// What the cleaner makes of one listed object: `None` for an object not named
+/// `*.trace.jsonl`; kept as `outside_root` when its key is no path of the root's own (OS-3).
+async fn classify(root: &ObjectRoot, meta: ObjectMeta) -> Option<Entry> {
+    let key = meta.location.as_ref();
+    if !key.ends_with(".trace.jsonl") {
+        return None;
+    }
+    let Some(relative) = root.relative(&meta.location) else {
+        return Some(Entry::Kept("outside_root", key.as_bytes().to_vec()));
+    };
+    let first = root
+        .first_bytes(&meta.location, meta.size, FIRST_LINE_LIMIT as u64)
+        .await;
+    let Ok(first) = first else {
+        return Some(Entry::Kept("unreadable", relative.into_bytes()));
+    };
+    Some(match signature(&line_of(first)) {
+        Some((agent_id, session_id)) => Entry::Candidate(Candidate {
+            path: relative.into_bytes(),
+            blocks_bytes: meta.size,
+            seen: seen_object(&meta),
+            agent_id,
+            session_id,
+        }),
+        None => Entry::Kept("bad_signature", relative.into_bytes()),
+    })
+}
+
+fn seen_object(meta: &ObjectMeta) -> Seen {
+    Seen {
+        ino: 0,
+        size: i64::try_from(meta.size).unwrap_or(i64::MAX),
+        mtime_ns: time_ns(meta.last_modified),
+        etag: meta.e_tag.clone(),
+    }
+}
+
+/// Whether the object is still the one listed: the same size, the same `LastModified` to the
+/// second (a listing may give milliseconds, a HEAD gives seconds) and, where both answers carry
+/// one, the same ETag (some stores list none).
+fn unchanged(listed: &Seen, now: &ObjectMeta) -> bool {
+    let now = seen_object(now);
+    let second = |ns: i128| ns.div_euclid(1_000_000_000);
+    listed.size == now.size
+        && second(listed.mtime_ns) == second(now.mtime_ns)
+        && match (&listed.etag, &now.etag) {
+            (Some(listed), Some(now)) => listed == now,
+            _ => true,
+        }
+}
+
+impl Plan<'_> {
+    /// Deletes the planned objects of `batch` (already checked against the holds and live
+    /// sessions): each read again just before, those that changed or vanished kept, the rest
+    /// deleted in one batch; a key whose delete failed is counted and kept for the next run.
+    pub(super) async fn delete_objects(&mut self, root: &ObjectRoot, batch: Vec<Planned>) {
+        let heads: Vec<_> = futures::stream::iter(batch)
+            .map(|file| async move {
+                let key = root.key(&file.path);
+                let now = match &key {
+                    Ok(key) => root.meta(key).await,
+                    Err(_) => Ok(None),
+                };
+                (file, key, now)
+            })
+            .buffered(READ_AHEAD)
+            .collect()
+            .await;
+        let mut going = Vec::new();
+        for (file, key, now) in heads {
+            match (key, now) {
+                (Ok(key), Ok(Some(now))) if unchanged(&file.seen, &now) => {
+                    going.push((file, key, now.size));
+                }
+                (Ok(_), Ok(Some(_))) => self.report.keep("changed"),
+                (Ok(_), Ok(None)) => self.report.keep("vanished"),
+                (Err(why), _) | (_, Err(why)) => {
+                    tracing::warn!(path = %file.path, error = %why, "trace not deleted");
+                    self.report.keep("error");
+                }
+            }
+        }
+        let keys: Vec<_> = going.iter().map(|(_, key, _)| key.clone()).collect();
+        for ((file, _, size), outcome) in going.iter().zip(root.delete(&keys).await) {
+            match outcome {
+                Ok(()) => {
+                    self.report.deleted += 1;
+                    self.report.deleted_bytes += size;
+                }
+                Err(why) => {
+                    tracing::warn!(path = %file.path, error = %why, "trace not deleted");
+                    self.report.keep("error");
+                }
+            }
+        }
+    }
+}
