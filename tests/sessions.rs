@@ -1182,7 +1182,11 @@ async fn ss6_er3_a_removal_that_never_reports_back_is_quarantined_after_its_last
     assert!(!env.frames(control).exists());
     assert_eq!(reports.iter().map(|r| r.files.errors).sum::<u64>(), 1);
     assert_eq!(
-        files::quarantined(&env.pool).await.unwrap().get("sessions"),
+        files::failing(&env.pool)
+            .await
+            .unwrap()
+            .quarantined
+            .get("sessions"),
         Some(&1)
     );
     // Passed by from now on: a later pass neither tries it nor counts it again.

@@ -32,6 +32,8 @@ mod holds_cli;
 mod lost_backends;
 // Adding a job kind: one written in the tests alone runs through the worker and the owner loop.
 mod kind;
+// OS-3, OS-4: what only an object store can do — keys refused, batched deletes, per-key failures.
+mod objects;
 // OP-1 … OP-5: configuration, the CLI's output, metrics, logs and the deploy.
 mod operations;
 // ER-5: through a real PgBouncer: session mode as a direct connection, transaction mode refused.

@@ -29,9 +29,9 @@ pub async fn refresh(ctx: JobContext) {
             }
         }
         metrics::publish_last_success(&ctx.pool).await;
-        match sexton_jobs::files::quarantined(&ctx.pool).await {
-            Ok(counts) => metrics::quarantined(&counts),
-            Err(err) => tracing::warn!(error = %err, "could not count quarantined file deletions"),
+        match sexton_jobs::files::failing(&ctx.pool).await {
+            Ok(failing) => metrics::failing(&failing),
+            Err(err) => tracing::warn!(error = %err, "could not count failed file deletions"),
         }
         match holds::active_count(&ctx.pool).await {
             Ok(n) => metrics::holds_active(n),

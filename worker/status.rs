@@ -29,6 +29,9 @@ pub struct Status {
     pub queue: QueueCounts,
     /// Jobs failed for good or killed, newest first (at most 50).
     pub failed_jobs: Vec<FailedJob>,
+    /// Pending file deletions that failed and wait for the next drain, per root (OS-4: a key
+    /// the object store refused to delete).
+    pub retrying_files: std::collections::BTreeMap<String, i64>,
     /// Pending file deletions quarantined after their last attempt, per root (ER-3): files
     /// left on disk that an operator must look at.
     pub quarantined_files: std::collections::BTreeMap<String, i64>,
@@ -158,13 +161,15 @@ pub async fn read(
             passes,
         });
     }
+    let failing = sexton_jobs::files::failing(pool).await?;
     Ok(Status {
         at,
         jobs,
         nightly: by_queue.get(tick::NIGHTLY).copied().unwrap_or_default(),
         queue: queue::counts(pool).await?,
         failed_jobs: queue::failed(pool, FAILED_SHOWN).await?,
-        quarantined_files: sexton_jobs::files::quarantined(pool).await?,
+        retrying_files: failing.retrying,
+        quarantined_files: failing.quarantined,
         holds: holds::active(pool).await?,
     })
 }
@@ -221,6 +226,13 @@ impl Status {
                     job.last_error.as_deref().unwrap_or("(no error recorded)"),
                 );
             }
+        }
+        for (root, n) in &self.retrying_files {
+            let _ = writeln!(
+                out,
+                "{n} file deletions of root {root} failed and wait for the next drain: see \
+                 sexton.pending_file_deletions (attempts, last_error)"
+            );
         }
         for (root, n) in &self.quarantined_files {
             let _ = writeln!(

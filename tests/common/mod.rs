@@ -165,7 +165,7 @@ pub struct Backlog {
 
 pub async fn seeded_backlog(pool: &PgPool, seed: u64) -> Backlog {
     migrate(pool).await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = backend::tempdir();
     let settings = settings(dir.path());
     let options = sexton::seed::SeedOptions {
         scale: 1,

@@ -43,6 +43,10 @@ fn describe() {
     );
     describe_counter!("sexton_rows_deleted_total", "Rows deleted, by table.");
     describe_counter!("sexton_bytes_reclaimed_total", "Bytes of files deleted.");
+    describe_counter!(
+        "sexton_file_errors_total",
+        "Files or objects left in place: refused (outside the root), or whose removal failed."
+    );
     describe_counter!("sexton_hops_total", "Hops run, by outcome.");
     describe_histogram!("sexton_hop_duration_seconds", "Duration of one hop.");
     describe_counter!("sexton_job_runs_total", "Queue jobs run, by outcome.");
@@ -67,6 +71,10 @@ fn describe() {
         "Nightly slots pushed by this process: enqueued, duplicate or caught_up."
     );
     describe_gauge!("sexton_queue_jobs", "Jobs in sexton's queues, by state.");
+    describe_gauge!(
+        "sexton_files_retrying",
+        "Pending file deletions that failed and wait for the next drain, by root."
+    );
     describe_gauge!(
         "sexton_files_quarantined",
         "Pending file deletions quarantined after their last attempt, by root."
@@ -104,6 +112,7 @@ pub fn committed<A>(kind: &'static str, reasons: &[&'static str], report: &Repor
         counter!("sexton_rows_deleted_total", "kind" => kind, "table" => *table).increment(*rows);
     }
     counter!("sexton_bytes_reclaimed_total", "kind" => kind).increment(report.files.bytes);
+    counter!("sexton_file_errors_total", "kind" => kind).increment(report.files.errors);
 }
 
 /// A hop that failed (it will be retried, or was failed for good).
@@ -141,11 +150,17 @@ pub fn queue_jobs(state: &'static str, jobs: i64) {
     gauge!("sexton_queue_jobs", "state" => state).set(jobs as f64);
 }
 
-/// Pending file deletions quarantined, by root (ER-3); roots with none read 0.
-pub fn quarantined(counts: &std::collections::BTreeMap<String, i64>) {
+/// Pending file deletions that failed, by root: retrying (OS-4: a key the store refused) and
+/// quarantined (ER-3); roots with none read 0.
+pub fn failing(failing: &sexton_jobs::files::Failing) {
     for root in ["outputs", "sessions", "attachments", "traces"] {
-        let n = counts.get(root).copied().unwrap_or_default();
-        gauge!("sexton_files_quarantined", "root" => root).set(n as f64);
+        for (name, counts) in [
+            ("sexton_files_retrying", &failing.retrying),
+            ("sexton_files_quarantined", &failing.quarantined),
+        ] {
+            let n = counts.get(root).copied().unwrap_or_default();
+            gauge!(name, "root" => root).set(n as f64);
+        }
     }
 }
 

@@ -196,21 +196,43 @@ pub fn waiting_sql(root: Root, account: &str) -> String {
     )
 }
 
-/// Records quarantined after their last attempt, per root: what an operator must look at
-/// (`sexton.pending_file_deletions WHERE quarantined_at IS NOT NULL`, with `last_error`).
+/// Removals that failed, per root: retried by later drains, or quarantined after their last
+/// attempt (what an operator must look at: `sexton.pending_file_deletions WHERE quarantined_at
+/// IS NOT NULL`, with `last_error`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Failing {
+    /// Failed at least once (a key the object store refused, a busy file system), waiting for
+    /// the next drain.
+    pub retrying: std::collections::BTreeMap<String, i64>,
+    pub quarantined: std::collections::BTreeMap<String, i64>,
+}
+
+/// The removals that failed, per root (see [`Failing`]).
 ///
 /// # Errors
 /// A database error.
-pub async fn quarantined<'e>(
-    db: impl sqlx::PgExecutor<'e>,
-) -> Result<std::collections::BTreeMap<String, i64>, sqlx::Error> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT root, count(*) FROM sexton.pending_file_deletions
-         WHERE quarantined_at IS NOT NULL GROUP BY root",
+pub async fn failing<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Failing, sqlx::Error> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT root, count(*) FILTER (WHERE quarantined_at IS NULL),
+                count(*) FILTER (WHERE quarantined_at IS NOT NULL)
+         FROM sexton.pending_file_deletions
+         WHERE last_error IS NOT NULL OR quarantined_at IS NOT NULL
+         GROUP BY root",
     )
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().collect())
+    let mut failing = Failing::default();
+    for (root, retrying, quarantined) in rows {
+        for (counts, n) in [
+            (&mut failing.retrying, retrying),
+            (&mut failing.quarantined, quarantined),
+        ] {
+            if n > 0 {
+                counts.insert(root.clone(), n);
+            }
+        }
+    }
+    Ok(failing)
 }
 
 #[cfg(test)]

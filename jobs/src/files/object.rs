@@ -141,6 +141,15 @@ impl ObjectRoot {
         }
     }
 
+    /// The same root reached through `wrap` of its client (a test counts or fails its calls).
+    pub fn wrapped(&self, wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>) -> Self {
+        Self {
+            bucket: self.bucket.clone(),
+            prefix: self.prefix.clone(),
+            store: wrap(self.store.clone()),
+        }
+    }
+
     /// The key `relative` names under this root (OS-3).
     ///
     /// # Errors

@@ -1,0 +1,326 @@
+//! Rules of object storage alone (SPEC §10: OS-3, OS-4), against the real S3-compatible server
+//! of the test script's object pass (`SEXTON_TEST_S3`, tests/common/backend.rs): the deletes
+//! counted by a wrapper around the client, per-key failures made by it. Every file rule that
+//! holds on both backends is proven by its own test, run in both passes; these need the server,
+//! so they are ignored in the local pass and run with `--include-ignored` in the object pass.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use object_store::path::Path as Key;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use sexton_jobs::files::object::MAX_BATCH;
+use sexton_jobs::files::{self, Root, Store};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::common::{self, backend, fixture};
+
+/// The S3 client, with each delete call's keys counted and the keys containing `refuse`
+/// failed (the others passed on, the answers in the keys' order, as the S3 client gives them).
+#[derive(Debug)]
+struct Wrapped {
+    inner: Arc<dyn ObjectStore>,
+    calls: Arc<Mutex<Vec<usize>>>,
+    refuse: Arc<Mutex<Option<String>>>,
+}
+
+impl fmt::Display for Wrapped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Wrapped({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Wrapped {
+    async fn put_opts(
+        &self,
+        location: &Key,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Key,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Key,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Key>>,
+    ) -> BoxStream<'static, object_store::Result<Key>> {
+        let (inner, calls, refuse) = (self.inner.clone(), self.calls.clone(), self.refuse.clone());
+        futures::stream::once(async move {
+            let keys: Vec<Key> = locations.map(|key| key.unwrap()).collect().await;
+            calls.lock().unwrap().push(keys.len());
+            let refuse = refuse.lock().unwrap().clone();
+            let refused = |key: &Key| refuse.as_deref().is_some_and(|r| key.as_ref().contains(r));
+            let passed: Vec<_> = keys
+                .iter()
+                .filter(|k| !refused(k))
+                .cloned()
+                .map(Ok)
+                .collect();
+            let answers: Vec<_> = inner
+                .delete_stream(futures::stream::iter(passed).boxed())
+                .collect()
+                .await;
+            let mut answers = answers.into_iter();
+            let merged: Vec<_> = keys
+                .iter()
+                .map(|key| match refused(key) {
+                    true => Err(object_store::Error::Generic {
+                        store: "test",
+                        source: format!("AccessDenied: {key} may not be deleted").into(),
+                    }),
+                    false => answers.next().unwrap(),
+                })
+                .collect();
+            futures::stream::iter(merged)
+        })
+        .flatten()
+        .boxed()
+    }
+
+    fn list(&self, prefix: Option<&Key>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Key>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Key,
+        to: &Key,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// A bucket of the server's for one test, and `root` in it reached through a [`Wrapped`] client.
+struct Bucket {
+    dir: tempfile::TempDir,
+    store: Store,
+    calls: Arc<Mutex<Vec<usize>>>,
+    refuse: Arc<Mutex<Option<String>>>,
+}
+
+impl Bucket {
+    fn new(root: Root) -> Self {
+        assert!(
+            backend::server().is_some(),
+            "needs the S3 server of scripts/test.sh's object pass (SEXTON_TEST_S3)"
+        );
+        let dir = backend::tempdir();
+        let Store::Object(objects) = backend::paths(dir.path()).store(root) else {
+            panic!("the root is in the bucket");
+        };
+        let (calls, refuse) = (Arc::default(), Arc::default());
+        let wrapped = objects.wrapped(|inner| {
+            Arc::new(Wrapped {
+                inner,
+                calls: Arc::clone(&calls),
+                refuse: Arc::clone(&refuse),
+            })
+        });
+        Self {
+            dir,
+            store: Store::Object(Arc::new(wrapped)),
+            calls,
+            refuse,
+        }
+    }
+
+    /// An object at `relative` under `root`'s prefix, written an hour before now (before any
+    /// record a test makes of it).
+    fn object(&self, root: &str, relative: &str) -> std::path::PathBuf {
+        let path = self.dir.path().join(root).join(relative);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"12345").unwrap();
+        let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_times(std::fs::FileTimes::new().set_modified(hour_ago))
+            .unwrap();
+        path
+    }
+}
+
+/// Records `paths` of `root` for `account`, as the transaction that removed their owners would.
+async fn record(pool: &PgPool, root: Root, account: Uuid, paths: &[String]) {
+    sqlx::query(
+        "INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+         SELECT $1, $2, p FROM unnest($3::text[]) p",
+    )
+    .bind(root.as_str())
+    .bind(account)
+    .bind(paths)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn waiting(pool: &PgPool) -> Vec<(String, i32, Option<String>, bool)> {
+    sqlx::query_as(
+        "SELECT relative_path, attempts, last_error, quarantined_at IS NOT NULL
+         FROM sexton.pending_file_deletions ORDER BY relative_path",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os4_a_session_directory_of_2500_objects_goes_in_calls_of_at_most_1000_keys(pool: PgPool) {
+    common::migrate(&pool).await;
+    let bucket = Bucket::new(Root::Sessions);
+    let account = fixture::account(&pool, Some(30)).await;
+    let (gone, kept) = (Uuid::new_v4(), Uuid::new_v4());
+    let objects: Vec<_> = (0..2_500)
+        .map(|n| bucket.object("sessions", &format!("{gone}/archive/{n}.frame")))
+        .collect();
+    let beside = bucket.object("sessions", &format!("{kept}/archive/0.frame"));
+    record(&pool, Root::Sessions, account, &[gone.to_string()]).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let counts = files::drain(&mut conn, Root::Sessions, &bucket.store, Some(account))
+        .await
+        .unwrap();
+
+    assert_eq!((counts.deleted, counts.errors), (2_500, 0));
+    assert!(objects.iter().all(|object| !object.exists()));
+    assert!(
+        beside.exists(),
+        "the control: another session's object stays"
+    );
+    let calls = bucket.calls.lock().unwrap().clone();
+    assert_eq!(calls.iter().sum::<usize>(), 2_500);
+    assert!(calls.iter().all(|keys| *keys <= MAX_BATCH), "{calls:?}");
+    assert_eq!(calls.len(), 3, "batched, not one call a key: {calls:?}");
+    assert_eq!(waiting(&pool).await, []);
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os4_a_key_the_store_refuses_to_delete_is_counted_kept_and_retried_by_the_next_drain(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let bucket = Bucket::new(Root::Outputs);
+    let account = fixture::account(&pool, Some(30)).await;
+    let paths: Vec<String> = ["a.out", "refused.out", "c.out"]
+        .iter()
+        .map(|name| format!("{account}/run/{name}"))
+        .collect();
+    let objects: Vec<_> = paths.iter().map(|p| bucket.object("outputs", p)).collect();
+    record(&pool, Root::Outputs, account, &paths).await;
+    *bucket.refuse.lock().unwrap() = Some("refused".to_owned());
+
+    let mut conn = pool.acquire().await.unwrap();
+    let first = files::drain(&mut conn, Root::Outputs, &bucket.store, Some(account))
+        .await
+        .unwrap();
+
+    assert_eq!((first.deleted, first.errors), (2, 1));
+    assert!(!objects[0].exists() && !objects[2].exists());
+    assert!(objects[1].exists(), "the refused key's object is there");
+    let left = waiting(&pool).await;
+    assert_eq!(
+        left.len(),
+        1,
+        "only the refused key's record is kept: {left:?}"
+    );
+    let (path, attempts, error, quarantined) = &left[0];
+    assert_eq!((path, *attempts, *quarantined), (&paths[1], 1, false));
+    assert!(
+        error.as_deref().unwrap().contains("AccessDenied"),
+        "{error:?}"
+    );
+    let failing = files::failing(&pool).await.unwrap();
+    assert_eq!(failing.retrying.get("outputs"), Some(&1), "{failing:?}");
+
+    // The store takes deletes again: the next drain removes it and forgets the record.
+    *bucket.refuse.lock().unwrap() = None;
+    let second = files::drain(&mut conn, Root::Outputs, &bucket.store, Some(account))
+        .await
+        .unwrap();
+    assert_eq!((second.deleted, second.errors), (1, 0));
+    assert!(!objects[1].exists());
+    assert_eq!(waiting(&pool).await, []);
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os3_each_spelling_that_could_name_another_key_is_refused_and_counted_a_plain_key_goes(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let bucket = Bucket::new(Root::Outputs);
+    let account = fixture::account(&pool, Some(30)).await;
+    // Objects that a normalised spelling would reach.
+    let aliased = [
+        bucket.object("outputs", &format!("{account}/x.out")),
+        bucket.object("outputs", &format!("{account}/a/x.out")),
+        bucket.object("outputs", "x.out"),
+    ];
+    let plain = bucket.object("outputs", &format!("{account}/plain.out"));
+    let spellings = [
+        format!("{account}/a/../x.out"),
+        format!("{account}//x.out"),
+        format!("{account}/./x.out"),
+        format!("./{account}/x.out"),
+        format!("/{account}/x.out"),
+        format!("{account}/a/x.out/"),
+        format!("{account}\\x.out"),
+        format!("{account}%2Fx.out"),
+        format!("{account}%5cx.out"),
+        format!("{account}/x.out\u{1b}"),
+        format!("{account}/a/x\n.out"),
+        "../x.out".to_owned(),
+        String::new(),
+    ];
+    let mut paths = spellings.to_vec();
+    paths.push(format!("{account}/plain.out"));
+    record(&pool, Root::Outputs, account, &paths).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let counts = files::drain(&mut conn, Root::Outputs, &bucket.store, Some(account))
+        .await
+        .unwrap();
+
+    assert!(
+        aliased.iter().all(|object| object.exists()),
+        "an aliased key was deleted"
+    );
+    assert!(!plain.exists(), "the control: the plain key goes");
+    assert_eq!(
+        (counts.deleted, counts.errors),
+        (1, spellings.len() as u64),
+        "each refused spelling counted"
+    );
+    assert_eq!(waiting(&pool).await, [], "refused records are not retried");
+    let calls = bucket.calls.lock().unwrap().clone();
+    assert_eq!(calls, [1], "only the plain key reached the store");
+}
