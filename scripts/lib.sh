@@ -120,7 +120,7 @@ with_s3s_fs() {
 # Runs "$@" with PG* variables and DATABASE_URL pointing at a fresh cluster that is dropped after.
 # Durability is traded for speed: the cluster is thrown away anyway.
 with_throwaway_postgres() {
-  pg_virtualenv -o fsync=off -o synchronous_commit=off -o full_page_writes=off \
+  pg_virtualenv -t -o fsync=off -o synchronous_commit=off -o full_page_writes=off \
     -o max_connections=300 \
     bash -c 'export DATABASE_URL="postgres://$PGUSER:$PGPASSWORD@$PGHOST:$PGPORT/$PGDATABASE"; exec "$@"' _ "$@"
 }

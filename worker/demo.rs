@@ -19,10 +19,18 @@ use crate::context::JobContext;
 use crate::seed::{SeedOptions, seed};
 use crate::{db, holds, ledger, preview, queue, registry, schedule, tick, worker};
 
-/// Where the demo writes its files and log: a fresh directory per run.
+/// Where the demo writes its files and log: a fresh directory per run, or `SEXTON_DEMO_DIR` —
+/// with file roots in an object store, the directory a local server serves as their bucket
+/// (`bash scripts/demo.sh --object-store` runs s3s-fs so).
 pub fn root() -> PathBuf {
-    std::env::temp_dir().join(format!("sexton-demo-{}", std::process::id()))
+    std::env::var_os(DIR_VARIABLE).map_or_else(
+        || std::env::temp_dir().join(format!("sexton-demo-{}", std::process::id())),
+        PathBuf::from,
+    )
 }
+
+/// The environment variable naming the demo's directory.
+const DIR_VARIABLE: &str = "SEXTON_DEMO_DIR";
 
 /// The demo's log file, in [`root`] (created here, so that logging can start before the demo).
 pub fn log_file() -> PathBuf {
@@ -83,9 +91,17 @@ struct Snapshot {
 /// any step fails.
 pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     let root = root();
+    if !settings.paths.objects.is_empty() && std::env::var_os(DIR_VARIABLE).is_none() {
+        bail!(
+            "with file roots in an object store, the demo seeds its files into {DIR_VARIABLE}, \
+             the directory a local S3 server serves as their bucket: `bash scripts/demo.sh \
+             --object-store` starts one (s3s-fs) and sets it"
+        );
+    }
     let settings = demo_settings(settings, &root);
     let pool = db::connect(&settings.database, db::Access::Write).await?;
     let now = seed_empty(&pool, &settings, scale, &root).await?;
+    settings.check_roots().await?;
     let held = hold_one(&pool).await?;
 
     let before = snapshot(&pool, &settings.paths).await?;
@@ -120,10 +136,15 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
         );
     }
     print_passes(&ledger::latest(&pool).await?);
-    println!(
-        "\nfiles were written under {}; delete it when done.",
-        root.display()
-    );
+    for (name, objects) in &settings.paths.objects {
+        println!("root {} is {objects}", name.as_str());
+    }
+    if settings.paths.objects.is_empty() {
+        println!(
+            "\nfiles were written under {}; delete it when done.",
+            root.display()
+        );
+    }
     Ok(())
 }
 
@@ -185,7 +206,8 @@ async fn pruned_runs(pool: &sqlx::PgPool, conversation: uuid::Uuid) -> anyhow::R
 
 /// The configured settings as the demo runs them: every job on (background trace cleanup with
 /// an age limit unless the configuration already enables it), no health pauses, and the file
-/// roots under `root`.
+/// roots under `root` — where the seed writes them; a root configured in an object store is
+/// reached there by the jobs.
 fn demo_settings(settings: &Settings, root: &Path) -> Settings {
     let mut settings = settings.clone();
     let traces: &TraceSettings = settings.jobs.get(TraceCleanup::NAME);
@@ -208,7 +230,7 @@ fn demo_settings(settings: &Settings, root: &Path) -> Settings {
         artifacts_root: root.join("artifacts"),
         sessions_root: root.join("sessions"),
         traces_root: root.join("traces"),
-        objects: Vec::new(),
+        objects: settings.paths.objects.clone(),
     };
     settings
 }
