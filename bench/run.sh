@@ -12,7 +12,9 @@
 # by quota, on trees of 10 k, 100 k and 1 M files written under --scratch (about 6 GB free needed
 # at 1 M: a file takes a 4 KiB block or two), with peak RSS; the page cache is dropped before
 # each method when this runs as root. Then attachment bytes (AT-1): 100 k rows with files, a pass through the
-# queue against a plain stat-and-unlink loop.
+# queue against a plain stat-and-unlink loop. Attachment bytes and run traces run again on an
+# S3-compatible server on loopback (s3s-fs, built once from crates.io) against a plain
+# list-and-delete loop on the same server.
 #   bash bench/run.sh                     # all of it
 #   bash bench/run.sh --scales 1,10       # a quicker look
 #   bash bench/run.sh --only expiry       # the short-lived records alone (a few minutes),
@@ -28,5 +30,8 @@ ensure_postgres
 command -v /usr/bin/time >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq time >/dev/null; }
 cargo build --release --quiet -p sexton --bin sexton
 cargo build --release --quiet -p sexton-bench
-pg_virtualenv -o shared_buffers=512MB -o max_wal_size=4GB -o max_connections=100 \
-  target/release/sexton-bench "$@"
+ensure_s3s_fs
+# The attachment bytes and run traces run on an S3-compatible server too (s3s-fs on loopback).
+with_s3s_fs bash -c 'exec pg_virtualenv -t -o shared_buffers=512MB -o max_wal_size=4GB \
+  -o max_connections=100 target/release/sexton-bench \
+  --s3-endpoint "$SEXTON_TEST_S3" --s3-dir "$SEXTON_TEST_S3_ROOT" "$@"' _ "$@"

@@ -182,7 +182,7 @@ async fn explain_sessions_agree_with_the_next_pass(pool: PgPool) {
 #[sqlx::test]
 async fn explain_attachments_agree_with_the_next_pass(pool: PgPool) {
     common::migrate(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::backend::tempdir();
     let paths = run::roots(dir.path());
     let account = fixture::account(&pool, Some(30)).await;
     let old_file = paths.attachments_root.join("a/old.bin");
@@ -239,7 +239,7 @@ async fn explain_attachments_agree_with_the_next_pass(pool: PgPool) {
 #[sqlx::test]
 async fn explain_traces_agree_with_the_cleaner(pool: PgPool) {
     common::migrate(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::backend::tempdir();
     let paths = run::roots(dir.path());
     let agent = Uuid::new_v4();
     let write = |name: &str, content: String| {

@@ -7,13 +7,17 @@
 //! cutoff (31–400 days before the pass), the rest after it (1–29 days), and one row in a
 //! thousand has no file. Nothing else is in the database, so the pass's other jobs find nothing.
 
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
 use serde::Serialize;
+use sexton_jobs::files::object::ObjectRoot;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
@@ -21,6 +25,7 @@ use uuid::Uuid;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::disk::{self, Rng};
 use crate::method::{Method, method};
+use crate::objects::Server;
 use crate::results::{Section, machine, write_results};
 use crate::sexton::{Pass, ROOTS, pass_start, run_sexton, sexton};
 use crate::{Cli, Part};
@@ -163,18 +168,36 @@ pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyh
     let mut dropped = true;
     let mut methods = Vec::new();
     let load_before = disk::load_average();
-    for name in ["sexton", "sexton c=1", "plain"] {
+    // On the object store too, when there is one: the same rows, the tree in a bucket.
+    let server = Server::of(cli);
+    let bucket = match &server {
+        Some(server) => Some((server, Scratch::make(server.bucket("benchatt"))?)),
+        None => None,
+    };
+    let mut names = vec!["sexton", "sexton c=1", "plain"];
+    if bucket.is_some() {
+        names.extend(["sexton s3", "plain s3"]);
+    }
+    for name in names {
         let db = format!("benchatt_{}", name.replace([' ', '='], "_"));
         recreate(admin, &db, Some(TEMPLATE)).await?;
+        let (place, scratch) = match &bucket {
+            Some((server, bucket)) if name.ends_with(" s3") => (Some(*server), bucket),
+            _ => (None, &scratch),
+        };
         write_tree(&scratch.root, &rows)?;
         fill_seconds.get_or_insert(started.elapsed().as_secs_f64());
         dropped &= disk::start_alike(&scratch.root, cli.warm);
         eprintln!("attachments: {name}");
-        methods.push(measure_method(cli, admin, base, &scratch, &db, name, &counts).await?);
+        let method = measure_method(cli, admin, base, scratch, place, &db, name, &counts);
+        methods.push(method.await?);
         drop_db(admin, &db).await?;
     }
     drop_db(admin, TEMPLATE).await?;
     let _ = std::fs::remove_dir_all(&scratch.dir);
+    if let Some((_, bucket)) = &bucket {
+        let _ = std::fs::remove_dir_all(&bucket.dir);
+    }
     let attachments = Attachments {
         measured_at: Utc::now(),
         machine: machine(),
@@ -305,11 +328,13 @@ async fn fill(pool: &PgPool, accounts: u32, rows: &[Row]) -> anyhow::Result<()> 
 
 /// Method `name` on database `db` and the tree written for it, its database backends' CPU
 /// time sampled; checked to end as `counts` says, and scored by the rows it examined.
+#[allow(clippy::too_many_arguments)]
 async fn measure_method(
     cli: &Cli,
     admin: &PgPool,
     base: &PgConnectOptions,
     scratch: &Scratch,
+    server: Option<&Server>,
     db: &str,
     name: &'static str,
     counts: &Counts,
@@ -318,9 +343,13 @@ async fn measure_method(
         job: "attachment_expiry",
         global: false,
     };
-    let (mut method, db_cpu_seconds) = match name {
-        "sexton" | "sexton c=1" => {
-            let concurrency = if name == "sexton" { 2 } else { 1 };
+    let (mut method, db_cpu_seconds) = match (name, server) {
+        ("sexton" | "sexton c=1" | "sexton s3", _) => {
+            let concurrency = if name == "sexton c=1" { 1 } else { 2 };
+            let env = match server {
+                Some(server) => server.env("ATTACHMENTS_ROOT", &scratch.root)?,
+                None => Vec::new(),
+            };
             let run = run_sexton(
                 cli,
                 admin,
@@ -329,11 +358,15 @@ async fn measure_method(
                 name,
                 concurrency,
                 &attachment_expiry,
-                &[],
+                &env,
             );
             disk::with_backend_cpu(base, db, "sexton", run).await?
         }
-        _ => {
+        (_, Some(server)) => {
+            let run = plain_objects(base, db, server.root(&scratch.root)?);
+            disk::with_backend_cpu(base, db, "bench-plain", run).await?
+        }
+        (_, None) => {
             disk::with_backend_cpu(base, db, "bench-plain", plain(base, db, &scratch.root)).await?
         }
     };
@@ -422,6 +455,59 @@ async fn plain(base: &PgConnectOptions, db: &str, root: &Path) -> anyhow::Result
     Ok(m)
 }
 
+/// The plain loop on the object store: one listing of the root for every object's
+/// `LastModified`, then the next thousand live rows in id order, the old ones' objects deleted in
+/// one DeleteObjects call, their rows marked in one statement.
+async fn plain_objects(
+    base: &PgConnectOptions,
+    db: &str,
+    root: Arc<ObjectRoot>,
+) -> anyhow::Result<Method> {
+    let started = Instant::now();
+    let pool = connect(base, db, "bench-plain").await?;
+    let mut modified = HashMap::new();
+    let mut listing = root.list_all();
+    while let Some(meta) = listing.next().await {
+        let meta = meta?;
+        if let Some(relative) = root.relative(&meta.location) {
+            modified.insert(relative, meta.last_modified);
+        }
+    }
+    let mut after = Uuid::nil();
+    loop {
+        let batch: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT id, relative_path FROM attachments
+             WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT $2",
+        )
+        .bind(after)
+        .bind(PLAIN_BATCH)
+        .fetch_all(&pool)
+        .await?;
+        let Some((last, _)) = batch.last() else {
+            break;
+        };
+        after = *last;
+        let (mut expired, mut keys) = (Vec::new(), Vec::new());
+        for (id, path) in &batch {
+            if modified.get(path).is_some_and(|at| *at < cutoff()) {
+                keys.push(root.key(path).map_err(anyhow::Error::msg)?);
+                expired.push(*id);
+            }
+        }
+        for outcome in root.delete(&keys).await {
+            outcome.map_err(anyhow::Error::msg)?;
+        }
+        sqlx::query("UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)")
+            .bind(&expired)
+            .execute(&pool)
+            .await?;
+    }
+    pool.close().await;
+    let mut m = method("plain s3");
+    m.seconds = started.elapsed().as_secs_f64();
+    Ok(m)
+}
+
 /// The attachment bytes' section of latest.md.
 pub fn markdown(a: &Attachments) -> String {
     let when = if a.separate_run {
@@ -430,7 +516,7 @@ pub fn markdown(a: &Attachments) -> String {
         "in the same run as the tables above"
     };
     let mut md = format!(
-        "{ATTACHMENTS_HEADING}\n\nMeasured {} on {}, {when}. {} attachment rows over {} accounts, each with a 1–4 KiB file under `account-N/xx/<id>.bin`; {} files were last modified before the cutoff (31–400 days before the pass, `max_age_days = {}`), the rest after it (1–29 days), and {} rows have no file. Each method runs on its own copy of the database with its own tree, written from the same seed; page cache: {}. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings: `window_size = 1000`) running `queue.concurrency` hops at a time (one account each), timed from the worker taking the nightly slot to its last `attachment_expiry` hop; its files go through `files::drain` within the hops. plain: `SELECT id, relative_path … WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT 1000`, `lstat` each file, unlink the old ones, `UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)`, one lane, timed from connecting to its last batch. Rows examined per second count every live row; database CPU is that of the method's backends (sampled from `/proc`). 1-minute load average before the first method and after the last: {}.\n\n| rows | expired | method | seconds | rows examined/s | vs plain | rows marked | files deleted | hop median / p99 ms | database CPU s | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "{ATTACHMENTS_HEADING}\n\nMeasured {} on {}, {when}. {} attachment rows over {} accounts, each with a 1–4 KiB file under `account-N/xx/<id>.bin`; {} files were last modified before the cutoff (31–400 days before the pass, `max_age_days = {}`), the rest after it (1–29 days), and {} rows have no file. Each method runs on its own copy of the database with its own tree, written from the same seed; page cache: {}. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings: `window_size = 1000`) running `queue.concurrency` hops at a time (one account each), timed from the worker taking the nightly slot to its last `attachment_expiry` hop; its files go through `files::drain` within the hops. plain: `SELECT id, relative_path … WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT 1000`, `lstat` each file, unlink the old ones, `UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)`, one lane, timed from connecting to its last batch. `… s3`: the same on an S3-compatible server on loopback (s3s-fs, each object a file of the same tree in a bucket's directory): sexton with its attachments root `s3://…` (each object read with a HEAD before it is judged and again just before its batched delete, OS-2), plain s3 one listing of the root for every `LastModified`, then per thousand rows one DeleteObjects call of the old ones; each `… s3` ratio is against plain s3. Rows examined per second count every live row; database CPU is that of the method's backends (sampled from `/proc`). 1-minute load average before the first method and after the last: {}.\n\n| rows | expired | method | seconds | rows examined/s | vs plain | rows marked | files deleted | hop median / p99 ms | database CPU s | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         a.measured_at.format("%Y-%m-%d"),
         a.machine,
         a.rows,
@@ -441,11 +527,18 @@ pub fn markdown(a: &Attachments) -> String {
         a.cache,
         a.load_average,
     );
-    let plain = a
-        .methods
-        .iter()
-        .find(|m| m.method.name == "plain")
-        .map_or(0.0, |m| m.method.rows_per_s);
+    // Each method against the plain loop on the same backend: the disk's, or the object store's.
+    let plain = |name: &str| {
+        let floor = if name.ends_with(" s3") {
+            "plain s3"
+        } else {
+            "plain"
+        };
+        a.methods
+            .iter()
+            .find(|m| m.method.name == floor)
+            .map_or(0.0, |m| m.method.rows_per_s)
+    };
     for AttachmentMethod {
         method: m,
         marked,
@@ -460,7 +553,7 @@ pub fn markdown(a: &Attachments) -> String {
             m.name,
             m.seconds,
             m.rows_per_s,
-            m.rows_per_s / plain,
+            m.rows_per_s / plain(m.name),
             marked,
             files_deleted,
             m.hop.map_or("—".into(), |h| format!(

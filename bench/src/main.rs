@@ -38,6 +38,7 @@ mod cluster;
 mod disk;
 mod expiry;
 mod method;
+mod objects;
 mod results;
 mod sampler;
 mod scales;
@@ -122,6 +123,14 @@ struct Cli {
     /// dropping the page cache (what the file system costs, told from what the method does).
     #[arg(long)]
     warm: bool,
+    /// Attachment bytes and run traces also on an S3-compatible server at this endpoint
+    /// (bench/run.sh starts s3s-fs on loopback and passes it), whose buckets are the
+    /// directories of `--s3-dir`.
+    #[arg(long, requires = "s3_dir")]
+    s3_endpoint: Option<String>,
+    /// The directory the `--s3-endpoint` server keeps its buckets in.
+    #[arg(long)]
+    s3_dir: Option<PathBuf>,
     /// Keep each sexton worker's log (JSON lines) in this directory, one file per method's
     /// database, to read its timeline afterwards.
     #[arg(long)]

@@ -19,13 +19,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
 use serde::Serialize;
+use sexton_jobs::files::object::ObjectRoot;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
 use crate::cluster::{connect, drop_db, recreate};
 use crate::disk::{self, Rng, Timed};
+use crate::objects::Server;
 use crate::results::{Section, machine, write_results};
 use crate::sexton::{ROOTS, sexton, sexton_env};
 use crate::{Cli, Part};
@@ -238,10 +241,25 @@ async fn measure_scale(
     let mut scale = None;
     let mut methods = Vec::new();
     let mut dropped = true;
-    for name in ["sexton age", "find age", "sexton quota"] {
+    // On the object store too, when there is one: the same tree but its symlinks, in a bucket.
+    let server = Server::of(cli);
+    let bucket = match &server {
+        Some(server) => Some(scratch.in_bucket(server)?),
+        None => None,
+    };
+    let mut names = vec!["sexton age", "find age", "sexton quota"];
+    if bucket.is_some() {
+        names.extend(["sexton age s3", "list-delete s3"]);
+    }
+    for name in names {
+        let (scratch, server) = match (&bucket, &server) {
+            (Some(bucket), Some(server)) if name.ends_with(" s3") => (bucket, Some(server)),
+            _ => (&scratch, None),
+        };
         eprintln!("traces {files}: writing the tree for {name}");
         let started = Instant::now();
-        let tree = generate(&scratch.root, &scratch.outside, files, now_ns, cli)?;
+        let links = server.is_none();
+        let tree = generate(&scratch.root, &scratch.outside, files, now_ns, cli, links)?;
         let generate_seconds = started.elapsed().as_secs_f64();
         let scale = scale.get_or_insert_with(|| TraceScale::of(files, &tree, generate_seconds));
         if methods.is_empty() {
@@ -256,12 +274,15 @@ async fn measure_scale(
         let goes = goes(&tree, name, cut_ns, max_bytes);
         dropped &= disk::start_alike(&scratch.root, cli.warm);
         eprintln!("traces {files}: {name}");
-        let run = run_method(cli, base, &scratch, name, max_bytes, &tree, &goes).await?;
+        let run = run_method(cli, base, scratch, server, name, max_bytes, &tree, &goes).await?;
         let deleted = check(&scratch.root, &scratch.outside, &tree, &goes, name)?;
-        methods.push(run.row(name, deleted, scale.examined));
+        methods.push(run.row(name, deleted, tree.entries.len() as u64));
     }
     drop_db(admin, &scratch.db).await?;
     let _ = std::fs::remove_dir_all(&scratch.dir);
+    if let Some(bucket) = &bucket {
+        let _ = std::fs::remove_dir_all(&bucket.dir);
+    }
     let mut scale = scale.context("no method ran")?;
     scale.methods = methods;
     Ok((scale, dropped))
@@ -322,6 +343,25 @@ impl Scratch {
         })
     }
 
+    /// The same scratch in a bucket of `server` (its roots prefixes there, made afresh), on the
+    /// same database.
+    fn in_bucket(&self, server: &Server) -> anyhow::Result<Self> {
+        let dir = server.bucket("benchtraces");
+        let roots = dir.join("roots");
+        let _ = std::fs::remove_dir_all(&dir);
+        for (_, name) in ROOTS {
+            std::fs::create_dir_all(roots.join(name))?;
+        }
+        Ok(Self {
+            files: self.files,
+            root: roots.join("traces"),
+            roots,
+            outside: dir.join("outside"),
+            db: self.db.clone(),
+            dir,
+        })
+    }
+
     /// Where sexton's plan of a run is printed to.
     fn plan_file(&self) -> PathBuf {
         self.dir.join(PLAN_FILE)
@@ -333,12 +373,12 @@ impl Scratch {
 /// [`quota_plan`] sends to bring the candidates down to `max_bytes`.
 fn goes(tree: &Tree, name: &str, cut_ns: i128, max_bytes: u64) -> Vec<bool> {
     match name {
-        "sexton age" => tree
+        "sexton age" | "sexton age s3" => tree
             .entries
             .iter()
             .map(|e| e.kind == Kind::Trace && e.mtime_ns < cut_ns)
             .collect(),
-        "find age" => tree.entries.iter().map(|e| e.mtime_ns < cut_ns).collect(),
+        "find age" | "list-delete s3" => tree.entries.iter().map(|e| e.mtime_ns < cut_ns).collect(),
         _ => quota_plan(tree, max_bytes),
     }
 }
@@ -374,17 +414,21 @@ impl Run {
 /// Method `name` on the tree: `find`, or sexton with the method's limits (a quota of
 /// `max_bytes` for the quota run), held to delete as many entries as `goes` says its rule
 /// removes. sexton's plan file is removed after it.
+#[allow(clippy::too_many_arguments)]
 async fn run_method(
     cli: &Cli,
     base: &PgConnectOptions,
     scratch: &Scratch,
+    server: Option<&Server>,
     name: &str,
     max_bytes: u64,
     tree: &Tree,
     goes: &[bool],
 ) -> anyhow::Result<Run> {
-    let run = match name {
-        "find age" => run_find(cli, &scratch.root).await?,
+    let cut = Utc::now() - chrono::Duration::days(i64::from(cli.trace_age_days));
+    let run = match (name, server) {
+        ("find age", _) => run_find(cli, &scratch.root).await?,
+        ("list-delete s3", Some(server)) => list_delete(&*server.root(&scratch.root)?, cut).await?,
         _ => {
             let expected = tree
                 .entries
@@ -392,11 +436,43 @@ async fn run_method(
                 .zip(goes)
                 .filter(|(_, goes)| **goes)
                 .count() as u64;
-            run_clean(cli, base, scratch, name, max_bytes, expected).await?
+            let env = match server {
+                Some(server) => server.env("TRACES_ROOT", &scratch.root)?,
+                None => Vec::new(),
+            };
+            run_clean(cli, base, scratch, name, max_bytes, expected, &env).await?
         }
     };
     let _ = std::fs::remove_file(scratch.plan_file());
     Ok(run)
+}
+
+/// The plain loop on the object store: one listing of the root, every `*.trace.jsonl` object
+/// last modified before `cut` deleted, a DeleteObjects call per thousand — `find -delete`'s
+/// work, reading no signature and checking no session.
+async fn list_delete(root: &ObjectRoot, cut: DateTime<Utc>) -> anyhow::Result<Run> {
+    let started = Instant::now();
+    let mut listing = root.list_all();
+    let mut keys = Vec::new();
+    while let Some(meta) = listing.next().await {
+        let meta = meta?;
+        if meta.location.as_ref().ends_with(".trace.jsonl") && meta.last_modified < cut {
+            keys.push(meta.location);
+        }
+    }
+    for outcome in root.delete(&keys).await {
+        outcome.map_err(anyhow::Error::msg)?;
+    }
+    Ok(Run {
+        command: "LIST the prefix; DeleteObjects of the old *.trace.jsonl, 1,000 a call".to_owned(),
+        timed: Timed {
+            seconds: started.elapsed().as_secs_f64(),
+            cpu_seconds: None,
+            peak_rss_kb: None,
+        },
+        kept: BTreeMap::new(),
+        db_cpu_seconds: None,
+    })
 }
 
 /// `find ROOT -name '*.trace.jsonl' -mtime +N -delete` on the traces root, N the age limit.
@@ -430,9 +506,10 @@ async fn run_clean(
     name: &str,
     max_bytes: u64,
     expected: u64,
+    env: &[(String, String)],
 ) -> anyhow::Result<Run> {
     let (age, bytes) = match name {
-        "sexton age" => (cli.trace_age_days, 0),
+        "sexton age" | "sexton age s3" => (cli.trace_age_days, 0),
         _ => (0, max_bytes),
     };
     let plan_file = scratch.plan_file();
@@ -440,7 +517,14 @@ async fn run_clean(
         base,
         &scratch.db,
         "sexton",
-        clean(cli, &scratch.db, &scratch.roots, &plan_file, age, bytes),
+        clean(
+            cli,
+            &scratch.db,
+            &scratch.roots,
+            &plan_file,
+            (age, bytes),
+            env,
+        ),
     )
     .await?;
     let command = format!(
@@ -500,8 +584,8 @@ async fn clean(
     db: &str,
     roots: &Path,
     plan_file: &Path,
-    max_age_days: u32,
-    max_bytes: u64,
+    (max_age_days, max_bytes): (u32, u64),
+    env: &[(String, String)],
 ) -> anyhow::Result<(Timed, serde_json::Value)> {
     let plan = std::fs::File::create(plan_file)?;
     let timed = disk::timed(
@@ -512,6 +596,7 @@ async fn clean(
                 .envs(sexton_env(db, roots))
                 .env("SEXTON_TRACES__MAX_AGE_DAYS", max_age_days.to_string())
                 .env("SEXTON_TRACES__MAX_BYTES", max_bytes.to_string())
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .stdout(plan);
         },
     )
@@ -586,6 +671,7 @@ fn generate(
     files: u64,
     now_ns: i128,
     cli: &Cli,
+    links: bool,
 ) -> anyhow::Result<Tree> {
     if root.exists() {
         std::fs::remove_dir_all(root)?;
@@ -605,7 +691,9 @@ fn generate(
         ),
     )?;
     set_mtime(&victim, now_ns - 100 * DAY_NS)?;
-    std::os::unix::fs::symlink(outside, root.join("escape"))?;
+    if links {
+        std::os::unix::fs::symlink(outside, root.join("escape"))?;
+    }
     let agents = files.div_ceil(FILES_PER_AGENT);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let body = filler();
@@ -619,7 +707,7 @@ fn generate(
                     for a in (t..agents).step_by(threads as usize) {
                         let count = FILES_PER_AGENT.min(files - a * FILES_PER_AGENT);
                         let (agent, entries) =
-                            write_agent(root, victim, a, count, now_ns, body, cli)?;
+                            write_agent(root, victim, a, count, now_ns, body, cli, links)?;
                         out.push((a, agent, entries));
                     }
                     Ok(out)
@@ -657,7 +745,9 @@ fn generate(
     Ok(tree)
 }
 
-/// One agent's directory: its `count` entries, in the order of their names.
+/// One agent's directory: its `count` entries, in the order of their names (symlinks among
+/// them with `links`: an object store has none).
+#[allow(clippy::too_many_arguments)]
 fn write_agent(
     root: &Path,
     victim: &Path,
@@ -666,6 +756,7 @@ fn write_agent(
     now_ns: i128,
     body: &[u8],
     cli: &Cli,
+    links: bool,
 ) -> anyhow::Result<(Agent, Vec<Entry>)> {
     let mut rng = Rng::new(SEED ^ (a + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
     let id = rng.uuid();
@@ -687,7 +778,7 @@ fn write_agent(
         let session = sessions[(k % SESSIONS_PER_AGENT) as usize];
         let name = format!("run-{k:03}.trace.jsonl");
         let path = dir.join(&name);
-        let kind = if g % LINK_EVERY == LINK_EVERY - 1 {
+        let kind = if links && g % LINK_EVERY == LINK_EVERY - 1 {
             Kind::Symlink
         } else if g % BAD_EVERY == BAD_EVERY / 2 {
             Kind::BadSignature
@@ -815,7 +906,7 @@ pub fn markdown(t: &Traces) -> String {
         "a signature line and a 1–4 KiB body (one or two 4 KiB blocks)"
     };
     let mut md = format!(
-        "{TRACES_HEADING}\n\nMeasured {} on {}, {when}. Each tree: `<agent_id>/run-NNN.trace.jsonl`, {FILES_PER_AGENT} per agent directory, each {bodies}, mtimes spread evenly over 0–{SPAN_DAYS:.0} days (none within a day of the age limit, where `find`'s whole days and sexton's cutoff would differ); one in {BAD_EVERY} has a bad signature, one in {LINK_EVERY} is a symlink (to a trace beside it or out of the root), the traces of every {LIVE_AGENT_EVERY}th agent's current and main sessions are live (the agents table holds {}: every batch sexton deletes is checked against it), and a symlinked directory leads out of the root. Each method gets its own tree, written from the same seed; page cache: {}. sexton age: `sexton traces clean --confirm --json` (plan to a file) with `max_age_days = {}`; find age: `find ROOT -name '*.trace.jsonl' -mtime +{} -delete`, which also deletes the bad signatures, symlinks and live sessions' traces past the age that sexton keeps; sexton quota: `max_age_days = 0`, `max_bytes` half the candidates' allocated bytes. Every end state is checked entry by entry against the method's rule. Seconds are the process's wall time; examined counts every `*.trace.jsonl` entry; CPU is the process's user + system time and that of its database backend (sampled from `/proc`); peak RSS is the kernel's `ru_maxrss` (GNU time `%M`). 1-minute load average before the first and after the last method: {}.\n\n| files | agents | candidates (live) | allocated MB | method | seconds | examined/s | deleted | deleted/s | vs find | kept by sexton | CPU s (process / database) | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "{TRACES_HEADING}\n\nMeasured {} on {}, {when}. Each tree: `<agent_id>/run-NNN.trace.jsonl`, {FILES_PER_AGENT} per agent directory, each {bodies}, mtimes spread evenly over 0–{SPAN_DAYS:.0} days (none within a day of the age limit, where `find`'s whole days and sexton's cutoff would differ); one in {BAD_EVERY} has a bad signature, one in {LINK_EVERY} is a symlink (to a trace beside it or out of the root), the traces of every {LIVE_AGENT_EVERY}th agent's current and main sessions are live (the agents table holds {}: every batch sexton deletes is checked against it), and a symlinked directory leads out of the root. Each method gets its own tree, written from the same seed; page cache: {}. sexton age: `sexton traces clean --confirm --json` (plan to a file) with `max_age_days = {}`; find age: `find ROOT -name '*.trace.jsonl' -mtime +{} -delete`, which also deletes the bad signatures, symlinks and live sessions' traces past the age that sexton keeps; sexton quota: `max_age_days = 0`, `max_bytes` half the candidates' allocated bytes. `… s3`: the same tree without its symlinks (an object store has none), each file an object in a bucket of an S3-compatible server on loopback (s3s-fs): sexton age s3 with its traces root `s3://…` (a listing, a ranged GET of each signature, a HEAD of each object just before the batched delete, the lease a row in PostgreSQL), list-delete s3 one listing and a DeleteObjects call per thousand old `*.trace.jsonl` keys, in process; each `… s3` ratio is against list-delete s3. Every end state is checked entry by entry against the method's rule. Seconds are the process's wall time; examined counts every `*.trace.jsonl` entry; CPU is the process's user + system time and that of its database backend (sampled from `/proc`); peak RSS is the kernel's `ru_maxrss` (GNU time `%M`). 1-minute load average before the first and after the last method: {}.\n\n| files | agents | candidates (live) | allocated MB | method | seconds | examined/s | deleted | deleted/s | vs find | kept by sexton | CPU s (process / database) | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         t.measured_at.format("%Y-%m-%d"),
         t.machine,
         t.agent_rows,
@@ -825,11 +916,18 @@ pub fn markdown(t: &Traces) -> String {
         t.load_average,
     );
     for s in &t.scales {
-        let find = s
-            .methods
-            .iter()
-            .find(|m| m.name == "find age")
-            .map_or(0.0, |m| m.examined_per_s);
+        // Each method against the plain deletion on the same backend.
+        let floor = |name: &str| {
+            let floor = if name.ends_with(" s3") {
+                "list-delete s3"
+            } else {
+                "find age"
+            };
+            s.methods
+                .iter()
+                .find(|m| m.name == floor)
+                .map_or(0.0, |m| m.examined_per_s)
+        };
         for m in &s.methods {
             let kept: Vec<String> = m.kept.iter().map(|(k, n)| format!("{k} {n}")).collect();
             md.push_str(&format!(
@@ -844,10 +942,10 @@ pub fn markdown(t: &Traces) -> String {
                 m.examined_per_s,
                 m.deleted,
                 m.deleted_per_s,
-                if m.name == "find age" {
+                if matches!(m.name, "find age" | "list-delete s3") {
                     "—".to_owned()
                 } else {
-                    format!("{:.2}×", m.examined_per_s / find)
+                    format!("{:.2}×", m.examined_per_s / floor(m.name))
                 },
                 if kept.is_empty() {
                     "—".to_owned()
