@@ -96,8 +96,9 @@ ensure_s3s_fs() {
 }
 
 # Runs "$@" with an s3s-fs server on loopback serving a fresh data directory, its endpoint in
-# SEXTON_TEST_S3 and the directory in SEXTON_TEST_S3_ROOT (tests/common/backend.rs); the server
-# and the directory go after.
+# SEXTON_TEST_S3 and the directory in SEXTON_TEST_S3_ROOT (tests/common/backend.rs), the binary in
+# SEXTON_TEST_S3S_FS (for a test that starts a server of its own); the server and the directory
+# go after.
 with_s3s_fs() {
   local data port pid status
   data="$(mktemp -d)"
@@ -110,7 +111,8 @@ with_s3s_fs() {
     sleep 0.1
   done
   status=0
-  SEXTON_TEST_S3="http://127.0.0.1:$port" SEXTON_TEST_S3_ROOT="$data" "$@" || status=$?
+  SEXTON_TEST_S3="http://127.0.0.1:$port" SEXTON_TEST_S3_ROOT="$data" SEXTON_TEST_S3S_FS="$S3S_FS" \
+    "$@" || status=$?
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   rm -rf "$data" "$data.log"

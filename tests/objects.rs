@@ -15,12 +15,15 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
+use sexton::event;
 use sexton_jobs::files::object::MAX_BATCH;
 use sexton_jobs::files::{self, Root, Store};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::common::{self, backend, fixture};
+use crate::common::fixture::{self, RunSpec};
+use crate::common::process::{Proc, fleet_worker, poll_until};
+use crate::common::{self, backend};
 
 /// The S3 client, with each delete call's keys counted and the keys containing `refuse`
 /// failed (the others passed on, the answers in the keys' order, as the S3 client gives them).
@@ -323,4 +326,150 @@ async fn os3_each_spelling_that_could_name_another_key_is_refused_and_counted_a_
     assert_eq!(waiting(&pool).await, [], "refused records are not retried");
     let calls = bucket.calls.lock().unwrap().clone();
     assert_eq!(calls, [1], "only the plain key reached the store");
+}
+
+/// An s3s-fs server of the test's own (the object pass names the binary), which the test can
+/// stop (SIGSTOP) so that a drain waits on it mid-request, and resume; killed when dropped.
+struct OwnServer {
+    child: std::process::Child,
+    data: tempfile::TempDir,
+    endpoint: String,
+}
+
+impl OwnServer {
+    async fn start() -> Self {
+        let binary = std::env::var("SEXTON_TEST_S3S_FS")
+            .expect("the object pass names the s3s-fs binary (SEXTON_TEST_S3S_FS)");
+        let data = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(binary)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", backend::ACCESS_KEY])
+            .args(["--secret-key", backend::SECRET_KEY])
+            .arg(data.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        poll_until(Duration::from_secs(30), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        Self {
+            child,
+            data,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal}");
+    }
+
+    /// `cmd` with every file root in bucket `bucket` of this server.
+    fn roots(&self, cmd: &mut tokio::process::Command, bucket: &str) {
+        for (setting, prefix) in [
+            ("OUTPUT_ROOT", "outputs"),
+            ("ATTACHMENTS_ROOT", "attachments"),
+            ("SESSIONS_ROOT", "sessions"),
+            ("TRACES_ROOT", "traces"),
+        ] {
+            cmd.env(
+                format!("SEXTON_PATHS__{setting}"),
+                format!("s3://{bucket}/{prefix}"),
+            );
+        }
+        cmd.env("SEXTON_STORAGE__ENDPOINT", &self.endpoint)
+            .env("SEXTON_STORAGE__REGION", "us-east-1")
+            .env("SEXTON_STORAGE__PATH_STYLE", "true")
+            .env("SEXTON_STORAGE__ALLOW_HTTP", "true")
+            .env("SEXTON_STORAGE__ACCESS_KEY_ID", backend::ACCESS_KEY)
+            .env("SEXTON_STORAGE__SECRET_ACCESS_KEY", backend::SECRET_KEY);
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os4_ex8_a_worker_killed_mid_drain_forgets_no_record_and_deletes_nothing_referenced(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let server = OwnServer::start().await;
+    let dir = server.data.path().join("platform");
+    let url = common::database_url(&pool).await;
+    let worker = || {
+        let mut cmd = fleet_worker(&url, &dir);
+        server.roots(&mut cmd, "platform");
+        cmd
+    };
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    // Kept: a surviving run's output file, which the records name too.
+    let young = RunSpec::conversation(account, conversation, 5.0);
+    let young = fixture::run(&pool, &dir.join("outputs"), young).await;
+    let referenced = format!("{account}/{}/out.bin", young.id);
+    // What a hop recorded before it died: 600 files of runs it pruned, and the referenced one.
+    let mut paths: Vec<String> = (0..600)
+        .map(|n| format!("{account}/gone/{n}.out"))
+        .collect();
+    let objects: Vec<_> = paths
+        .iter()
+        .map(|path| {
+            let file = dir.join("outputs").join(path);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(&file, b"12345").unwrap();
+            file
+        })
+        .collect();
+    paths.push(referenced.clone());
+    record(&pool, Root::Outputs, account, &paths).await;
+
+    // A worker mid-drain: its claim committed, its requests waiting on the stopped store.
+    let killed = Proc::spawn(worker());
+    killed.wait_for(event::WORKER_STARTED).await;
+    server.signal("-STOP");
+    let settings = common::settings(&dir);
+    sexton::tick::tick(&pool, &settings, fixture::pass_start())
+        .await
+        .unwrap();
+    poll_until(Duration::from_secs(60), || async {
+        let left = waiting(&pool).await;
+        left.len() < paths.len() || left.iter().any(|(_, attempts, _, _)| *attempts > 0)
+    })
+    .await;
+    killed.kill().await;
+    server.signal("-CONT");
+
+    let left = waiting(&pool).await;
+    assert_eq!(left.len(), paths.len(), "a record was forgotten");
+    assert!(objects.iter().all(|object| object.exists()));
+
+    // The next worker takes the records up again.
+    let mut last = worker().arg("--exit-when-idle").spawn().unwrap();
+    let status = common::wait(&mut last, Duration::from_secs(120)).await;
+    assert!(status.success(), "the last worker exited with {status}");
+    assert!(objects.iter().all(|object| !object.exists()));
+    assert!(
+        dir.join("outputs").join(&referenced).exists(),
+        "a file a surviving run references was deleted"
+    );
+    assert_eq!(waiting(&pool).await, []);
 }
