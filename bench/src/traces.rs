@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -247,7 +248,7 @@ async fn measure_scale(
         Some(server) => Some(scratch.in_bucket(server)?),
         None => None,
     };
-    let mut names = vec!["sexton age", "find age", "sexton quota"];
+    let mut names = vec!["sexton age", "walk+sig age", "find age", "sexton quota"];
     if bucket.is_some() {
         names.extend(["sexton age s3", "list-delete s3"]);
     }
@@ -373,7 +374,7 @@ impl Scratch {
 /// [`quota_plan`] sends to bring the candidates down to `max_bytes`.
 fn goes(tree: &Tree, name: &str, cut_ns: i128, max_bytes: u64) -> Vec<bool> {
     match name {
-        "sexton age" | "sexton age s3" => tree
+        "sexton age" | "walk+sig age" | "sexton age s3" => tree
             .entries
             .iter()
             .map(|e| e.kind == Kind::Trace && e.mtime_ns < cut_ns)
@@ -428,6 +429,7 @@ async fn run_method(
     let cut = Utc::now() - chrono::Duration::days(i64::from(cli.trace_age_days));
     let run = match (name, server) {
         ("find age", _) => run_find(cli, &scratch.root).await?,
+        ("walk+sig age", _) => walk_signatures(base, &scratch.db, &scratch.root, cut).await?,
         ("list-delete s3", Some(server)) => list_delete(&*server.root(&scratch.root)?, cut).await?,
         _ => {
             let expected = tree
@@ -445,6 +447,87 @@ async fn run_method(
     };
     let _ = std::fs::remove_file(scratch.plan_file());
     Ok(run)
+}
+
+/// The floor that reaches sexton's end state by age (PF-6), in process: a walk of the tree that
+/// follows no symlink, the first line of each `*.trace.jsonl` regular file older than `cut` read
+/// and its signature parsed, the live sessions' traces among each thousand skipped (one query),
+/// the rest unlinked — no lease, no re-check before the unlink, no plan, no holds.
+async fn walk_signatures(
+    base: &PgConnectOptions,
+    db: &str,
+    root: &Path,
+    cut: DateTime<Utc>,
+) -> anyhow::Result<Run> {
+    #[derive(serde::Deserialize)]
+    struct Signature {
+        format: String,
+        session_id: String,
+    }
+    let started = Instant::now();
+    let pool = connect(base, db, "bench-walk").await?;
+    let mut dirs = vec![root.to_owned()];
+    let mut batch: Vec<(PathBuf, Uuid)> = Vec::new();
+    let flush = async |batch: &mut Vec<(PathBuf, Uuid)>| -> anyhow::Result<()> {
+        let sessions: Vec<Uuid> = batch.iter().map(|(_, s)| *s).collect();
+        let live: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT s FROM unnest($1::uuid[]) s
+             WHERE EXISTS (SELECT 1 FROM agents WHERE current_session_id = s)
+                OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = s)",
+        )
+        .bind(&sessions)
+        .fetch_all(&pool)
+        .await?;
+        for (path, session) in batch.drain(..) {
+            if !live.contains(&session) {
+                std::fs::remove_file(path)?;
+            }
+        }
+        Ok(())
+    };
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let path = entry.path();
+            if kind.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let named = entry.file_name().as_bytes().ends_with(b".trace.jsonl");
+            if !kind.is_file() || !named || entry.metadata()?.modified()? >= cut.into() {
+                continue;
+            }
+            let mut first = Vec::with_capacity(512);
+            std::fs::File::open(&path)?
+                .take(64 * 1024)
+                .read_to_end(&mut first)?;
+            let line = first.split(|b| *b == b'\n').next().unwrap_or_default();
+            let signed = serde_json::from_slice::<Signature>(line)
+                .ok()
+                .and_then(|sig| {
+                    (sig.format == "run-trace/1").then(|| Uuid::parse_str(&sig.session_id).ok())?
+                });
+            if let Some(session) = signed {
+                batch.push((path, session));
+                if batch.len() == 1000 {
+                    flush(&mut batch).await?;
+                }
+            }
+        }
+    }
+    flush(&mut batch).await?;
+    pool.close().await;
+    Ok(Run {
+        command: "walk, signature line, live sessions per thousand, unlink (in process)".to_owned(),
+        timed: Timed {
+            seconds: started.elapsed().as_secs_f64(),
+            cpu_seconds: None,
+            peak_rss_kb: None,
+        },
+        kept: BTreeMap::new(),
+        db_cpu_seconds: None,
+    })
 }
 
 /// The plain loop on the object store: one listing of the root, every `*.trace.jsonl` object
@@ -906,7 +989,7 @@ pub fn markdown(t: &Traces) -> String {
         "a signature line and a 1–4 KiB body (one or two 4 KiB blocks)"
     };
     let mut md = format!(
-        "{TRACES_HEADING}\n\nMeasured {} on {}, {when}. Each tree: `<agent_id>/run-NNN.trace.jsonl`, {FILES_PER_AGENT} per agent directory, each {bodies}, mtimes spread evenly over 0–{SPAN_DAYS:.0} days (none within a day of the age limit, where `find`'s whole days and sexton's cutoff would differ); one in {BAD_EVERY} has a bad signature, one in {LINK_EVERY} is a symlink (to a trace beside it or out of the root), the traces of every {LIVE_AGENT_EVERY}th agent's current and main sessions are live (the agents table holds {}: every batch sexton deletes is checked against it), and a symlinked directory leads out of the root. Each method gets its own tree, written from the same seed; page cache: {}. sexton age: `sexton traces clean --confirm --json` (plan to a file) with `max_age_days = {}`; find age: `find ROOT -name '*.trace.jsonl' -mtime +{} -delete`, which also deletes the bad signatures, symlinks and live sessions' traces past the age that sexton keeps; sexton quota: `max_age_days = 0`, `max_bytes` half the candidates' allocated bytes. `… s3`: the same tree without its symlinks (an object store has none), each file an object in a bucket of an S3-compatible server on loopback (s3s-fs): sexton age s3 with its traces root `s3://…` (a listing, a ranged GET of each signature, a HEAD of each object just before the batched delete, the lease a row in PostgreSQL), list-delete s3 one listing and a DeleteObjects call per thousand old `*.trace.jsonl` keys, in process; each `… s3` ratio is against list-delete s3. Every end state is checked entry by entry against the method's rule. Seconds are the process's wall time; examined counts every `*.trace.jsonl` entry; CPU is the process's user + system time and that of its database backend (sampled from `/proc`); peak RSS is the kernel's `ru_maxrss` (GNU time `%M`). 1-minute load average before the first and after the last method: {}.\n\n| files | agents | candidates (live) | allocated MB | method | seconds | examined/s | deleted | deleted/s | vs find | kept by sexton | CPU s (process / database) | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "{TRACES_HEADING}\n\nMeasured {} on {}, {when}. Each tree: `<agent_id>/run-NNN.trace.jsonl`, {FILES_PER_AGENT} per agent directory, each {bodies}, mtimes spread evenly over 0–{SPAN_DAYS:.0} days (none within a day of the age limit, where `find`'s whole days and sexton's cutoff would differ); one in {BAD_EVERY} has a bad signature, one in {LINK_EVERY} is a symlink (to a trace beside it or out of the root), the traces of every {LIVE_AGENT_EVERY}th agent's current and main sessions are live (the agents table holds {}: every batch sexton deletes is checked against it), and a symlinked directory leads out of the root. Each method gets its own tree, written from the same seed; page cache: {}. sexton age: `sexton traces clean --confirm --json` (plan to a file) with `max_age_days = {}`; find age: `find ROOT -name '*.trace.jsonl' -mtime +{} -delete`, which also deletes the bad signatures, symlinks and live sessions' traces past the age that sexton keeps; walk+sig age (PF-6's floor, sexton age's end state): in process, a walk that follows no symlink, the first line of each old `*.trace.jsonl` regular file read and its signature parsed, the live sessions among each thousand asked in one query, the rest unlinked — without sexton's lease, plan, holds or re-check before the unlink; sexton age's ratio is against it, the others' against find age. sexton quota: `max_age_days = 0`, `max_bytes` half the candidates' allocated bytes. `… s3`: the same tree without its symlinks (an object store has none), each file an object in a bucket of an S3-compatible server on loopback (s3s-fs): sexton age s3 with its traces root `s3://…` (a listing, a ranged GET of each signature, a HEAD of each object just before the batched delete, the lease a row in PostgreSQL), list-delete s3 one listing and a DeleteObjects call per thousand old `*.trace.jsonl` keys, in process; each `… s3` ratio is against list-delete s3. Every end state is checked entry by entry against the method's rule. Seconds are the process's wall time; examined counts every `*.trace.jsonl` entry; CPU is the process's user + system time and that of its database backend (sampled from `/proc`); peak RSS is the kernel's `ru_maxrss` (GNU time `%M`). 1-minute load average before the first and after the last method: {}.\n\n| files | agents | candidates (live) | allocated MB | method | seconds | examined/s | deleted | deleted/s | vs floor | kept by sexton | CPU s (process / database) | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         t.measured_at.format("%Y-%m-%d"),
         t.machine,
         t.agent_rows,
@@ -916,17 +999,20 @@ pub fn markdown(t: &Traces) -> String {
         t.load_average,
     );
     for s in &t.scales {
-        // Each method against the plain deletion on the same backend.
+        // Each method against its floor on the same backend: sexton's age run against the walk
+        // that reaches its end state (PF-6), that walk and the quota run against `find`.
         let floor = |name: &str| {
-            let floor = if name.ends_with(" s3") {
-                "list-delete s3"
-            } else {
-                "find age"
+            let floor = match name {
+                "sexton age" => "walk+sig age",
+                _ if name.ends_with(" s3") => "list-delete s3",
+                _ => "find age",
             };
-            s.methods
+            let rate = s
+                .methods
                 .iter()
                 .find(|m| m.name == floor)
-                .map_or(0.0, |m| m.examined_per_s)
+                .map_or(0.0, |m| m.examined_per_s);
+            (floor, rate)
         };
         for m in &s.methods {
             let kept: Vec<String> = m.kept.iter().map(|(k, n)| format!("{k} {n}")).collect();
@@ -945,7 +1031,8 @@ pub fn markdown(t: &Traces) -> String {
                 if matches!(m.name, "find age" | "list-delete s3") {
                     "—".to_owned()
                 } else {
-                    format!("{:.2}×", m.examined_per_s / floor(m.name))
+                    let (floor, rate) = floor(m.name);
+                    format!("{:.2}× {floor}", m.examined_per_s / rate)
                 },
                 if kept.is_empty() {
                     "—".to_owned()
