@@ -852,3 +852,50 @@ async fn tr2_over_quota_traces_whose_names_are_not_utf8_count_and_go_oldest_firs
     assert_eq!(report.planned.get("quota"), Some(&2), "{report:?}");
     assert_eq!(report.deleted, 2);
 }
+
+#[sqlx::test]
+async fn tr3_os2_an_object_roots_lease_is_a_row_one_holder_at_a_time_and_taken_over_once_expired(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    // Taking and releasing the lease of an object root reaches the database alone.
+    let storage = backend::storage("http://127.0.0.1:9");
+    let root = sexton_jobs::files::object::ObjectRoot::new("platform", "traces", &storage).unwrap();
+    let store = Store::Object(std::sync::Arc::new(root));
+    let mut conn = pool.acquire().await.unwrap();
+    let holders = || async {
+        sqlx::query_scalar::<_, String>("SELECT holder FROM sexton.trace_leases")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+
+    let first = Lease::take(&mut conn, &store, "cleaner A pid=1")
+        .await
+        .unwrap();
+    let refused = Lease::take(&mut conn, &store, "cleaner B pid=2").await;
+    assert!(
+        matches!(&refused, Err(job::Error::LeaseHeld { holder }) if holder.contains("cleaner A")),
+        "{refused:?}"
+    );
+    assert_eq!(holders().await, ["cleaner A pid=1"]);
+
+    // A holder that stopped renewing: once its row expires, the next cleaner takes it over, and
+    // the old holder's release leaves the new holder's row alone.
+    sqlx::query("UPDATE sexton.trace_leases SET expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let second = Lease::take(&mut conn, &store, "cleaner B pid=2")
+        .await
+        .unwrap();
+    assert_eq!(holders().await, ["cleaner B pid=2"]);
+    first.release(&mut conn).await.unwrap();
+    assert_eq!(
+        holders().await,
+        ["cleaner B pid=2"],
+        "released by its old holder"
+    );
+    second.release(&mut conn).await.unwrap();
+    assert!(holders().await.is_empty());
+}
