@@ -460,6 +460,15 @@ async fn os4_ex8_a_worker_killed_mid_drain_forgets_no_record_and_deletes_nothing
 
     let left = waiting(&pool).await;
     assert_eq!(left.len(), paths.len(), "a record was forgotten");
+    // The kill came mid-drain: after the claim committed, before any delete.
+    let claimed = left
+        .iter()
+        .filter(|(_, attempts, _, _)| *attempts > 0)
+        .count();
+    assert!(
+        claimed > 0,
+        "the worker was killed before its drain claimed a record"
+    );
     assert!(objects.iter().all(|object| object.exists()));
 
     // The next worker takes the records up again.

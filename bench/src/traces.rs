@@ -394,6 +394,20 @@ struct Run {
 }
 
 impl Run {
+    /// A loop of the benchmark's own, timed from `started` (no process, no RSS of its own).
+    fn in_process(command: &str, started: Instant) -> Self {
+        Self {
+            command: command.to_owned(),
+            timed: Timed {
+                seconds: started.elapsed().as_secs_f64(),
+                cpu_seconds: None,
+                peak_rss_kb: None,
+            },
+            kept: BTreeMap::new(),
+            db_cpu_seconds: None,
+        }
+    }
+
     /// The method's row: its figures over the `examined` entries, `deleted` of them gone.
     fn row(self, name: &'static str, deleted: u64, examined: u64) -> TraceMethod {
         let examined = examined as f64;
@@ -518,16 +532,10 @@ async fn walk_signatures(
     }
     flush(&mut batch).await?;
     pool.close().await;
-    Ok(Run {
-        command: "walk, signature line, live sessions per thousand, unlink (in process)".to_owned(),
-        timed: Timed {
-            seconds: started.elapsed().as_secs_f64(),
-            cpu_seconds: None,
-            peak_rss_kb: None,
-        },
-        kept: BTreeMap::new(),
-        db_cpu_seconds: None,
-    })
+    Ok(Run::in_process(
+        "walk, signature line, live sessions per thousand, unlink (in process)",
+        started,
+    ))
 }
 
 /// The plain loop on the object store: one listing of the root, every `*.trace.jsonl` object
@@ -546,16 +554,10 @@ async fn list_delete(root: &ObjectRoot, cut: DateTime<Utc>) -> anyhow::Result<Ru
     for outcome in root.delete(&keys).await {
         outcome.map_err(anyhow::Error::msg)?;
     }
-    Ok(Run {
-        command: "LIST the prefix; DeleteObjects of the old *.trace.jsonl, 1,000 a call".to_owned(),
-        timed: Timed {
-            seconds: started.elapsed().as_secs_f64(),
-            cpu_seconds: None,
-            peak_rss_kb: None,
-        },
-        kept: BTreeMap::new(),
-        db_cpu_seconds: None,
-    })
+    Ok(Run::in_process(
+        "LIST the prefix; DeleteObjects of the old *.trace.jsonl, 1,000 a call",
+        started,
+    ))
 }
 
 /// `find ROOT -name '*.trace.jsonl' -mtime +N -delete` on the traces root, N the age limit.
