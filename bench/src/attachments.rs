@@ -421,14 +421,7 @@ async fn plain(base: &PgConnectOptions, db: &str, root: &Path) -> anyhow::Result
     let cutoff = cutoff().timestamp();
     let mut after = Uuid::nil();
     loop {
-        let batch: Vec<(Uuid, String)> = sqlx::query_as(
-            "SELECT id, relative_path FROM attachments
-             WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT $2",
-        )
-        .bind(after)
-        .bind(PLAIN_BATCH)
-        .fetch_all(&pool)
-        .await?;
+        let batch = live_rows(&pool, after).await?;
         let Some((last, _)) = batch.last() else {
             break;
         };
@@ -444,15 +437,33 @@ async fn plain(base: &PgConnectOptions, db: &str, root: &Path) -> anyhow::Result
                 expired.push(*id);
             }
         }
-        sqlx::query("UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)")
-            .bind(&expired)
-            .execute(&pool)
-            .await?;
+        mark(&pool, &expired).await?;
     }
     pool.close().await;
     let mut m = method("plain");
     m.seconds = started.elapsed().as_secs_f64();
     Ok(m)
+}
+
+/// The plain loops' next thousand live rows after `after`, in id order.
+async fn live_rows(pool: &PgPool, after: Uuid) -> anyhow::Result<Vec<(Uuid, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT id, relative_path FROM attachments
+         WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT $2",
+    )
+    .bind(after)
+    .bind(PLAIN_BATCH)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The plain loops' marking of `expired` rows, in one statement.
+async fn mark(pool: &PgPool, expired: &[Uuid]) -> anyhow::Result<()> {
+    sqlx::query("UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)")
+        .bind(expired)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// The plain loop on the object store: one listing of the root for every object's
@@ -475,14 +486,7 @@ async fn plain_objects(
     }
     let mut after = Uuid::nil();
     loop {
-        let batch: Vec<(Uuid, String)> = sqlx::query_as(
-            "SELECT id, relative_path FROM attachments
-             WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT $2",
-        )
-        .bind(after)
-        .bind(PLAIN_BATCH)
-        .fetch_all(&pool)
-        .await?;
+        let batch = live_rows(&pool, after).await?;
         let Some((last, _)) = batch.last() else {
             break;
         };
@@ -497,10 +501,7 @@ async fn plain_objects(
         for outcome in root.delete(&keys).await {
             outcome.map_err(anyhow::Error::msg)?;
         }
-        sqlx::query("UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)")
-            .bind(&expired)
-            .execute(&pool)
-            .await?;
+        mark(&pool, &expired).await?;
     }
     pool.close().await;
     let mut m = method("plain s3");
