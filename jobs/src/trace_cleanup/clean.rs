@@ -6,22 +6,21 @@ use super::*;
 /// Why each of `traces` (agent, session) stays whatever the limits, in their order: `legal_hold`
 /// when a hold covers its session, its agent or their account (HD-2), `live_session` when its
 /// session is an agent's current or main session (TR-3), through the indexes on both columns.
-/// Each signature's agent is read as a UUID once (`OFFSET 0` keeps it a subquery of its own):
-/// inlined into the holds' lookup, a small agents table's scan re-ran that regex per agent row
-/// and per trace, half a millisecond a trace at a hundred agents.
 pub(super) async fn kept(
     conn: &mut PgConnection,
     traces: &[(&str, Uuid)],
 ) -> Result<Vec<Option<&'static str>>, sqlx::Error> {
-    let (agents, sessions): (Vec<&str>, Vec<Uuid>) = traces.iter().copied().unzip();
+    let (agents, sessions): (Vec<Option<Uuid>>, Vec<Uuid>) = traces
+        .iter()
+        .map(|(agent, session)| (agent_uuid(agent), *session))
+        .unzip();
     let kept: Vec<Option<String>> = sqlx::query_scalar(
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM sexton.trace_holds(a.id, t.session))
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM sexton.trace_holds(t.agent, t.session))
                      THEN 'legal_hold'
                      WHEN EXISTS (SELECT 1 FROM agents WHERE current_session_id = t.session)
                        OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = t.session)
                      THEN 'live_session' END
-         FROM unnest($1::text[], $2::uuid[]) WITH ORDINALITY AS t (agent, session, n),
-              LATERAL (SELECT sexton.jsonb_uuid(to_jsonb(t.agent)) AS id OFFSET 0) a
+         FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS t (agent, session, n)
          ORDER BY t.n",
     )
     .bind(&agents)
@@ -36,6 +35,16 @@ pub(super) async fn kept(
             None => None,
         })
         .collect())
+}
+
+/// A signature's agent as the holds know it: its id when it is a UUID in the hyphenated form
+/// (either case), as `sexton.jsonb_uuid` reads one, else none. Read here rather than in the
+/// statement: there, inlined into the holds' lookup, a small agents table's scan re-ran the
+/// regex per agent row and per trace (half a millisecond a trace at a hundred agents).
+fn agent_uuid(agent: &str) -> Option<Uuid> {
+    (agent.len() == 36)
+        .then(|| Uuid::try_parse(agent).ok())
+        .flatten()
 }
 
 /// Cleans the traces root `store` by `limits` at `now`: plans every file (each shown to
@@ -335,8 +344,11 @@ async fn explain_trace(
     if watch.kept == Some(crate::explain::LEGAL_HOLD) {
         // Every hold that keeps it, by its signature's agent and session (HD-5).
         if let Some((agent, session)) = signature(&found.first_line(&store).await?) {
+            let agent = agent_uuid(&agent)
+                .map(|id| id.to_string())
+                .unwrap_or_default();
             let session = session.to_string();
-            let holds = "sexton.trace_holds(sexton.jsonb_uuid(to_jsonb($1::text)), $2::uuid)";
+            let holds = "sexton.trace_holds(NULLIF($1, '')::uuid, $2::uuid)";
             let holds = crate::explain::holds(conn, holds, &[&agent, &session]).await?;
             explanation.reasons.extend(holds);
         }
@@ -509,4 +521,27 @@ fn under_root(root: &Path, given: &Path, path: &str) -> Option<String> {
         .or_else(|_| path_of.strip_prefix(given))
         .ok()
         .map(|relative| relative.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hd2_a_signature_agent_is_a_uuid_only_in_the_form_the_database_reads_as_one() {
+        let id = "0b6f3a52-6f1e-4c1a-9d55-3e2f0c9a7b10";
+        assert_eq!(agent_uuid(id), Uuid::try_parse(id).ok());
+        assert_eq!(agent_uuid(&id.to_uppercase()), Uuid::try_parse(id).ok());
+        for not_one in [
+            "0b6f3a526f1e4c1a9d553e2f0c9a7b10",
+            "{0b6f3a52-6f1e-4c1a-9d55-3e2f0c9a7b10}",
+            "urn:uuid:0b6f3a52-6f1e-4c1a-9d55-3e2f0c9a7b10",
+            "0b6f3a52-6f1e-4c1a-9d55-3e2f0c9a7b1g",
+            "0b6f3a52+6f1e-4c1a-9d55-3e2f0c9a7b10",
+            "agent-7",
+            "",
+        ] {
+            assert_eq!(agent_uuid(not_one), None, "{not_one}");
+        }
+    }
 }
