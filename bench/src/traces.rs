@@ -1001,51 +1001,8 @@ pub fn markdown(t: &Traces) -> String {
         t.load_average,
     );
     for s in &t.scales {
-        // Each method against its floor on the same backend: sexton's age run against the walk
-        // that reaches its end state (PF-6), that walk and the quota run against `find`.
-        let floor = |name: &str| {
-            let floor = match name {
-                "sexton age" => "walk+sig age",
-                _ if name.ends_with(" s3") => "list-delete s3",
-                _ => "find age",
-            };
-            let rate = s
-                .methods
-                .iter()
-                .find(|m| m.name == floor)
-                .map_or(0.0, |m| m.examined_per_s);
-            (floor, rate)
-        };
         for m in &s.methods {
-            let kept: Vec<String> = m.kept.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            md.push_str(&format!(
-                "| {} | {} | {} ({}) | {:.0} | {} | {:.1} | {:.0} | {} | {:.0} | {} | {} | {} / {} | {} |\n",
-                s.files,
-                s.agents,
-                s.candidates,
-                s.live,
-                s.allocated_bytes as f64 / 1048576.0,
-                m.name,
-                m.seconds,
-                m.examined_per_s,
-                m.deleted,
-                m.deleted_per_s,
-                if matches!(m.name, "find age" | "list-delete s3") {
-                    "—".to_owned()
-                } else {
-                    let (floor, rate) = floor(m.name);
-                    format!("{:.2}× {floor}", m.examined_per_s / rate)
-                },
-                if kept.is_empty() {
-                    "—".to_owned()
-                } else {
-                    kept.join(", ")
-                },
-                m.cpu_seconds.map_or("—".into(), |s| format!("{s:.1}")),
-                m.db_cpu_seconds.map_or("—".into(), |s| format!("{s:.1}")),
-                m.peak_rss_kb
-                    .map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
-            ));
+            md.push_str(&row(s, m));
         }
     }
     let bound = |ratio: Option<f64>| {
@@ -1068,4 +1025,52 @@ pub fn markdown(t: &Traces) -> String {
         ));
     }
     md
+}
+
+/// One method's row of the table: each method against its floor on the same backend, sexton's
+/// age run against the walk that reaches its end state (PF-6), that walk and the quota run
+/// against `find`.
+fn row(s: &TraceScale, m: &TraceMethod) -> String {
+    let floor = |name: &str| {
+        let floor = match name {
+            "sexton age" => "walk+sig age",
+            _ if name.ends_with(" s3") => "list-delete s3",
+            _ => "find age",
+        };
+        let rate = s
+            .methods
+            .iter()
+            .find(|m| m.name == floor)
+            .map_or(0.0, |m| m.examined_per_s);
+        (floor, rate)
+    };
+    let kept: Vec<String> = m.kept.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    format!(
+        "| {} | {} | {} ({}) | {:.0} | {} | {:.1} | {:.0} | {} | {:.0} | {} | {} | {} / {} | {} |\n",
+        s.files,
+        s.agents,
+        s.candidates,
+        s.live,
+        s.allocated_bytes as f64 / 1048576.0,
+        m.name,
+        m.seconds,
+        m.examined_per_s,
+        m.deleted,
+        m.deleted_per_s,
+        if matches!(m.name, "find age" | "list-delete s3") {
+            "—".to_owned()
+        } else {
+            let (floor, rate) = floor(m.name);
+            format!("{:.2}× {floor}", m.examined_per_s / rate)
+        },
+        if kept.is_empty() {
+            "—".to_owned()
+        } else {
+            kept.join(", ")
+        },
+        m.cpu_seconds.map_or("—".into(), |s| format!("{s:.1}")),
+        m.db_cpu_seconds.map_or("—".into(), |s| format!("{s:.1}")),
+        m.peak_rss_kb
+            .map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
+    )
 }
