@@ -283,7 +283,7 @@ async fn measure_kind(
     let idle_writer_longest_lock_wait_ms = max_ms(&idle.lock_wait_ms);
     let idle_writer = Latency::of(idle.total_ms);
     let mut methods = Vec::new();
-    for name in ["sexton", "raw"] {
+    for name in ["sexton", "raw", RAW_LOCKED] {
         eprintln!("expiry: {} {name}", kind.table);
         methods.push(measure_method(cli, admin, base, files, prepared, name).await?);
     }
@@ -310,7 +310,7 @@ async fn measure_method(
     name: &'static str,
 ) -> anyhow::Result<ExpiryMethod> {
     let kind = prepared.kind;
-    let db = format!("benchexp_{name}_{}", kind.table);
+    let db = format!("benchexp_{}_{}", name.replace('+', "_"), kind.table);
     recreate(admin, &db, Some(TEMPLATE)).await?;
     let writer_pool = connect(base, &db, "bench-writer").await?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -325,7 +325,7 @@ async fn measure_method(
             let env = kind.sexton_env(cli.expiry_batch);
             run_sexton(cli, admin, &db, files, name, 2, &pass, &env).await?
         }
-        _ => run_raw(base, &db, kind, cli.expiry_batch).await?,
+        _ => run_raw(base, &db, kind, cli.expiry_batch, name == RAW_LOCKED).await?,
     };
     stop.store(true, Ordering::Relaxed);
     let writer = writer.await??;
@@ -413,47 +413,62 @@ async fn counts(pool: &PgPool, kind: &Expiring) -> anyhow::Result<(i64, i64)> {
 
 /// The floor for short-lived records: the next `batch` expired ids in (created_at, id) order,
 /// then `DELETE … WHERE id = ANY($1)`, each batch its own transaction; no lock, no re-check.
+/// With `lock` (the floor with the lock sexton's batch takes, timed alone: HD-3 re-checks the
+/// holds behind it and a held row is skipped as `busy`), the batch's rows are read
+/// `FOR UPDATE SKIP LOCKED` first, so that a row the application holds is left.
 async fn run_raw(
     base: &PgConnectOptions,
     db: &str,
     kind: &Expiring,
     batch: u32,
+    lock: bool,
 ) -> anyhow::Result<Method> {
     let started = Instant::now();
     let pool = connect(base, db, "bench-raw").await?;
     match kind.id {
-        Id::Uuid => raw_batches::<Uuid>(&pool, kind, batch).await?,
-        Id::BigInt => raw_batches::<i64>(&pool, kind, batch).await?,
+        Id::Uuid => raw_batches::<Uuid>(&pool, kind, batch, lock).await?,
+        Id::BigInt => raw_batches::<i64>(&pool, kind, batch, lock).await?,
     }
     pool.close().await;
-    let mut m = method("raw");
+    let mut m = method(if lock { RAW_LOCKED } else { "raw" });
     m.seconds = started.elapsed().as_secs_f64();
     Ok(m)
 }
 
-async fn raw_batches<T>(pool: &PgPool, kind: &Expiring, batch: u32) -> anyhow::Result<()>
+/// The raw floor with the lock and skip of rows an application holds.
+const RAW_LOCKED: &str = "raw+lock";
+
+async fn raw_batches<T>(
+    pool: &PgPool,
+    kind: &Expiring,
+    batch: u32,
+    lock: bool,
+) -> anyhow::Result<()>
 where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
     Vec<T>: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {
     let next = format!(
-        "SELECT id FROM {} WHERE created_at < $1 ORDER BY created_at, id LIMIT $2",
-        kind.table
+        "SELECT id FROM {} WHERE created_at < $1 ORDER BY created_at, id LIMIT $2{}",
+        kind.table,
+        if lock { " FOR UPDATE SKIP LOCKED" } else { "" }
     );
     let delete = format!("DELETE FROM {} WHERE id = ANY($1)", kind.table);
     loop {
+        let mut tx = pool.begin().await?;
         let ids: Vec<T> = sqlx::query_scalar(sqlx::AssertSqlSafe(next.clone()))
             .bind(kind.cutoff())
             .bind(i64::from(batch))
-            .fetch_all(pool)
+            .fetch_all(&mut *tx)
             .await?;
         if ids.is_empty() {
             return Ok(());
         }
         sqlx::query(sqlx::AssertSqlSafe(delete.clone()))
             .bind(ids)
-            .execute(pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
     }
 }
 
@@ -507,7 +522,7 @@ pub fn markdown(e: &Expiry) -> String {
         "in the same run as the tables above"
     };
     let mut md = format!(
-        "{EXPIRY_HEADING}\n\nMeasured {} on {}, {when}. Each table holds {} expired rows (created evenly from {OLDEST_DAYS:.0} days to a day past its age before the pass, oldest first) and {} young ones that must stay, built in {:.0} s; each method runs on its own copy. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings but `expiry.batch_size = {}` and every other kind at 0 days), timed from the worker taking the nightly slot to its last hop. raw: `SELECT id … WHERE created_at < cutoff ORDER BY created_at, id LIMIT {}`, then `DELETE … WHERE id = ANY($1)`, each batch its own transaction, with no lock and no re-check. Beside each, an application writer ({} per second) locks one record (old or young, by turns), updates it if it is still there, inserts a new one and commits. \"left\" counts expired rows sexton skipped because the writer held them (`busy`, for the next pass).\n\n| table | expired rows | method | seconds | rows deleted | left | rows/s | vs raw | writer p50 / p99 / max ms (idle) | writer longest lock wait ms (idle) | longest write tx ms | hop median / p99 ms | µs per row read (median hop) | peak RSS MB | outside batch statements |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "{EXPIRY_HEADING}\n\nMeasured {} on {}, {when}. Each table holds {} expired rows (created evenly from {OLDEST_DAYS:.0} days to a day past its age before the pass, oldest first) and {} young ones that must stay, built in {:.0} s; each method runs on its own copy. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings but `expiry.batch_size = {}` and every other kind at 0 days), timed from the worker taking the nightly slot to its last hop. raw: `SELECT id … WHERE created_at < cutoff ORDER BY created_at, id LIMIT {}`, then `DELETE … WHERE id = ANY($1)`, each batch its own transaction, with no lock and no re-check. raw+lock: the same with the batch's `SELECT … FOR UPDATE SKIP LOCKED` (as sexton's batch locks its rows: one an application holds is skipped as `busy`, never waited for, and the holds are re-checked behind the lock, HD-3) and its `DELETE` in one transaction: the lock timed alone, which writes each row twice (a lock, then the delete). Beside each, an application writer ({} per second) locks one record (old or young, by turns), updates it if it is still there, inserts a new one and commits. \"left\" counts expired rows sexton skipped because the writer held them (`busy`, for the next pass).\n\n| table | expired rows | method | seconds | rows deleted | left | rows/s | vs raw | vs raw+lock | writer p50 / p99 / max ms (idle) | writer longest lock wait ms (idle) | longest write tx ms | hop median / p99 ms | µs per row read (median hop) | peak RSS MB | outside batch statements |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         e.measured_at.format("%Y-%m-%d"),
         e.machine,
         e.rows,
@@ -518,11 +533,13 @@ pub fn markdown(e: &Expiry) -> String {
         e.writer_rate,
     );
     for t in &e.tables {
-        let raw = t
-            .methods
-            .iter()
-            .find(|m| m.method.name == "raw")
-            .map_or(0.0, |m| m.method.rows_per_s);
+        let rate = |name| {
+            t.methods
+                .iter()
+                .find(|m| m.method.name == name)
+                .map_or(0.0, |m| m.method.rows_per_s)
+        };
+        let (raw, locked) = (rate("raw"), rate(RAW_LOCKED));
         for ExpiryMethod {
             method: m,
             deleted,
@@ -530,8 +547,8 @@ pub fn markdown(e: &Expiry) -> String {
         } in &t.methods
         {
             md.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {} | {} | {:.0} | {:.2}× | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} ({:.1}) | {:.0} | {} | {} | {} | {} |\n",
-                t.table, t.expired, m.name, m.seconds, deleted, left, m.rows_per_s, m.rows_per_s / raw,
+                "| {} | {} | {} | {:.1} | {} | {} | {:.0} | {:.2}× | {:.2}× | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} ({:.1}) | {:.0} | {} | {} | {} | {} |\n",
+                t.table, t.expired, m.name, m.seconds, deleted, left, m.rows_per_s, m.rows_per_s / raw, m.rows_per_s / locked,
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 t.idle_writer.p50_ms, t.idle_writer.p99_ms, t.idle_writer.max_ms,
                 m.writer_longest_lock_wait_ms, t.idle_writer_longest_lock_wait_ms,
