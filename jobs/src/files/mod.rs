@@ -155,6 +155,9 @@ impl Root {
     }
 
     /// Which of `paths` a surviving row still references: those stay on disk (EX-3, SS-6).
+    /// Each path is looked up in the spelling index on its own (a `LATERAL … LIMIT 1`): as a
+    /// semi-join the planner, which prices the spelling function at nothing, hashed every
+    /// output file's spelling instead, 34 ms for 200 paths at seed scale 10 against 5 ms.
     async fn referenced(
         self,
         conn: &mut PgConnection,
@@ -162,9 +165,10 @@ impl Root {
     ) -> Result<Vec<String>, sqlx::Error> {
         let sql = match self {
             Root::Outputs => {
-                "SELECT p FROM unnest($1::text[]) p
-                 WHERE EXISTS (SELECT 1 FROM output_files o
-                               WHERE sexton.path_key(o.relative_path) = sexton.path_key(p))"
+                "SELECT p FROM unnest($1::text[]) p,
+                 LATERAL (SELECT 1 FROM output_files o
+                          WHERE sexton.path_key(o.relative_path) = sexton.path_key(p)
+                          LIMIT 1) referencing"
             }
             Root::Sessions => {
                 "SELECT p FROM unnest($1::text[]) p
@@ -172,10 +176,11 @@ impl Root {
                                WHERE s.id = sexton.jsonb_uuid(to_jsonb(p)))"
             }
             Root::Attachments => {
-                "SELECT p FROM unnest($1::text[]) p
-                 WHERE EXISTS (SELECT 1 FROM attachments a
-                               WHERE sexton.path_key(a.relative_path) = sexton.path_key(p)
-                                 AND a.bytes_expired_at IS NULL)"
+                "SELECT p FROM unnest($1::text[]) p,
+                 LATERAL (SELECT 1 FROM attachments a
+                          WHERE sexton.path_key(a.relative_path) = sexton.path_key(p)
+                            AND a.bytes_expired_at IS NULL
+                          LIMIT 1) referencing"
             }
             Root::Traces => return Ok(Vec::new()),
         };
