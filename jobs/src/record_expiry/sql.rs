@@ -14,6 +14,14 @@ fn unpinned<R: Record>(alias: &str) -> String {
 /// (`SKIP LOCKED`), re-checks their age (and pin) under the lock, asks the holds that cover
 /// them (HD-3) and deletes those no hold covers; it returns the rows read, held and deleted and
 /// the last row read (the next cursor).
+///
+/// The lock takes the batch's range of the (age, id) index again, in the statement's snapshot,
+/// rather than each row by its key, and the delete takes each locked row where it lies (its
+/// `ctid`, which the lock holds still): an index probe per row each, which made the batch
+/// slower than a plain keyset `DELETE` (a million handoffs: 5.9 s against 4.0 s in a loop on the
+/// server, 2.4 s this way). A row updated since the snapshot is re-checked by the lock against
+/// the same conditions and, if it still passes, stays for the next pass, its new version not
+/// being the snapshot's.
 pub(super) fn batch<R: Record>() -> String {
     let (table, age, id, holds) = (R::TABLE, R::AGE, R::ID_TYPE, R::HOLDS);
     let (live, locked_live) = (unpinned::<R>(""), unpinned::<R>("t."));
@@ -23,20 +31,22 @@ pub(super) fn batch<R: Record>() -> String {
     WHERE {live}{age} < $1 AND ({age}, id) > ($2, $3::{id})
     ORDER BY {age}, id
     LIMIT $4),
+last AS (
+    SELECT b.{age}, b.id FROM batch b ORDER BY b.{age} DESC, b.id DESC LIMIT 1),
 locked AS (
-    SELECT t.id, EXISTS (SELECT 1 FROM {holds}) AS held FROM {table} t JOIN batch b ON b.id = t.id
-    WHERE {locked_live}t.{age} < $1
+    SELECT t.ctid, EXISTS (SELECT 1 FROM {holds}) AS held FROM {table} t
+    WHERE {locked_live}t.{age} < $1 AND (t.{age}, t.id) > ($2, $3::{id})
+      AND t.{age} <= (SELECT {age} FROM last)
+      AND (t.{age}, t.id) <= ((SELECT {age} FROM last), (SELECT id FROM last))
     FOR UPDATE OF t SKIP LOCKED),
 gone AS (
-    DELETE FROM {table} t USING locked
-    WHERE t.id = locked.id AND NOT locked.held RETURNING 1),
-last AS (
-    SELECT b.{age}, b.id::text AS id FROM batch b ORDER BY b.{age} DESC, b.id DESC LIMIT 1)
+    DELETE FROM {table} t
+    WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM locked WHERE NOT held)) RETURNING 1)
 SELECT (SELECT count(*) FROM batch) AS read,
        (SELECT count(*) FROM locked WHERE held) AS held,
        (SELECT count(*) FROM gone) AS deleted,
        (SELECT {age} FROM last) AS last_at,
-       (SELECT id FROM last) AS last_id"
+       (SELECT id::text FROM last) AS last_id"
     )
 }
 
