@@ -76,9 +76,13 @@ pub fn connect_options(settings: &DatabaseSettings) -> Result<PgConnectOptions, 
         .options(session_settings(settings)))
 }
 
-/// sexton's timeouts, for every session it opens.
-fn session_settings(settings: &DatabaseSettings) -> [(&'static str, String); 3] {
+/// sexton's timeouts, for every session it opens, and no JIT compilation.
+fn session_settings(settings: &DatabaseSettings) -> [(&'static str, String); 4] {
     [
+        // Every statement of sexton's is a bounded batch of a few milliseconds, but the
+        // planner's estimates grow with the tables: past `jit_above_cost` a batch would spend
+        // about 300 ms compiling (seen on a million-row handoffs table), never repaid.
+        ("jit", "off".to_owned()),
         (
             "statement_timeout",
             settings.statement_timeout.as_millis().to_string(),
