@@ -11,13 +11,15 @@ use uuid::Uuid;
 
 use crate::writer::{Writes, at_rate};
 
-/// (conversation, run) pairs the writer materializes into: old owners and recent runs alike.
+/// (conversation, run) pairs the writer materializes into: old owners and recent runs alike,
+/// taken by a hash of their ids, so that they lie spread over every method's order (the floors
+/// go through owners in id order: the lowest ids would all fall in their first batch).
 pub async fn writer_targets(pool: &PgPool) -> anyhow::Result<Vec<(Uuid, Uuid)>> {
     let rows = sqlx::query(
-        "(SELECT r.conversation_id, r.id FROM runs r JOIN bench_owners o ON o.id = r.id ORDER BY r.id LIMIT 100)
+        "(SELECT r.conversation_id, r.id FROM runs r JOIN bench_owners o ON o.id = r.id ORDER BY md5(r.id::text) LIMIT 100)
          UNION ALL
          (SELECT conversation_id, id FROM runs WHERE conversation_id IS NOT NULL
-            AND id NOT IN (SELECT id FROM bench_owners) ORDER BY id LIMIT 100)",
+            AND id NOT IN (SELECT id FROM bench_owners) ORDER BY md5(id::text) LIMIT 100)",
     )
     .fetch_all(pool)
     .await?;
@@ -64,12 +66,13 @@ pub async fn write_at_rate(
     .await
 }
 
-/// The sessions the appending writer appends to: old ones a pass deletes and young ones alike.
+/// The sessions the appending writer appends to: old ones a pass deletes and young ones alike,
+/// taken by a hash of their ids as the runs above.
 pub async fn session_targets(pool: &PgPool) -> anyhow::Result<Vec<Uuid>> {
     Ok(sqlx::query_scalar(
-        "(SELECT id FROM bench_sessions ORDER BY id LIMIT 100)
+        "(SELECT id FROM bench_sessions ORDER BY md5(id::text) LIMIT 100)
          UNION ALL
-         (SELECT id FROM sessions WHERE id NOT IN (SELECT id FROM bench_sessions) ORDER BY id LIMIT 100)",
+         (SELECT id FROM sessions WHERE id NOT IN (SELECT id FROM bench_sessions) ORDER BY md5(id::text) LIMIT 100)",
     )
     .fetch_all(pool)
     .await?)
