@@ -18,8 +18,9 @@ pub async fn writer_targets(pool: &PgPool) -> anyhow::Result<Vec<(Uuid, Uuid)>> 
     let rows = sqlx::query(
         "(SELECT r.conversation_id, r.id FROM runs r JOIN bench_owners o ON o.id = r.id ORDER BY md5(r.id::text) LIMIT 100)
          UNION ALL
-         (SELECT conversation_id, id FROM runs WHERE conversation_id IS NOT NULL
-            AND id NOT IN (SELECT id FROM bench_owners) ORDER BY md5(id::text) LIMIT 100)",
+         (SELECT conversation_id, id FROM runs r WHERE conversation_id IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM bench_owners o WHERE o.id = r.id)
+          ORDER BY md5(id::text) LIMIT 100)",
     )
     .fetch_all(pool)
     .await?;
@@ -72,7 +73,8 @@ pub async fn session_targets(pool: &PgPool) -> anyhow::Result<Vec<Uuid>> {
     Ok(sqlx::query_scalar(
         "(SELECT id FROM bench_sessions ORDER BY md5(id::text) LIMIT 100)
          UNION ALL
-         (SELECT id FROM sessions WHERE id NOT IN (SELECT id FROM bench_sessions) ORDER BY md5(id::text) LIMIT 100)",
+         (SELECT id FROM sessions s WHERE NOT EXISTS (SELECT 1 FROM bench_sessions b WHERE b.id = s.id)
+          ORDER BY md5(id::text) LIMIT 100)",
     )
     .fetch_all(pool)
     .await?)
