@@ -55,6 +55,37 @@ async fn fl6_every_connection_carries_statement_and_lock_timeouts(pool: PgPool) 
 }
 
 #[sqlx::test]
+async fn fl6_every_connection_compiles_nothing_just_in_time(pool: PgPool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(dir.path());
+    settings.database.max_connections = 3;
+    let sexton_pool = sexton::db::connect(&settings.database, sexton::db::Access::Read)
+        .await
+        .unwrap();
+    let server_default: String =
+        sqlx::query_scalar("SELECT boot_val FROM pg_settings WHERE name = 'jit'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        server_default, "on",
+        "the control: the server's own default compiles"
+    );
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut conn = sexton_pool.acquire().await.unwrap();
+        let jit: String = sqlx::query_scalar("SHOW jit")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(jit, "off", "a bounded batch never repays its compilation");
+        held.push(conn);
+    }
+    drop(held);
+    drop(pool);
+}
+
+#[sqlx::test]
 async fn fl2_each_slot_is_enqueued_exactly_once_across_the_fleet(pool: PgPool) {
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
