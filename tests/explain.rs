@@ -154,6 +154,7 @@ async fn explain_sessions_agree_with_the_next_pass(pool: PgPool) {
     let settings = sessions::HopSettings {
         window_size: 10,
         sessions_per_transaction: 5,
+        transaction_target: Duration::from_millis(50),
         budget: Duration::from_secs(60),
         lock_timeout: Duration::from_millis(200),
         sessions: paths.store(sexton_jobs::files::Root::Sessions),

@@ -266,6 +266,7 @@ async fn hd2_a_session_agent_or_account_hold_keeps_its_sessions_and_frames_the_o
     let settings = sessions::HopSettings {
         window_size: 10,
         sessions_per_transaction: 2,
+        transaction_target: Duration::from_millis(50),
         budget: Duration::from_secs(600),
         lock_timeout: Duration::from_millis(200),
         sessions: paths.store(sexton_jobs::files::Root::Sessions),

@@ -30,6 +30,7 @@ impl Env {
         let settings = HopSettings {
             window_size: 4,
             sessions_per_transaction: 2,
+            transaction_target: Duration::from_millis(50),
             budget: Duration::from_secs(600),
             lock_timeout: Duration::from_millis(200),
             sessions: common::backend::paths(dir.path()).store(Root::Sessions),

@@ -99,7 +99,11 @@ pub(super) async fn hop_into(
             kind: SessionKind::Main,
             settings,
         },
-        Chunks::Fixed(settings.sessions_per_transaction as usize),
+        Chunks::Timed {
+            first: FIRST_TOGETHER,
+            most: settings.sessions_per_transaction as usize,
+            target: settings.transaction_target,
+        },
     );
     let end = hop.run(&mut sessions, args.cursor, report).await?;
     report.outcome = end.outcome();
@@ -114,6 +118,9 @@ pub(super) async fn hop_into(
     });
     Ok(())
 }
+
+/// Sessions taken together by a hop's first transaction, before any has been measured.
+const FIRST_TOGETHER: usize = 20;
 
 /// An account's sessions as the owner loop takes them: kind after kind, each in (last
 /// activity, id) order through `sessions_retention_window`.

@@ -224,6 +224,7 @@ impl Args {
 pub struct RawSettings {
     window_size: Raw<i64>,
     sessions_per_transaction: Raw<i64>,
+    transaction_target_ms: Raw<i64>,
     hop_budget_ms: Raw<i64>,
     lock_timeout_ms: Raw<i64>,
 }
@@ -233,8 +234,12 @@ pub struct RawSettings {
 pub struct HopSettings {
     /// Sessions read per hop.
     pub window_size: u32,
-    /// Sessions deleted together in one transaction (a session's whole history goes with it).
+    /// Most sessions deleted together in one transaction (a session's whole history goes with
+    /// it).
     pub sessions_per_transaction: u32,
+    /// How long one such transaction should last: the number taken together is scaled toward
+    /// it after every transaction.
+    pub transaction_target: Duration,
     /// Time after which a hop stops taking sessions and hands over to the next hop.
     pub budget: Duration,
     /// Longest wait for any lock inside a deletion (child rows an application holds).
@@ -335,11 +340,14 @@ impl Job for SessionRetention {
             1..=1000,
             "an integer from 1 to 1000",
         );
+        let transaction_target =
+            c.millis("sessions.transaction_target_ms", &s.transaction_target_ms);
         let budget = c.millis("sessions.hop_budget_ms", &s.hop_budget_ms);
         let lock_timeout = c.millis("sessions.lock_timeout_ms", &s.lock_timeout_ms);
         Some(HopSettings {
             window_size: window_size?,
             sessions_per_transaction: sessions_per_transaction?,
+            transaction_target: transaction_target?,
             budget: budget?,
             lock_timeout: lock_timeout?,
             sessions: paths.store(Root::Sessions),
