@@ -174,7 +174,7 @@ pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyh
         Some(server) => Some((server, Scratch::make(server.bucket("benchatt"))?)),
         None => None,
     };
-    let mut names = vec!["sexton", "sexton c=1", "plain"];
+    let mut names = vec!["sexton", "sexton c=1", "plain", "plain+record"];
     if bucket.is_some() {
         names.extend(["sexton s3", "plain s3"]);
     }
@@ -367,7 +367,9 @@ async fn measure_method(
             disk::with_backend_cpu(base, db, "bench-plain", run).await?
         }
         (_, None) => {
-            disk::with_backend_cpu(base, db, "bench-plain", plain(base, db, &scratch.root)).await?
+            let record = name == "plain+record";
+            let run = plain(base, db, &scratch.root, record);
+            disk::with_backend_cpu(base, db, "bench-plain", run).await?
         }
     };
     method.owners_per_s = counts.examined as f64 / method.seconds;
@@ -414,8 +416,16 @@ async fn check(
 }
 
 /// The plain loop: the next thousand live rows in id order, a stat of each file (not following a
-/// symlink), the old ones unlinked, then their rows marked in one statement.
-async fn plain(base: &PgConnectOptions, db: &str, root: &Path) -> anyhow::Result<Method> {
+/// symlink), the old ones unlinked, then their rows marked in one statement. With `record`, the
+/// order a crash cannot break instead (what sexton's durable file record costs, ER-3): the old
+/// rows marked and their files recorded in one statement and committed, the files unlinked,
+/// then their records deleted.
+async fn plain(
+    base: &PgConnectOptions,
+    db: &str,
+    root: &Path,
+    record: bool,
+) -> anyhow::Result<Method> {
     let started = Instant::now();
     let pool = connect(base, db, "bench-plain").await?;
     let cutoff = cutoff().timestamp();
@@ -433,14 +443,38 @@ async fn plain(base: &PgConnectOptions, db: &str, root: &Path) -> anyhow::Result
                 && meta.is_file()
                 && meta.mtime() < cutoff
             {
-                std::fs::remove_file(&path)?;
+                if !record {
+                    std::fs::remove_file(&path)?;
+                }
                 expired.push(*id);
             }
         }
-        mark(&pool, &expired).await?;
+        if !record {
+            mark(&pool, &expired).await?;
+            continue;
+        }
+        let recorded: Vec<(i64, String)> = sqlx::query_as(
+            "WITH marked AS (
+                 UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)
+                 RETURNING account_id, relative_path)
+             INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+             SELECT 'attachments', account_id, relative_path FROM marked
+             RETURNING id, relative_path",
+        )
+        .bind(&expired)
+        .fetch_all(&pool)
+        .await?;
+        for (_, path) in &recorded {
+            std::fs::remove_file(root.join(path))?;
+        }
+        let ids: Vec<i64> = recorded.iter().map(|(id, _)| *id).collect();
+        sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(&pool)
+            .await?;
     }
     pool.close().await;
-    let mut m = method("plain");
+    let mut m = method(if record { "plain+record" } else { "plain" });
     m.seconds = started.elapsed().as_secs_f64();
     Ok(m)
 }
@@ -517,7 +551,7 @@ pub fn markdown(a: &Attachments) -> String {
         "in the same run as the tables above"
     };
     let mut md = format!(
-        "{ATTACHMENTS_HEADING}\n\nMeasured {} on {}, {when}. {} attachment rows over {} accounts, each with a 1–4 KiB file under `account-N/xx/<id>.bin`; {} files were last modified before the cutoff (31–400 days before the pass, `max_age_days = {}`), the rest after it (1–29 days), and {} rows have no file. Each method runs on its own copy of the database with its own tree, written from the same seed; page cache: {}. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings: `window_size = 1000`) running `queue.concurrency` hops at a time (one account each), timed from the worker taking the nightly slot to its last `attachment_expiry` hop; its files go through `files::drain` within the hops. plain: `SELECT id, relative_path … WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT 1000`, `lstat` each file, unlink the old ones, `UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)`, one lane, timed from connecting to its last batch. `… s3`: the same on an S3-compatible server on loopback (s3s-fs, each object a file of the same tree in a bucket's directory): sexton with its attachments root `s3://…` (each object read with a HEAD before it is judged and again just before its batched delete, OS-2), plain s3 one listing of the root for every `LastModified`, then per thousand rows one DeleteObjects call of the old ones; each `… s3` ratio is against plain s3. Rows examined per second count every live row; database CPU is that of the method's backends (sampled from `/proc`). 1-minute load average before the first method and after the last: {}.\n\n| rows | expired | method | seconds | rows examined/s | vs plain | rows marked | files deleted | hop median / p99 ms | database CPU s | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "{ATTACHMENTS_HEADING}\n\nMeasured {} on {}, {when}. {} attachment rows over {} accounts, each with a 1–4 KiB file under `account-N/xx/<id>.bin`; {} files were last modified before the cutoff (31–400 days before the pass, `max_age_days = {}`), the rest after it (1–29 days), and {} rows have no file. Each method runs on its own copy of the database with its own tree, written from the same seed; page cache: {}. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings: `window_size = 1000`) running `queue.concurrency` hops at a time (one account each), timed from the worker taking the nightly slot to its last `attachment_expiry` hop; its files go through `files::drain` within the hops. plain: `SELECT id, relative_path … WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT 1000`, `lstat` each file, unlink the old ones, `UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)`, one lane, timed from connecting to its last batch. plain+record: the same, but in the order a crash cannot break (sexton's, ER-3): the old rows marked and their files recorded in `sexton.pending_file_deletions` in one statement, committed, the files unlinked, then their records deleted — without sexton's lock and re-check of each row, hold check or second look at each file before its unlink. `… s3`: the same on an S3-compatible server on loopback (s3s-fs, each object a file of the same tree in a bucket's directory): sexton with its attachments root `s3://…` (each object read with a HEAD before it is judged and again just before its batched delete, OS-2), plain s3 one listing of the root for every `LastModified`, then per thousand rows one DeleteObjects call of the old ones; each `… s3` ratio is against plain s3. Rows examined per second count every live row; database CPU is that of the method's backends (sampled from `/proc`). 1-minute load average before the first method and after the last: {}.\n\n| rows | expired | method | seconds | rows examined/s | vs plain | rows marked | files deleted | hop median / p99 ms | database CPU s | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         a.measured_at.format("%Y-%m-%d"),
         a.machine,
         a.rows,

@@ -248,7 +248,13 @@ async fn measure_scale(
         Some(server) => Some(scratch.in_bucket(server)?),
         None => None,
     };
-    let mut names = vec!["sexton age", "walk+sig age", "find age", "sexton quota"];
+    let mut names = vec![
+        "sexton age",
+        "walk+sig age",
+        "walk+every-sig age",
+        "find age",
+        "sexton quota",
+    ];
     if bucket.is_some() {
         names.extend(["sexton age s3", "list-delete s3"]);
     }
@@ -374,7 +380,7 @@ impl Scratch {
 /// [`quota_plan`] sends to bring the candidates down to `max_bytes`.
 fn goes(tree: &Tree, name: &str, cut_ns: i128, max_bytes: u64) -> Vec<bool> {
     match name {
-        "sexton age" | "walk+sig age" | "sexton age s3" => tree
+        "sexton age" | "walk+sig age" | "walk+every-sig age" | "sexton age s3" => tree
             .entries
             .iter()
             .map(|e| e.kind == Kind::Trace && e.mtime_ns < cut_ns)
@@ -443,7 +449,12 @@ async fn run_method(
     let cut = Utc::now() - chrono::Duration::days(i64::from(cli.trace_age_days));
     let run = match (name, server) {
         ("find age", _) => run_find(cli, &scratch.root).await?,
-        ("walk+sig age", _) => walk_signatures(base, &scratch.db, &scratch.root, cut).await?,
+        ("walk+sig age", _) => {
+            walk_signatures(base, &scratch.db, &scratch.root, cut, Signatures::Old).await?
+        }
+        ("walk+every-sig age", _) => {
+            walk_signatures(base, &scratch.db, &scratch.root, cut, Signatures::Every).await?
+        }
         ("list-delete s3", Some(server)) => list_delete(&*server.root(&scratch.root)?, cut).await?,
         _ => {
             let expected = tree
@@ -463,15 +474,28 @@ async fn run_method(
     Ok(run)
 }
 
+/// Whose signature line a [`walk_signatures`] floor reads.
+#[derive(Clone, Copy, PartialEq)]
+enum Signatures {
+    /// The old traces' alone: what the deletion needs.
+    Old,
+    /// Every trace's, young ones too: what sexton reads, since TR-3 counts and reports every
+    /// `*.trace.jsonl` whose signature is not valid, whatever its age, and the quota (TR-2)
+    /// counts young live sessions' traces.
+    Every,
+}
+
 /// The floor that reaches sexton's end state by age (PF-6), in process: a walk of the tree that
-/// follows no symlink, the first line of each `*.trace.jsonl` regular file older than `cut` read
-/// and its signature parsed, the live sessions' traces among each thousand skipped (one query),
-/// the rest unlinked — no lease, no re-check before the unlink, no plan, no holds.
+/// follows no symlink, the first line of each `*.trace.jsonl` regular file older than `cut`
+/// (every one's, with [`Signatures::Every`]) read and its signature parsed, the live sessions' traces among each
+/// thousand old ones skipped (one query), the rest unlinked — no lease, no re-check before the
+/// unlink, no plan, no holds.
 async fn walk_signatures(
     base: &PgConnectOptions,
     db: &str,
     root: &Path,
     cut: DateTime<Utc>,
+    read: Signatures,
 ) -> anyhow::Result<Run> {
     #[derive(serde::Deserialize)]
     struct Signature {
@@ -509,7 +533,11 @@ async fn walk_signatures(
                 continue;
             }
             let named = entry.file_name().as_bytes().ends_with(b".trace.jsonl");
-            if !kind.is_file() || !named || entry.metadata()?.modified()? >= cut.into() {
+            if !kind.is_file() || !named {
+                continue;
+            }
+            let old = entry.metadata()?.modified()? < cut.into();
+            if !old && read == Signatures::Old {
                 continue;
             }
             let mut first = Vec::with_capacity(512);
@@ -522,7 +550,7 @@ async fn walk_signatures(
                 .and_then(|sig| {
                     (sig.format == "run-trace/1").then(|| Uuid::parse_str(&sig.session_id).ok())?
                 });
-            if let Some(session) = signed {
+            if let Some(session) = signed.filter(|_| old) {
                 batch.push((path, session));
                 if batch.len() == 1000 {
                     flush(&mut batch).await?;
@@ -991,7 +1019,7 @@ pub fn markdown(t: &Traces) -> String {
         "a signature line and a 1–4 KiB body (one or two 4 KiB blocks)"
     };
     let mut md = format!(
-        "{TRACES_HEADING}\n\nMeasured {} on {}, {when}. Each tree: `<agent_id>/run-NNN.trace.jsonl`, {FILES_PER_AGENT} per agent directory, each {bodies}, mtimes spread evenly over 0–{SPAN_DAYS:.0} days (none within a day of the age limit, where `find`'s whole days and sexton's cutoff would differ); one in {BAD_EVERY} has a bad signature, one in {LINK_EVERY} is a symlink (to a trace beside it or out of the root), the traces of every {LIVE_AGENT_EVERY}th agent's current and main sessions are live (the agents table holds {}: every batch sexton deletes is checked against it), and a symlinked directory leads out of the root. Each method gets its own tree, written from the same seed; page cache: {}. sexton age: `sexton traces clean --confirm --json` (plan to a file) with `max_age_days = {}`; find age: `find ROOT -name '*.trace.jsonl' -mtime +{} -delete`, which also deletes the bad signatures, symlinks and live sessions' traces past the age that sexton keeps; walk+sig age (PF-6's floor, sexton age's end state): in process, a walk that follows no symlink, the first line of each old `*.trace.jsonl` regular file read and its signature parsed, the live sessions among each thousand asked in one query, the rest unlinked — without sexton's lease, plan, holds or re-check before the unlink; sexton age's ratio is against it, the others' against find age. sexton quota: `max_age_days = 0`, `max_bytes` half the candidates' allocated bytes. `… s3`: the same tree without its symlinks (an object store has none), each file an object in a bucket of an S3-compatible server on loopback (s3s-fs): sexton age s3 with its traces root `s3://…` (a listing, a ranged GET of each signature, a HEAD of each object just before the batched delete, the lease a row in PostgreSQL), list-delete s3 one listing and a DeleteObjects call per thousand old `*.trace.jsonl` keys, in process; each `… s3` ratio is against list-delete s3. Every end state is checked entry by entry against the method's rule. Seconds are the process's wall time; examined counts every `*.trace.jsonl` entry; CPU is the process's user + system time and that of its database backend (sampled from `/proc`); peak RSS is the kernel's `ru_maxrss` (GNU time `%M`). 1-minute load average before the first and after the last method: {}.\n\n| files | agents | candidates (live) | allocated MB | method | seconds | examined/s | deleted | deleted/s | vs floor | kept by sexton | CPU s (process / database) | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "{TRACES_HEADING}\n\nMeasured {} on {}, {when}. Each tree: `<agent_id>/run-NNN.trace.jsonl`, {FILES_PER_AGENT} per agent directory, each {bodies}, mtimes spread evenly over 0–{SPAN_DAYS:.0} days (none within a day of the age limit, where `find`'s whole days and sexton's cutoff would differ); one in {BAD_EVERY} has a bad signature, one in {LINK_EVERY} is a symlink (to a trace beside it or out of the root), the traces of every {LIVE_AGENT_EVERY}th agent's current and main sessions are live (the agents table holds {}: every batch sexton deletes is checked against it), and a symlinked directory leads out of the root. Each method gets its own tree, written from the same seed; page cache: {}. sexton age: `sexton traces clean --confirm --json` (plan to a file) with `max_age_days = {}`; find age: `find ROOT -name '*.trace.jsonl' -mtime +{} -delete`, which also deletes the bad signatures, symlinks and live sessions' traces past the age that sexton keeps; walk+sig age (PF-6's floor, sexton age's end state): in process, a walk that follows no symlink, the first line of each old `*.trace.jsonl` regular file read and its signature parsed, the live sessions among each thousand asked in one query, the rest unlinked — without sexton's lease, plan, holds or re-check before the unlink; walk+every-sig age: the same walk reading the signature line of every `*.trace.jsonl` regular file, young ones too (what sexton reads: TR-3 counts every trace whose signature is not valid, whatever its age, and the quota counts young live sessions' traces), the same deleted; sexton age's ratio is against walk+sig age, the others' against find age. sexton quota: `max_age_days = 0`, `max_bytes` half the candidates' allocated bytes. `… s3`: the same tree without its symlinks (an object store has none), each file an object in a bucket of an S3-compatible server on loopback (s3s-fs): sexton age s3 with its traces root `s3://…` (a listing, a ranged GET of each signature, a HEAD of each object just before the batched delete, the lease a row in PostgreSQL), list-delete s3 one listing and a DeleteObjects call per thousand old `*.trace.jsonl` keys, in process; each `… s3` ratio is against list-delete s3. Every end state is checked entry by entry against the method's rule. Seconds are the process's wall time; examined counts every `*.trace.jsonl` entry; CPU is the process's user + system time and that of its database backend (sampled from `/proc`); peak RSS is the kernel's `ru_maxrss` (GNU time `%M`). 1-minute load average before the first and after the last method: {}.\n\n| files | agents | candidates (live) | allocated MB | method | seconds | examined/s | deleted | deleted/s | vs floor | kept by sexton | CPU s (process / database) | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         t.measured_at.format("%Y-%m-%d"),
         t.machine,
         t.agent_rows,
