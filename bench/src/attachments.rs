@@ -179,7 +179,7 @@ pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyh
         names.extend(["sexton s3", "plain s3"]);
     }
     for name in names {
-        let db = format!("benchatt_{}", name.replace([' ', '='], "_"));
+        let db = format!("benchatt_{}", name.replace([' ', '=', '+'], "_"));
         recreate(admin, &db, Some(TEMPLATE)).await?;
         let (place, scratch) = match &bucket {
             Some((server, bucket)) if name.ends_with(" s3") => (Some(*server), bucket),
