@@ -22,42 +22,13 @@ use crate::common::process::{
 use crate::common::{self, audit};
 
 #[sqlx::test]
-async fn fl6_every_connection_carries_statement_and_lock_timeouts(pool: PgPool) {
+async fn fl6_every_connection_carries_statement_and_lock_timeouts_and_compiles_nothing_just_in_time(
+    pool: PgPool,
+) {
     let dir = tempfile::tempdir().unwrap();
     let mut settings = common::settings(dir.path());
     settings.database.statement_timeout = Duration::from_millis(1234);
     settings.database.lock_timeout = Duration::from_millis(567);
-    settings.database.max_connections = 3;
-    let sexton_pool = sexton::db::connect(&settings.database, sexton::db::Access::Read)
-        .await
-        .unwrap();
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        let mut conn = sexton_pool.acquire().await.unwrap();
-        let statement: String = sqlx::query_scalar("SHOW statement_timeout")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        let lock: String = sqlx::query_scalar("SHOW lock_timeout")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        assert_eq!((statement.as_str(), lock.as_str()), ("1234ms", "567ms"));
-        held.push(conn);
-    }
-    let fourth = tokio::time::timeout(Duration::from_millis(200), sexton_pool.acquire()).await;
-    assert!(
-        fourth.is_err(),
-        "the pool never grows past database.max_connections"
-    );
-    drop(held);
-    drop(pool);
-}
-
-#[sqlx::test]
-async fn fl6_every_connection_compiles_nothing_just_in_time(pool: PgPool) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut settings = common::settings(dir.path());
     settings.database.max_connections = 3;
     let sexton_pool = sexton::db::connect(&settings.database, sexton::db::Access::Read)
         .await
@@ -79,8 +50,22 @@ async fn fl6_every_connection_compiles_nothing_just_in_time(pool: PgPool) {
             .await
             .unwrap();
         assert_eq!(jit, "off", "a bounded batch never repays its compilation");
+        let statement: String = sqlx::query_scalar("SHOW statement_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let lock: String = sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!((statement.as_str(), lock.as_str()), ("1234ms", "567ms"));
         held.push(conn);
     }
+    let fourth = tokio::time::timeout(Duration::from_millis(200), sexton_pool.acquire()).await;
+    assert!(
+        fourth.is_err(),
+        "the pool never grows past database.max_connections"
+    );
     drop(held);
     drop(pool);
 }
