@@ -24,7 +24,10 @@ use uuid::Uuid;
 
 pub use self::markdown::markdown;
 use self::naive::run_naive;
-use self::raw::{Floor, SAME_END, SESSIONS_SAME_END, run_raw, run_raw_sessions};
+use self::raw::{
+    Floor, SAME_END, SAME_END_LOCKED, SESSIONS_SAME_END, SESSIONS_SAME_END_LOCKED, run_raw,
+    run_raw_sessions,
+};
 use self::seed::{Template, seed};
 pub use self::targets::targets;
 use self::writers::{append_at_rate, write_at_rate};
@@ -166,6 +169,7 @@ async fn detail_methods(
         "raw",
         "raw+markers",
         SAME_END,
+        SAME_END_LOCKED,
         "naive",
     ];
     if budget_scale(&cli.scales) == Some(template.scale) {
@@ -239,6 +243,10 @@ async fn detail_method(
             let outputs = run_files.join("outputs");
             run_raw(admin, base, &db, Floor::Files(&outputs)).await?
         }
+        SAME_END_LOCKED => {
+            let outputs = run_files.join("outputs");
+            run_raw(admin, base, &db, Floor::Locked(&outputs)).await?
+        }
         _ => run_naive(admin, base, &db).await?,
     };
     stop.store(true, Ordering::Relaxed);
@@ -278,7 +286,7 @@ async fn check_details(
         bail!("{name} left {left} detail rows of the owners at scale {scale}");
     }
     check.close().await;
-    if name.starts_with("sexton") || name == SAME_END {
+    if name.starts_with("sexton") || name.starts_with(SAME_END) {
         let outputs = run_files.join("outputs");
         let left = template
             .owner_files
@@ -317,7 +325,12 @@ async fn session_methods(
     )
     .await?;
     let mut methods = Vec::new();
-    for name in ["sessions", "sessions raw", SESSIONS_SAME_END] {
+    for name in [
+        "sessions",
+        "sessions raw",
+        SESSIONS_SAME_END,
+        SESSIONS_SAME_END_LOCKED,
+    ] {
         eprintln!("scale {}: {name}", template.scale);
         let mut method = session_method(cli, admin, base, template, name).await?;
         net_wal(&mut method, template.sessions, idle_wal);
@@ -353,11 +366,12 @@ async fn session_method(
     .await?;
     let mut method = match name {
         "sessions" => run_sexton(cli, admin, &db, &run_files, name, 2, &SESSIONS, &[]).await?,
-        SESSIONS_SAME_END => {
+        SESSIONS_SAME_END | SESSIONS_SAME_END_LOCKED => {
             let dirs = run_files.join("sessions");
-            run_raw_sessions(admin, base, &db, Some(&dirs)).await?
+            let locks = name == SESSIONS_SAME_END_LOCKED;
+            run_raw_sessions(admin, base, &db, Some(&dirs), locks).await?
         }
-        _ => run_raw_sessions(admin, base, &db, None).await?,
+        _ => run_raw_sessions(admin, base, &db, None, false).await?,
     };
     stop.store(true, Ordering::Relaxed);
     let writer = writer.await??;

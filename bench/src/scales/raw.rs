@@ -1,6 +1,7 @@
 //! The raw floors, batched deletes with no checks of exactly what a pass removes: the owners'
 //! detail rows alone (`raw`), with the markers sexton's end state has (`raw+markers`), and with
-//! the owners' output files unlinked too ([`SAME_END`]); and the sessions' floor.
+//! the owners' output files unlinked too ([`SAME_END`]), and that under the platform's lock
+//! order ([`SAME_END_LOCKED`]); and the sessions' floors, likewise.
 
 use std::path::Path;
 use std::time::Instant;
@@ -19,6 +20,11 @@ use crate::method::{Method, method};
 /// beside the next batch's statements (one batch's unlinks at a time), as sexton's hops do.
 pub const SAME_END: &str = "raw+markers+files";
 
+/// [`SAME_END`] taking, first in each batch, the locks EX-6 asks of every writer: the batch's
+/// conversations, then its runs, `FOR UPDATE` in id order. What those locks cost the
+/// application's writer, timed alone: the rest is [`SAME_END`].
+pub const SAME_END_LOCKED: &str = "raw+markers+files+locks";
+
 /// How much of sexton's end state a floor reaches.
 #[derive(Clone, Copy)]
 pub enum Floor<'a> {
@@ -28,6 +34,8 @@ pub enum Floor<'a> {
     Markers,
     /// And the output files, under this root, unlinked.
     Files(&'a Path),
+    /// And the conversations and runs locked first (EX-6).
+    Locked(&'a Path),
 }
 
 /// The floor: batched deletes of the same owners, 500 per transaction, no checks; with the
@@ -41,25 +49,38 @@ pub async fn run_raw(
 ) -> anyhow::Result<Method> {
     let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
-    let owners: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_owners ORDER BY id")
-        .fetch_all(&pool)
-        .await?;
+    let owners: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT o.id, r.conversation_id FROM bench_owners o JOIN runs r ON r.id = o.id ORDER BY o.id",
+    )
+    .fetch_all(&pool)
+    .await?;
     let mut unlinking: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
-    for batch in owners.chunks(500) {
+    for owners in owners.chunks(500) {
+        let (batch, conversations): (Vec<Uuid>, Vec<Uuid>) = owners.iter().copied().unzip();
         let mut tx = pool.begin().await?;
+        if matches!(floor, Floor::Locked(_)) {
+            for (table, ids) in [("conversations", &conversations), ("runs", &batch)] {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT 1 FROM {table} WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+                )))
+                .bind(ids)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
         let mut files: Vec<String> = Vec::new();
         for table in DETAIL_TABLES {
             let delete = format!("DELETE FROM {table} WHERE run_id = ANY($1)");
-            if table == "output_files" && matches!(floor, Floor::Files(_)) {
+            if table == "output_files" && matches!(floor, Floor::Files(_) | Floor::Locked(_)) {
                 files = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                     "{delete} RETURNING relative_path"
                 )))
-                .bind(batch)
+                .bind(&batch)
                 .fetch_all(&mut *tx)
                 .await?;
             } else {
                 sqlx::query(sqlx::AssertSqlSafe(delete))
-                    .bind(batch)
+                    .bind(&batch)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -71,13 +92,13 @@ pub async fn run_raw(
                  UPDATE variants SET details_pruned_at = now(), runner_effects = $2
                  WHERE id IN (SELECT variant_id FROM r)",
             )
-            .bind(batch)
+            .bind(&batch)
             .bind(sexton_jobs::prune_execution_details::pruned_runner_effects())
             .execute(&mut *tx)
             .await?;
         }
         tx.commit().await?;
-        if let Floor::Files(root) = floor {
+        if let Floor::Files(root) | Floor::Locked(root) = floor {
             // One batch's unlinks at a time, beside the next batch's statements.
             if let Some(previous) = unlinking.take() {
                 previous.await??;
@@ -96,6 +117,7 @@ pub async fn run_raw(
         Floor::Rows => "raw",
         Floor::Markers => "raw+markers",
         Floor::Files(_) => SAME_END,
+        Floor::Locked(_) => SAME_END_LOCKED,
     });
     m.seconds = started.elapsed().as_secs_f64();
     m.wal_bytes = Some(wal_position(admin).await? - wal);
@@ -118,26 +140,45 @@ fn unlink_all(root: &Path, files: &[String]) -> anyhow::Result<()> {
 /// The floors for sessions: batched deletes of exactly the same sessions, 100 per transaction;
 /// the foreign keys cascade to their history and null the handoffs, as sexton's end state has
 /// it. With `dirs` (the sessions root), each batch's session directories are then removed, one
-/// after another — sexton's end state on disk too (PF-6); without, they are left.
+/// after another — sexton's end state on disk too (PF-6); without, they are left. With
+/// `locks`, each batch first takes the locks SessionRetention's lock order asks for: the
+/// sessions' agents `FOR SHARE`, then the sessions `FOR UPDATE`, each in id order.
 /// Its WAL is read on `admin`.
 pub async fn run_raw_sessions(
     admin: &PgPool,
     base: &PgConnectOptions,
     db: &str,
     dirs: Option<&Path>,
+    locks: bool,
 ) -> anyhow::Result<Method> {
     let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
-    let sessions: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_sessions ORDER BY id")
-        .fetch_all(&pool)
-        .await?;
-    for batch in sessions.chunks(100) {
+    let sessions: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT b.id, s.agent_id FROM bench_sessions b JOIN sessions s ON s.id = b.id ORDER BY b.id",
+    )
+    .fetch_all(&pool)
+    .await?;
+    for sessions in sessions.chunks(100) {
+        let (batch, agents): (Vec<Uuid>, Vec<Uuid>) = sessions.iter().copied().unzip();
+        let mut tx = pool.begin().await?;
+        if locks {
+            for (table, mode, ids) in [("agents", "SHARE", &agents), ("sessions", "UPDATE", &batch)]
+            {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT 1 FROM {table} WHERE id = ANY($1) ORDER BY id FOR {mode}"
+                )))
+                .bind(ids)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
         sqlx::query("DELETE FROM sessions WHERE id = ANY($1)")
-            .bind(batch)
-            .execute(&pool)
+            .bind(&batch)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         if let Some(root) = dirs {
-            for id in batch {
+            for id in &batch {
                 let dir = root.join(id.to_string());
                 match std::fs::remove_dir_all(&dir) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -149,10 +190,10 @@ pub async fn run_raw_sessions(
         }
     }
     pool.close().await;
-    let mut m = method(if dirs.is_some() {
-        SESSIONS_SAME_END
-    } else {
-        "sessions raw"
+    let mut m = method(match (dirs, locks) {
+        (Some(_), true) => SESSIONS_SAME_END_LOCKED,
+        (Some(_), false) => SESSIONS_SAME_END,
+        (None, _) => "sessions raw",
     });
     m.seconds = started.elapsed().as_secs_f64();
     m.wal_bytes = Some(wal_position(admin).await? - wal);
@@ -161,3 +202,7 @@ pub async fn run_raw_sessions(
 
 /// The sessions floor that reaches sexton's end state, rows and directories (PF-6).
 pub const SESSIONS_SAME_END: &str = "sessions raw+dirs";
+
+/// [`SESSIONS_SAME_END`] under SessionRetention's lock order: what its locks cost the
+/// appending writer, timed alone.
+pub const SESSIONS_SAME_END_LOCKED: &str = "sessions raw+dirs+locks";

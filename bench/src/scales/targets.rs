@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::Scale;
-use super::raw::SAME_END;
+use super::raw::{SAME_END, SAME_END_LOCKED, SESSIONS_SAME_END, SESSIONS_SAME_END_LOCKED};
 use crate::method::Method;
 
 /// A performance target of SPEC §8, held against this run's figures.
@@ -28,6 +28,7 @@ pub struct Target {
 /// it) to the largest.
 pub fn targets(results: &[Scale]) -> Vec<Target> {
     let mut targets: Vec<Target> = results.iter().flat_map(at_scale).collect();
+    targets.extend(results.iter().flat_map(same_end));
     targets.extend(seed_rate(results));
     let from = results
         .iter()
@@ -93,6 +94,71 @@ fn at_scale(s: &Scale) -> Vec<Target> {
         bound: floor_wait,
         met: beside <= floor_wait,
     });
+    targets
+}
+
+/// PF-6 at scale `s`, for execution details and sessions alike: sexton's rate against the floor
+/// of its same end state, and the writer's longest lock wait beside each, with that of the same
+/// floor under the job's lock order beside them (what the lock order alone costs the writer).
+fn same_end(s: &Scale) -> Vec<Target> {
+    let mut targets = Vec::new();
+    for (methods, sexton, floor, locked, unit) in [
+        (&s.methods, "sexton", SAME_END, SAME_END_LOCKED, "owners"),
+        (
+            &s.session_methods,
+            "sessions",
+            SESSIONS_SAME_END,
+            SESSIONS_SAME_END_LOCKED,
+            "sessions",
+        ),
+    ] {
+        let find = |name: &str| methods.iter().find(|m| m.name == name);
+        let (Some(sexton), Some(floor)) = (find(sexton), find(floor)) else {
+            continue;
+        };
+        let ratio = sexton.owners_per_s / floor.owners_per_s;
+        let target = |check, value, bound, met| Target {
+            id: "PF-6",
+            scale: s.scale,
+            from_scale: None,
+            check,
+            value,
+            bound,
+            met,
+        };
+        targets.push(target(
+            format!(
+                "{} {:.0} {unit}/s ÷ {} {:.0} {unit}/s = {ratio:.2}× (target ≥ 1.00×)",
+                sexton.name, sexton.owners_per_s, floor.name, floor.owners_per_s
+            ),
+            ratio,
+            1.0,
+            ratio >= 1.0,
+        ));
+        let (beside, floor_wait) = (
+            sexton.writer_longest_lock_wait_ms,
+            floor.writer_longest_lock_wait_ms,
+        );
+        let locked = find(locked).map_or(String::new(), |l| {
+            format!(
+                "; {:.1} ms beside {} (its longest transaction {:.0} ms)",
+                l.writer_longest_lock_wait_ms, l.name, l.longest_transaction_ms
+            )
+        });
+        targets.push(target(
+            format!(
+                "the writer's longest lock wait {beside:.1} ms beside {} (its longest transaction {:.0} ms), {floor_wait:.1} ms beside {} ({:.0} ms){locked} (target: no longer than beside {})",
+                sexton.name,
+                sexton.longest_transaction_ms,
+                floor.name,
+                floor.longest_transaction_ms,
+                floor.name
+            ),
+            beside,
+            floor_wait,
+            beside <= floor_wait,
+        ));
+    }
     targets
 }
 
