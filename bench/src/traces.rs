@@ -251,8 +251,12 @@ async fn measure_scale(
     let mut methods = Vec::new();
     let mut dropped = true;
     // On the object store too, when there is one: the same tree but its symlinks, in a bucket.
-    let server = Server::of(cli).filter(|_| files <= S3_MAX_FILES);
-    let mut object_store = (Server::of(cli).is_some() && server.is_none()).then(|| {
+    let mut server = Server::of(cli);
+    let too_many = server.is_some() && files > S3_MAX_FILES;
+    if too_many {
+        server = None;
+    }
+    let mut object_store = too_many.then(|| {
         format!("not run above {S3_MAX_FILES} files: s3s-fs walks its whole bucket for every page of a listing")
     });
     let bucket = match &server {

@@ -59,14 +59,8 @@ pub async fn run_raw(
         let (batch, conversations): (Vec<Uuid>, Vec<Uuid>) = owners.iter().copied().unzip();
         let mut tx = pool.begin().await?;
         if matches!(floor, Floor::Locked(_)) {
-            for (table, ids) in [("conversations", &conversations), ("runs", &batch)] {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "SELECT 1 FROM {table} WHERE id = ANY($1) ORDER BY id FOR UPDATE"
-                )))
-                .bind(ids)
-                .execute(&mut *tx)
-                .await?;
-            }
+            lock_in_order(&mut tx, "conversations", "UPDATE", &conversations).await?;
+            lock_in_order(&mut tx, "runs", "UPDATE", &batch).await?;
         }
         let mut files: Vec<String> = Vec::new();
         for table in DETAIL_TABLES {
@@ -124,6 +118,23 @@ pub async fn run_raw(
     Ok(m)
 }
 
+/// Locks `ids` in `table` `FOR {mode}` in id order, waiting for each: the platform's lock order,
+/// as a floor that keeps it takes it (sexton's own, `owner_loop::lock`, skips what is held).
+async fn lock_in_order(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    table: &str,
+    mode: &str,
+    ids: &[Uuid],
+) -> sqlx::Result<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {table} WHERE id = ANY($1) ORDER BY id FOR {mode}"
+    )))
+    .bind(ids)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// Unlinks `files` under `root`; one already gone is no error.
 fn unlink_all(root: &Path, files: &[String]) -> anyhow::Result<()> {
     for file in files {
@@ -162,15 +173,8 @@ pub async fn run_raw_sessions(
         let (batch, agents): (Vec<Uuid>, Vec<Uuid>) = sessions.iter().copied().unzip();
         let mut tx = pool.begin().await?;
         if locks {
-            for (table, mode, ids) in [("agents", "SHARE", &agents), ("sessions", "UPDATE", &batch)]
-            {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "SELECT 1 FROM {table} WHERE id = ANY($1) ORDER BY id FOR {mode}"
-                )))
-                .bind(ids)
-                .execute(&mut *tx)
-                .await?;
-            }
+            lock_in_order(&mut tx, "agents", "SHARE", &agents).await?;
+            lock_in_order(&mut tx, "sessions", "UPDATE", &batch).await?;
         }
         sqlx::query("DELETE FROM sessions WHERE id = ANY($1)")
             .bind(&batch)
