@@ -172,6 +172,7 @@ pub enum TickError {
 /// # Errors
 /// A database or queue error; the slot job is then retried.
 pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()> {
+    tracing::info!(slot = %slot.slot.to_rfc3339(), "fanning out nightly slot");
     for kind in registry::KINDS {
         if kind.cadence(&ctx.settings) != Cadence::Nightly {
             continue;

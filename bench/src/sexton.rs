@@ -159,7 +159,7 @@ pub async fn run_sexton(
     } else {
         f64::from(concurrency)
     };
-    Ok(timeline.method(name, lanes))
+    timeline.method(name, lanes)
 }
 
 /// What a worker's log tells of its pass, as [`run_sexton`] follows it.
@@ -245,18 +245,22 @@ impl Timeline {
         Ok(())
     }
 
-    /// The pass's figures as method `name`, its hops spread over `lanes`.
-    fn method(self, name: &'static str, lanes: f64) -> Method {
+    /// The pass's figures as method `name`, its hops spread over `lanes`; an error if the
+    /// worker never logged taking the nightly slot, where the pass's time starts.
+    fn method(self, name: &'static str, lanes: f64) -> anyhow::Result<Method> {
+        let Some(start_seconds) = self.start_seconds else {
+            bail!("the worker never logged \"fanning out nightly slot\": the pass has no start");
+        };
         let wall = self.last_hop;
         let mut m = method(name);
         m.seconds = wall;
-        m.start_seconds = self.start_seconds;
+        m.start_seconds = Some(start_seconds);
         m.hop = Some(Latency::of(self.hops));
         m.hop_us_per_candidate = Some(Latency::of(self.per_candidate));
         m.peak_rss_kb = self.rss;
         m.share_outside_owner_transactions = Some(1.0 - self.owner_s / (wall * lanes));
         m.share_outside_hops = Some(1.0 - self.hop_s / (wall * lanes));
         m.wal_bytes = Some(self.wal_end - self.wal_start);
-        m
+        Ok(m)
     }
 }
