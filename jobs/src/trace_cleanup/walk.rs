@@ -132,6 +132,91 @@ pub(super) struct Level {
     dir: rustix::fs::Dir,
     prefix: Vec<u8>,
     depth: usize,
+    /// Entries listed and looked at, not yet handed out.
+    ready: VecDeque<(CString, Vec<u8>, EntryKind)>,
+}
+
+/// What one directory entry is, from its `lstat` (and a trace's first line).
+enum EntryKind {
+    /// Gone since it was listed, or neither a trace nor a directory.
+    Skip,
+    Dir,
+    Kept(&'static str),
+    Candidate {
+        blocks_bytes: u64,
+        seen: Seen,
+        agent_id: String,
+        session_id: Uuid,
+    },
+}
+
+/// Looks at the entry `name` of `dir` (its path `relative` to the root) without following it.
+fn look_at(root: &Path, dir: &OwnedFd, name: &CStr, relative: &[u8]) -> EntryKind {
+    let is_trace = name.to_bytes().ends_with(b".trace.jsonl");
+    let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(rustix::io::Errno::NOENT) => return EntryKind::Skip,
+        Err(_) if is_trace => return EntryKind::Kept("unreadable"),
+        Err(_) => return EntryKind::Skip,
+    };
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => EntryKind::Dir,
+        FileType::Symlink if escapes(root, relative) => EntryKind::Kept("outside_root"),
+        FileType::RegularFile if is_trace => match first_line(dir, name) {
+            Ok(line) => match signature(&line) {
+                Some((agent_id, session_id)) => EntryKind::Candidate {
+                    blocks_bytes: allocated(&stat),
+                    seen: seen(&stat),
+                    agent_id,
+                    session_id,
+                },
+                None => EntryKind::Kept("bad_signature"),
+            },
+            Err(_) => EntryKind::Kept("unreadable"),
+        },
+        _ if is_trace => EntryKind::Kept("not_regular"),
+        _ => EntryKind::Skip,
+    }
+}
+
+/// Looks at `names` of `dir`, [`READERS`] at a time: on a cold cache each `lstat` and first
+/// line is a wait on the disk, which serves several at once.
+fn look_all(
+    root: &Path,
+    dir: &OwnedFd,
+    names: Vec<(CString, Vec<u8>)>,
+) -> VecDeque<(CString, Vec<u8>, EntryKind)> {
+    let next = AtomicUsize::new(0);
+    let reader = || {
+        let mut looked = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((name, relative)) = names.get(i) else {
+                return looked;
+            };
+            looked.push((i, look_at(root, dir, name, relative)));
+        }
+    };
+    let mut looks: Vec<Option<EntryKind>> =
+        std::iter::repeat_with(|| None).take(names.len()).collect();
+    std::thread::scope(|s| {
+        let readers: Vec<_> = (1..READERS.min(names.len()))
+            .map(|_| s.spawn(reader))
+            .collect();
+        let mine = reader();
+        for (i, look) in readers
+            .into_iter()
+            .flat_map(|r| r.join().unwrap_or_default())
+            .chain(mine)
+        {
+            looks[i] = Some(look);
+        }
+    });
+    names
+        .into_iter()
+        .zip(looks)
+        .map(|((name, relative), look)| (name, relative, look.unwrap_or(EntryKind::Skip)))
+        .collect()
 }
 
 /// Where an entry was found, to find it again when it is deleted.
@@ -191,6 +276,7 @@ impl Tree {
                 dir,
                 prefix: Vec::new(),
                 depth: 0,
+                ready: VecDeque::new(),
             }),
             todo: Vec::new(),
         })
@@ -215,6 +301,7 @@ impl Tree {
                 dir,
                 prefix: pending.prefix,
                 depth: pending.depth,
+                ready: VecDeque::new(),
             });
         }
         Some(())
@@ -226,9 +313,55 @@ impl Tree {
                 self.open_next()?;
                 continue;
             };
-            let Some(entry) = level.dir.next() else {
-                let done = self.current.take().map(|level| level.fd)?;
-                return Some(Step::DirDone(Listing::Local(done)));
+            let Some((name, relative, look)) = level.ready.pop_front() else {
+                let names = level.list();
+                if names.is_empty() {
+                    let done = self.current.take().map(|level| level.fd)?;
+                    return Some(Step::DirDone(Listing::Local(done)));
+                }
+                level.ready = look_all(&self.root, &level.fd, names);
+                continue;
+            };
+            let entry = match look {
+                EntryKind::Skip => continue,
+                EntryKind::Dir => {
+                    if level.depth + 1 < MAX_DEPTH {
+                        self.todo.push(Pending {
+                            parent: level.fd.clone(),
+                            name,
+                            prefix: [relative.as_slice(), b"/"].concat(),
+                            depth: level.depth + 1,
+                        });
+                    }
+                    continue;
+                }
+                EntryKind::Kept(reason) => Entry::Kept(reason, relative),
+                EntryKind::Candidate {
+                    blocks_bytes,
+                    seen,
+                    agent_id,
+                    session_id,
+                } => Entry::Candidate(Candidate {
+                    path: relative,
+                    blocks_bytes,
+                    seen,
+                    agent_id,
+                    session_id,
+                }),
+            };
+            return Some(Step::Entry(Listing::Local(level.fd.clone()), entry));
+        }
+    }
+}
+
+impl Level {
+    /// The directory's next [`LISTED`] entries (fewer at its end), each with its path
+    /// relative to the root; `.`, `..` and the lease file left out.
+    fn list(&mut self) -> Vec<(CString, Vec<u8>)> {
+        let mut names = Vec::new();
+        while names.len() < LISTED {
+            let Some(entry) = self.dir.next() else {
+                break;
             };
             let Ok(entry) = entry else {
                 continue;
@@ -237,59 +370,13 @@ impl Tree {
             let bytes = name.to_bytes();
             if bytes == b"."
                 || bytes == b".."
-                || (level.depth == 0 && bytes == LEASE_FILE.as_bytes())
+                || (self.depth == 0 && bytes == LEASE_FILE.as_bytes())
             {
                 continue;
             }
             // Names are bytes: one that is not UTF-8 is walked and judged like any other.
-            let relative = [level.prefix.as_slice(), bytes].concat();
-            let is_trace = bytes.ends_with(b".trace.jsonl");
-            let stat = match rustix::fs::statat(&*level.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(stat) => stat,
-                Err(rustix::io::Errno::NOENT) => continue,
-                Err(_) if is_trace => {
-                    return Some(Step::Entry(
-                        Listing::Local(level.fd.clone()),
-                        Entry::Kept("unreadable", relative),
-                    ));
-                }
-                Err(_) => continue,
-            };
-            let entry = match FileType::from_raw_mode(stat.st_mode) {
-                FileType::Directory => {
-                    if level.depth + 1 < MAX_DEPTH {
-                        self.todo.push(Pending {
-                            parent: level.fd.clone(),
-                            name: name.to_owned(),
-                            prefix: [relative.as_slice(), b"/"].concat(),
-                            depth: level.depth + 1,
-                        });
-                    }
-                    continue;
-                }
-                FileType::Symlink if escapes(&self.root, &relative) => {
-                    Entry::Kept("outside_root", relative)
-                }
-                FileType::Symlink if is_trace => Entry::Kept("not_regular", relative),
-                FileType::RegularFile if is_trace => match first_line(&level.fd, name) {
-                    Ok(line) => match signature(&line) {
-                        Some((agent_id, session_id)) => Entry::Candidate(Candidate {
-                            path: relative,
-                            blocks_bytes: allocated(&stat),
-                            seen: seen(&stat),
-                            agent_id,
-                            session_id,
-                        }),
-                        None => Entry::Kept("bad_signature", relative),
-                    },
-                    Err(_) => Entry::Kept("unreadable", relative),
-                },
-                _ if is_trace && FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile => {
-                    Entry::Kept("not_regular", relative)
-                }
-                _ => continue,
-            };
-            return Some(Step::Entry(Listing::Local(level.fd.clone()), entry));
+            names.push((name.to_owned(), [self.prefix.as_slice(), bytes].concat()));
         }
+        names
     }
 }
