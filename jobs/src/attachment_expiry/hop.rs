@@ -11,7 +11,11 @@ pub(super) enum Verdict {
 }
 
 pub(super) async fn judge(root: &Opened, relative: &str, cutoff: DateTime<Utc>) -> Verdict {
-    match root.entry(relative).await {
+    verdict(root.entry(relative).await, cutoff)
+}
+
+fn verdict(entry: Result<Option<Entry>, Unseen>, cutoff: DateTime<Utc>) -> Verdict {
+    match entry {
         Ok(Some(Entry::File { modified })) if modified < cutoff => Verdict::Expired,
         Ok(Some(Entry::File { .. })) => Verdict::Young,
         Ok(Some(Entry::Symlink)) | Err(Unseen::OutsideRoot) => Verdict::Kept("outside_root"),
@@ -142,8 +146,10 @@ impl Window for Live {
         report: &mut Report<Args>,
     ) -> Result<Taken, Error> {
         let (mut expired, mut judged) = (Vec::new(), Vec::new());
-        for (id, path) in chunk {
-            match judge(&self.root, path, self.cutoff).await {
+        let paths: Vec<&str> = chunk.iter().map(|(_, path)| path.as_str()).collect();
+        let entries = self.root.entries(&paths).await;
+        for ((id, path), entry) in chunk.iter().zip(entries) {
+            match verdict(entry, self.cutoff) {
                 Verdict::Expired => {
                     expired.push(*id);
                     judged.push(path.clone());

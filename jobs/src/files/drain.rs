@@ -333,8 +333,8 @@ pub(super) async fn conclude(
     Ok(())
 }
 
-/// Removes the paths of one claimed `batch` below the open root `dir`, except those
-/// `referenced`, until `stop` is raised (see [`drain`]).
+/// Removes the paths of one claimed `batch` below the open root `dir`, [`AT_ONCE`] at a
+/// time, except those `referenced`, until `stop` is raised (see [`drain`]).
 pub(super) fn remove_batch(
     root: Root,
     dir: &OwnedFd,
@@ -343,26 +343,30 @@ pub(super) fn remove_batch(
     stop: &AtomicBool,
 ) -> Removed {
     let mut removed = Removed::default();
+    let mut to_remove = Vec::with_capacity(batch.len());
     for claimed in batch {
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
         if referenced.contains(&claimed.path) {
             removed.forget.push(claimed.id);
-            continue;
+        } else if !removed.quarantined_unfinished(root, claimed) {
+            to_remove.push(claimed);
         }
-        if removed.quarantined_unfinished(root, claimed) {
-            continue;
-        }
-        match remove_under(dir, &claimed.path, root.holds_directories()) {
-            Ok(counts) => {
+    }
+    let results = each_at_once(&to_remove, |claimed| {
+        // Not begun once the drain stops: the record stays for the next drain.
+        (!stop.load(Ordering::Relaxed))
+            .then(|| remove_under(dir, &claimed.path, root.holds_directories()))
+    });
+    for (claimed, result) in to_remove.into_iter().zip(results) {
+        match result {
+            None => {}
+            Some(Ok(counts)) => {
                 removed.counts.add(counts);
                 removed.forget.push(claimed.id);
             }
-            Err(err) if err.kind() == io::ErrorKind::InvalidInput => {
+            Some(Err(err)) if err.kind() == io::ErrorKind::InvalidInput => {
                 removed.refused(root, claimed, &err.to_string());
             }
-            Err(err) => removed.failed_attempt(root, claimed, err.to_string()),
+            Some(Err(err)) => removed.failed_attempt(root, claimed, err.to_string()),
         }
     }
     removed

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use serde::Serialize;
 use sqlx::{Connection as _, PgConnection};

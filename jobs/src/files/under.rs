@@ -111,7 +111,11 @@ pub(super) fn remove_entry(
     };
     match FileType::from_raw_mode(stat.st_mode) {
         FileType::RegularFile => {
-            rustix::fs::unlinkat(&parent, name, AtFlags::empty())?;
+            match rustix::fs::unlinkat(&parent, name, AtFlags::empty()) {
+                // Removed meanwhile (another spelling of it, in the same drain).
+                Err(rustix::io::Errno::NOENT) => return Ok(FileCounts::default()),
+                removal => removal?,
+            }
             Ok(FileCounts {
                 deleted: 1,
                 bytes: stat.st_size.max(0) as u64,

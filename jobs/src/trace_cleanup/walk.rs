@@ -179,43 +179,19 @@ fn look_at(root: &Path, dir: &OwnedFd, name: &CStr, relative: &[u8]) -> EntryKin
     }
 }
 
-/// Looks at `names` of `dir`, [`READERS`] at a time: on a cold cache each `lstat` and first
-/// line is a wait on the disk, which serves several at once.
-fn look_all(
+/// Looks at `names` of `dir`, [`AT_ONCE`](crate::files::AT_ONCE) at a time.
+fn look_at_all(
     root: &Path,
     dir: &OwnedFd,
     names: Vec<(CString, Vec<u8>)>,
 ) -> VecDeque<(CString, Vec<u8>, EntryKind)> {
-    let next = AtomicUsize::new(0);
-    let reader = || {
-        let mut looked = Vec::new();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some((name, relative)) = names.get(i) else {
-                return looked;
-            };
-            looked.push((i, look_at(root, dir, name, relative)));
-        }
-    };
-    let mut looks: Vec<Option<EntryKind>> =
-        std::iter::repeat_with(|| None).take(names.len()).collect();
-    std::thread::scope(|s| {
-        let readers: Vec<_> = (1..READERS.min(names.len()))
-            .map(|_| s.spawn(reader))
-            .collect();
-        let mine = reader();
-        for (i, look) in readers
-            .into_iter()
-            .flat_map(|r| r.join().unwrap_or_default())
-            .chain(mine)
-        {
-            looks[i] = Some(look);
-        }
+    let kinds = each_at_once(&names, |(name, relative)| {
+        look_at(root, dir, name, relative)
     });
     names
         .into_iter()
-        .zip(looks)
-        .map(|((name, relative), look)| (name, relative, look.unwrap_or(EntryKind::Skip)))
+        .zip(kinds)
+        .map(|((name, relative), kind)| (name, relative, kind))
         .collect()
 }
 
@@ -319,7 +295,7 @@ impl Tree {
                     let done = self.current.take().map(|level| level.fd)?;
                     return Some(Step::DirDone(Listing::Local(done)));
                 }
-                level.ready = look_all(&self.root, &level.fd, names);
+                level.ready = look_at_all(&self.root, &level.fd, names);
                 continue;
             };
             let entry = match look {
