@@ -432,3 +432,46 @@ async fn er3_a_missing_output_root_fails_the_hop_and_forgets_nothing(pool: PgPoo
     env.pass(account).await;
     assert!(!file.exists(), "the retried hop deletes it");
 }
+
+#[sqlx::test]
+async fn ex3_one_file_recorded_under_three_spellings_in_one_drain_goes_once_without_an_error(
+    pool: PgPool,
+) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    // A drain removes a claimed batch's paths several at a time: the three spellings lie far
+    // apart among 64 other files, so that different threads meet them.
+    let mut paths: Vec<String> = (0..64).map(|n| format!("many/{n}.bin")).collect();
+    paths.insert(0, "twice/f.bin".into());
+    paths.insert(33, "twice//f.bin".into());
+    paths.push("./twice/f.bin".into());
+    for path in &paths {
+        let file = env.root().join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, b"12345").unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO sexton.pending_file_deletions (account_id, relative_path)
+         SELECT $1, p FROM unnest($2::text[]) WITH ORDINALITY AS t (p, n) ORDER BY n",
+    )
+    .bind(account)
+    .bind(&paths)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+
+    let mut conn = env.pool.acquire().await.unwrap();
+    let counts = files::drain(&mut conn, Root::Outputs, env.store(), Some(account))
+        .await
+        .unwrap();
+
+    assert_eq!((counts.deleted, counts.errors), (65, 0), "{counts:?}");
+    assert_eq!(counts.bytes, 65 * 5, "each file's bytes counted once");
+    assert!(!env.root().join("twice/f.bin").exists());
+    assert!((0..64).all(|n| !env.root().join(format!("many/{n}.bin")).exists()));
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM sexton.pending_file_deletions")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "every record forgotten, none kept as failed");
+}

@@ -128,21 +128,29 @@ async fn object_entry(objects: &ObjectRoot, relative: &str) -> Result<Option<Ent
 pub const AT_ONCE: usize = 8;
 
 /// `work` done on each of `items` by up to [`AT_ONCE`] threads, each given a run of them; the
-/// results in `items`' order. A panic in `work` is the caller's.
+/// results in `items`' order. A run whose thread cannot be started (the process at its limit)
+/// is done on the calling thread. A panic in `work` is the caller's.
 pub fn each_at_once<T: Sync, R: Send>(items: &[T], work: impl Fn(&T) -> R + Sync) -> Vec<R> {
     if items.len() < 2 {
         return items.iter().map(&work).collect();
     }
+    let work = &work;
     let run = items.len().div_ceil(AT_ONCE);
     std::thread::scope(|scope| {
         let runs: Vec<_> = items
             .chunks(run)
-            .map(|part| scope.spawn(|| part.iter().map(&work).collect::<Vec<R>>()))
+            .map(|part| {
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || part.iter().map(work).collect::<Vec<R>>())
+                    .map_err(|_| part)
+            })
             .collect();
         runs.into_iter()
-            .flat_map(|run| {
-                run.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            .flat_map(|run| match run {
+                Ok(thread) => thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(part) => part.iter().map(work).collect(),
             })
             .collect()
     })
