@@ -234,7 +234,8 @@ impl Walk {
 
 /// A streaming walk of the tree below the root, one directory at a time, each opened relative
 /// to its parent without following a symlink. Only `*.trace.jsonl` entries and symlinks are
-/// reported; memory holds one directory reader and the directories still to read.
+/// reported; memory holds one directory reader, at most [`LISTED`] of its entries and the
+/// directories still to read.
 pub(super) struct Tree {
     root: PathBuf,
     current: Option<Level>,
