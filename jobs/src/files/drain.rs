@@ -14,7 +14,8 @@ use super::*;
 /// (its process died during it), without trying it again. The
 /// caller guarantees that no other drain of the same root and scope runs at the same time
 /// (the scope lock). Dropped midway (its hop failed or was cancelled), a drain also stops its
-/// unlinks, which run on a thread of their own, after the one in progress.
+/// removals, which run on threads of their own, after those in progress: up to [`AT_ONCE`],
+/// each a file or (sessions) a whole directory.
 ///
 /// # Errors
 /// [`DrainError`] when the database fails or the root cannot be opened; what was not yet
@@ -44,7 +45,7 @@ pub async fn drain_from(
     drain_until(conn, root, store, scope, after, &Arc::default()).await
 }
 
-/// [`drain_from`] that also ends, after the unlink in progress, once `stop` is raised; it
+/// [`drain_from`] that also ends, after the removals in progress, once `stop` is raised; it
 /// raises `stop` itself when dropped or done.
 pub(super) async fn drain_until(
     conn: &mut PgConnection,
@@ -165,8 +166,8 @@ pub(super) fn joined<T>(result: Result<T, tokio::task::JoinError>) -> Result<T, 
 /// it starts one, which drains what is committed by then and stops when it has caught up. Each
 /// drain takes up after the last record the one before claimed. Whatever they have not reached,
 /// the hop's own last drain takes, from where [`finish`](Self::finish) says they stopped.
-/// Dropped before that (the hop failed or was cancelled), it stops the running drain's unlinks
-/// after the one in progress and aborts the drain.
+/// Dropped before that (the hop failed or was cancelled), it stops the running drain's removals
+/// after those in progress and aborts the drain.
 pub struct Beside {
     pool: sqlx::PgPool,
     root: Root,
