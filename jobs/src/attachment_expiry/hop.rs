@@ -14,6 +14,20 @@ pub(super) async fn judge(root: &Opened, relative: &str, cutoff: DateTime<Utc>) 
     verdict(root.entry(relative).await, cutoff)
 }
 
+/// [`judge`] of each of `relatives`, their files looked at [`files::AT_ONCE`] at a time; in
+/// their order.
+pub(super) async fn judge_all(
+    root: &Opened,
+    relatives: &[&str],
+    cutoff: DateTime<Utc>,
+) -> Vec<Verdict> {
+    let entries = root.entries(relatives).await;
+    entries
+        .into_iter()
+        .map(|entry| verdict(entry, cutoff))
+        .collect()
+}
+
 fn verdict(entry: Result<Option<Entry>, Unseen>, cutoff: DateTime<Utc>) -> Verdict {
     match entry {
         Ok(Some(Entry::File { modified })) if modified < cutoff => Verdict::Expired,
@@ -147,9 +161,9 @@ impl Window for Live {
     ) -> Result<Taken, Error> {
         let (mut expired, mut judged) = (Vec::new(), Vec::new());
         let paths: Vec<&str> = chunk.iter().map(|(_, path)| path.as_str()).collect();
-        let entries = self.root.entries(&paths).await;
-        for ((id, path), entry) in chunk.iter().zip(entries) {
-            match verdict(entry, self.cutoff) {
+        let verdicts = judge_all(&self.root, &paths, self.cutoff).await;
+        for ((id, path), verdict) in chunk.iter().zip(verdicts) {
+            match verdict {
                 Verdict::Expired => {
                     expired.push(*id);
                     judged.push(path.clone());

@@ -79,13 +79,15 @@ impl Inspect for AttachmentExpiry {
                 break;
             };
             after = (*account, *last);
-            for (account, _, path) in rows {
-                let Ok(at) = ids.binary_search(&account) else {
+            let paths: Vec<&str> = rows.iter().map(|(_, _, path)| path.as_str()).collect();
+            let verdicts = judge_all(&root, &paths, cutoff).await;
+            for ((account, _, _), verdict) in rows.iter().zip(verdicts) {
+                let Ok(at) = ids.binary_search(account) else {
                     continue;
                 };
                 let preview = &mut previews[at];
-                match judge(&root, &path, cutoff).await {
-                    Verdict::Expired if held.contains(&account) => {
+                match verdict {
+                    Verdict::Expired if held.contains(account) => {
                         count(&mut preview.kept, LEGAL_HOLD);
                     }
                     Verdict::Expired => preview.expired += 1,
