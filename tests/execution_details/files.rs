@@ -439,8 +439,8 @@ async fn ex3_one_file_recorded_under_three_spellings_in_one_drain_goes_once_with
 ) {
     let env = Env::new(pool).await;
     let account = fixture::account(&env.pool, Some(30)).await;
-    // A drain removes a claimed batch's paths several at a time: the three spellings lie far
-    // apart among 64 other files, so that different threads meet them.
+    // A drain removes a claimed batch's paths several at a time, each thread a run of them: the
+    // three spellings lie far apart among 64 other files, in different runs.
     let mut paths: Vec<String> = (0..64).map(|n| format!("many/{n}.bin")).collect();
     paths.insert(0, "twice/f.bin".into());
     paths.insert(33, "twice//f.bin".into());
@@ -449,6 +449,14 @@ async fn ex3_one_file_recorded_under_three_spellings_in_one_drain_goes_once_with
         let file = env.root().join(path);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, b"12345").unwrap();
+    }
+    // The controls: files beside them that nothing recorded.
+    let beside = [
+        env.root().join("twice/g.bin"),
+        env.root().join("many/kept.bin"),
+    ];
+    for file in &beside {
+        std::fs::write(file, b"12345").unwrap();
     }
     sqlx::query(
         "INSERT INTO sexton.pending_file_deletions (account_id, relative_path)
@@ -469,6 +477,10 @@ async fn ex3_one_file_recorded_under_three_spellings_in_one_drain_goes_once_with
     assert_eq!(counts.bytes, 65 * 5, "each file's bytes counted once");
     assert!(!env.root().join("twice/f.bin").exists());
     assert!((0..64).all(|n| !env.root().join(format!("many/{n}.bin")).exists()));
+    assert!(
+        beside.iter().all(|file| file.exists()),
+        "what was not recorded stays"
+    );
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM sexton.pending_file_deletions")
         .fetch_one(&env.pool)
         .await
