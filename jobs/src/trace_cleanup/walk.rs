@@ -133,66 +133,47 @@ pub(super) struct Level {
     prefix: Vec<u8>,
     depth: usize,
     /// Entries listed and looked at, not yet handed out.
-    ready: VecDeque<(CString, Vec<u8>, EntryKind)>,
+    ready: VecDeque<Found>,
 }
 
-/// What one directory entry is, from its `lstat` (and a trace's first line).
-enum EntryKind {
+/// What one directory entry turned out to be, from its `lstat` (and a trace's first line).
+enum Found {
     /// Gone since it was listed, or neither a trace nor a directory.
     Skip,
-    Dir,
-    Kept(&'static str),
-    Candidate {
-        blocks_bytes: u64,
-        seen: Seen,
-        agent_id: String,
-        session_id: Uuid,
-    },
+    /// A directory to walk: its name in its parent and its path relative to the root.
+    Dir(CString, Vec<u8>),
+    Entry(Entry),
 }
 
 /// Looks at the entry `name` of `dir` (its path `relative` to the root) without following it.
-fn look_at(root: &Path, dir: &OwnedFd, name: &CStr, relative: &[u8]) -> EntryKind {
+fn look_at(root: &Path, dir: &OwnedFd, name: &CStr, relative: &[u8]) -> Found {
     let is_trace = name.to_bytes().ends_with(b".trace.jsonl");
+    let kept = |reason| Found::Entry(Entry::Kept(reason, relative.to_vec()));
     let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(stat) => stat,
-        Err(rustix::io::Errno::NOENT) => return EntryKind::Skip,
-        Err(_) if is_trace => return EntryKind::Kept("unreadable"),
-        Err(_) => return EntryKind::Skip,
+        Err(rustix::io::Errno::NOENT) => return Found::Skip,
+        Err(_) if is_trace => return kept("unreadable"),
+        Err(_) => return Found::Skip,
     };
     match FileType::from_raw_mode(stat.st_mode) {
-        FileType::Directory => EntryKind::Dir,
-        FileType::Symlink if escapes(root, relative) => EntryKind::Kept("outside_root"),
+        FileType::Directory => Found::Dir(name.to_owned(), relative.to_vec()),
+        FileType::Symlink if escapes(root, relative) => kept("outside_root"),
         FileType::RegularFile if is_trace => match first_line(dir, name) {
             Ok(line) => match signature(&line) {
-                Some((agent_id, session_id)) => EntryKind::Candidate {
+                Some((agent_id, session_id)) => Found::Entry(Entry::Candidate(Candidate {
+                    path: relative.to_vec(),
                     blocks_bytes: allocated(&stat),
                     seen: seen(&stat),
                     agent_id,
                     session_id,
-                },
-                None => EntryKind::Kept("bad_signature"),
+                })),
+                None => kept("bad_signature"),
             },
-            Err(_) => EntryKind::Kept("unreadable"),
+            Err(_) => kept("unreadable"),
         },
-        _ if is_trace => EntryKind::Kept("not_regular"),
-        _ => EntryKind::Skip,
+        _ if is_trace => kept("not_regular"),
+        _ => Found::Skip,
     }
-}
-
-/// Looks at `names` of `dir`, [`AT_ONCE`](crate::files::AT_ONCE) at a time.
-fn look_at_all(
-    root: &Path,
-    dir: &OwnedFd,
-    names: Vec<(CString, Vec<u8>)>,
-) -> VecDeque<(CString, Vec<u8>, EntryKind)> {
-    let kinds = each_at_once(&names, |(name, relative)| {
-        look_at(root, dir, name, relative)
-    });
-    names
-        .into_iter()
-        .zip(kinds)
-        .map(|((name, relative), kind)| (name, relative, kind))
-        .collect()
 }
 
 /// Where an entry was found, to find it again when it is deleted.
@@ -290,18 +271,21 @@ impl Tree {
                 self.open_next()?;
                 continue;
             };
-            let Some((name, relative, look)) = level.ready.pop_front() else {
+            let Some(found) = level.ready.pop_front() else {
                 let names = level.list();
                 if names.is_empty() {
                     let done = self.current.take().map(|level| level.fd)?;
                     return Some(Step::DirDone(Listing::Local(done)));
                 }
-                level.ready = look_at_all(&self.root, &level.fd, names);
+                let found = each_at_once(&names, |(name, relative)| {
+                    look_at(&self.root, &level.fd, name, relative)
+                });
+                level.ready = found.into();
                 continue;
             };
-            let entry = match look {
-                EntryKind::Skip => continue,
-                EntryKind::Dir => {
+            let entry = match found {
+                Found::Skip => continue,
+                Found::Dir(name, relative) => {
                     if level.depth + 1 < MAX_DEPTH {
                         self.todo.push(Pending {
                             parent: level.fd.clone(),
@@ -312,19 +296,7 @@ impl Tree {
                     }
                     continue;
                 }
-                EntryKind::Kept(reason) => Entry::Kept(reason, relative),
-                EntryKind::Candidate {
-                    blocks_bytes,
-                    seen,
-                    agent_id,
-                    session_id,
-                } => Entry::Candidate(Candidate {
-                    path: relative,
-                    blocks_bytes,
-                    seen,
-                    agent_id,
-                    session_id,
-                }),
+                Found::Entry(entry) => entry,
             };
             return Some(Step::Entry(Listing::Local(level.fd.clone()), entry));
         }
