@@ -23,6 +23,8 @@
 #   bash bench/run.sh --only traces,attachments   # the file-side jobs alone (about 20 minutes)
 #   bash bench/run.sh --only traces --trace-files 10000,100000   # a quicker look at traces
 #   bash bench/run.sh --only traces,attachments --sexton /tmp/sexton   # a binary built earlier
+#   bash bench/run.sh --no-object-store   # without the S3-compatible server (about 25 minutes
+#                                         # less; the results then hold no object-store rows)
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$(repo_root)"
 ensure_cargo
@@ -30,8 +32,22 @@ ensure_postgres
 command -v /usr/bin/time >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq time >/dev/null; }
 cargo build --release --quiet -p sexton --bin sexton
 cargo build --release --quiet -p sexton-bench
-ensure_s3s_fs
+object_store=yes
+args=()
+for arg in "$@"; do
+  if [ "$arg" = --no-object-store ]; then object_store=no; else args+=("$arg"); fi
+done
+bench() {
+  pg_virtualenv -t -o shared_buffers=512MB -o max_wal_size=4GB -o max_connections=100 \
+    target/release/sexton-bench "$@"
+}
 # The attachment bytes and run traces run on an S3-compatible server too (s3s-fs on loopback).
-with_s3s_fs bash -c 'exec pg_virtualenv -t -o shared_buffers=512MB -o max_wal_size=4GB \
-  -o max_connections=100 target/release/sexton-bench \
-  --s3-endpoint "$SEXTON_TEST_S3" --s3-dir "$SEXTON_TEST_S3_ROOT" "$@"' _ "$@"
+bench_with_object_store() {
+  bench --s3-endpoint "$SEXTON_TEST_S3" --s3-dir "$SEXTON_TEST_S3_ROOT" "$@"
+}
+if [ "$object_store" = no ]; then
+  bench "${args[@]}"
+else
+  ensure_s3s_fs
+  with_s3s_fs bench_with_object_store "${args[@]}"
+fi
