@@ -91,6 +91,9 @@ pub(super) async fn drain_until(
             return Ok((counts, after));
         };
         after = last;
+        // Fewer than asked for: nothing more was waiting when this claim looked, and asking
+        // again would find only what was committed since (the next drain's).
+        let caught_up = batch.len() < BATCH as usize;
         // A hold placed since the claim keeps its files too, unclaimed (HD-3).
         let batch = unheld(conn, batch).await?;
         let paths: Vec<String> = batch.iter().map(|claimed| claimed.path.clone()).collect();
@@ -119,7 +122,7 @@ pub(super) async fn drain_until(
         };
         counts.add(removed.counts);
         conclude(conn, &removed).await?;
-        if stop.load(Ordering::Relaxed) {
+        if caught_up || stop.load(Ordering::Relaxed) {
             return Ok((counts, after));
         }
     }
