@@ -7,13 +7,15 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use sexton_jobs::prune_execution_details::DETAIL_TABLES;
+use sexton_jobs::prune_execution_details::{DETAIL_TABLES, owner_statement, pruned_runner_effects};
+use sexton_jobs::session_retention::delete_statement;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
 use crate::cluster::{connect, wal_position};
 use crate::method::{Method, method};
+use crate::sexton::pass_start;
 
 /// The batched floor that reaches sexton's end state, disk included: `raw+markers` that also
 /// unlinks the output files of each batch's owners once the batch has committed, on a thread
@@ -24,6 +26,16 @@ pub const SAME_END: &str = "raw+markers+files";
 /// conversations, then its runs, `FOR UPDATE` in id order. What those locks cost the
 /// application's writer, timed alone: the rest is [`SAME_END`].
 pub const SAME_END_LOCKED: &str = "raw+markers+files+locks";
+
+/// [`SAME_END_LOCKED`] keeping every rule sexton's owner transaction keeps: each batch (one
+/// account's owners) runs sexton's own owner statement once their conversations are locked —
+/// the runs locked in id order, eligibility and what holds an owner back re-checked under the
+/// locks, the variant's account checked, the files recorded in `sexton.pending_file_deletions`
+/// — and commits durably before its files are unlinked and their records forgotten (beside the
+/// next batch). Handed the owners, in one plain loop on one connection: what the rules cost,
+/// timed alone, against [`SAME_END_LOCKED`]; what the hops, the queue and the drains cost or
+/// gain, against sexton.
+pub const SAME_END_RULES: &str = "raw+markers+files+locks+rules";
 
 /// How much of sexton's end state a floor reaches.
 #[derive(Clone, Copy)]
@@ -87,7 +99,7 @@ pub async fn run_raw(
                  WHERE id IN (SELECT variant_id FROM r)",
             )
             .bind(&batch)
-            .bind(sexton_jobs::prune_execution_details::pruned_runner_effects())
+            .bind(pruned_runner_effects())
             .execute(&mut *tx)
             .await?;
         }
@@ -116,6 +128,86 @@ pub async fn run_raw(
     m.seconds = started.elapsed().as_secs_f64();
     m.wal_bytes = Some(wal_position(admin).await? - wal);
     Ok(m)
+}
+
+/// [`SAME_END_RULES`] on `db`, the owners' output files under `outputs`, 500 owners a
+/// transaction; its WAL is read on `admin`.
+pub async fn run_rules(
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    db: &str,
+    outputs: &Path,
+) -> anyhow::Result<Method> {
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
+    let pool = connect(base, db, "bench-raw").await?;
+    let owners: Vec<(Uuid, Uuid, Uuid)> = sqlx::query_as(
+        "SELECT o.id, r.conversation_id, r.account_id
+         FROM bench_owners o JOIN runs r ON r.id = o.id ORDER BY r.account_id, o.id",
+    )
+    .fetch_all(&pool)
+    .await?;
+    let (now, effects) = (pass_start(), pruned_runner_effects());
+    let mut unlinking: Option<tokio::task::JoinHandle<anyhow::Result<Vec<i64>>>> = None;
+    for account_owners in owners.chunk_by(|a, b| a.2 == b.2) {
+        for owners in account_owners.chunks(500) {
+            let account = owners[0].2;
+            let (batch, conversations): (Vec<Uuid>, Vec<Uuid>) = owners
+                .iter()
+                .map(|(run, conversation, _)| (*run, *conversation))
+                .unzip();
+            let mut tx = pool.begin().await?;
+            lock_in_order(&mut tx, "conversations", "UPDATE", &conversations).await?;
+            // The bound and what the window is measured back from: the pass's start, as
+            // sexton's first hop has them; the statement locks the runs itself.
+            sqlx::query(sqlx::AssertSqlSafe(owner_statement()))
+                .bind(&batch)
+                .bind(&conversations)
+                .bind(now)
+                .bind(now)
+                .bind(account)
+                .bind(now)
+                .bind(&effects)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            let recorded: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT id, relative_path FROM sexton.pending_file_deletions
+                 WHERE root = 'outputs' AND account_id = $1",
+            )
+            .bind(account)
+            .fetch_all(&pool)
+            .await?;
+            // One batch's unlinks at a time, beside the next batch's statement; a record is
+            // forgotten once its file is gone.
+            if let Some(previous) = unlinking.take() {
+                forget(&pool, &previous.await??).await?;
+            }
+            unlinking = Some(tokio::task::spawn_blocking({
+                let root = outputs.to_owned();
+                move || {
+                    let (ids, files): (Vec<i64>, Vec<String>) = recorded.into_iter().unzip();
+                    unlink_all(&root, &files).map(|()| ids)
+                }
+            }));
+        }
+    }
+    if let Some(last) = unlinking {
+        forget(&pool, &last.await??).await?;
+    }
+    pool.close().await;
+    let mut m = method(SAME_END_RULES);
+    m.seconds = started.elapsed().as_secs_f64();
+    m.wal_bytes = Some(wal_position(admin).await? - wal);
+    Ok(m)
+}
+
+/// Forgets the file records `ids`, their files gone.
+async fn forget(pool: &PgPool, ids: &[i64]) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// Locks `ids` in `table` `FOR {mode}` in id order, waiting for each: the platform's lock order,
@@ -206,6 +298,78 @@ pub async fn run_raw_sessions(
 
 /// The sessions floor that reaches sexton's end state, rows and directories (PF-6).
 pub const SESSIONS_SAME_END: &str = "sessions raw+dirs";
+
+/// [`SESSIONS_SAME_END_LOCKED`] keeping every rule SessionRetention's deletion keeps: each
+/// batch (one account's sessions of one kind) runs its own deletion statement once the agents
+/// are share-locked — the sessions locked, each only if free at once, the verdict re-taken under
+/// the locks (SS-5), the directories recorded — and commits durably before the directories are
+/// removed and their records forgotten. Handed the sessions, in one plain loop on one
+/// connection: what the rules cost, timed alone. A session the writer holds is skipped, as
+/// sexton skips it.
+pub const SESSIONS_SAME_END_RULES: &str = "sessions raw+dirs+locks+rules";
+
+/// [`SESSIONS_SAME_END_RULES`] on `db`, the session directories under `root`, 100 sessions a
+/// transaction; its WAL is read on `admin`.
+pub async fn run_session_rules(
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    db: &str,
+    root: &Path,
+) -> anyhow::Result<Method> {
+    let (started, wal) = (Instant::now(), wal_position(admin).await?);
+    let pool = connect(base, db, "bench-raw").await?;
+    let sessions: Vec<(Uuid, Uuid, Uuid, String)> = sqlx::query_as(
+        "SELECT b.id, s.agent_id, s.account_id, s.kind
+         FROM bench_sessions b JOIN sessions s ON s.id = b.id
+         ORDER BY s.account_id, s.kind, b.id",
+    )
+    .fetch_all(&pool)
+    .await?;
+    for same in sessions.chunk_by(|a, b| (a.2, &a.3) == (b.2, &b.3)) {
+        for sessions in same.chunks(100) {
+            let (account, kind) = (sessions[0].2, &sessions[0].3);
+            let batch: Vec<Uuid> = sessions.iter().map(|s| s.0).collect();
+            let mut agents: Vec<Uuid> = sessions.iter().map(|s| s.1).collect();
+            agents.sort();
+            agents.dedup();
+            let mut tx = pool.begin().await?;
+            lock_in_order(&mut tx, "agents", "SHARE", &agents).await?;
+            // The cutoff: the pass's start, which every handed session is older than its
+            // kind's age before; the verdict asks the rest.
+            sqlx::query(sqlx::AssertSqlSafe(delete_statement()))
+                .bind(&batch)
+                .bind(account)
+                .bind(kind)
+                .bind(pass_start())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            let recorded: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT id, relative_path FROM sexton.pending_file_deletions
+                 WHERE root = 'sessions' AND account_id = $1",
+            )
+            .bind(account)
+            .fetch_all(&pool)
+            .await?;
+            for (_, dir) in &recorded {
+                let dir = root.join(dir);
+                match std::fs::remove_dir_all(&dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("removing {}", dir.display()));
+                    }
+                    _ => {}
+                }
+            }
+            let ids: Vec<i64> = recorded.iter().map(|(id, _)| *id).collect();
+            forget(&pool, &ids).await?;
+        }
+    }
+    pool.close().await;
+    let mut m = method(SESSIONS_SAME_END_RULES);
+    m.seconds = started.elapsed().as_secs_f64();
+    m.wal_bytes = Some(wal_position(admin).await? - wal);
+    Ok(m)
+}
 
 /// [`SESSIONS_SAME_END`] under SessionRetention's lock order: what its locks cost the
 /// appending writer, timed alone.

@@ -4,7 +4,10 @@
 use serde::Serialize;
 
 use super::Scale;
-use super::raw::{SAME_END, SAME_END_LOCKED, SESSIONS_SAME_END, SESSIONS_SAME_END_LOCKED};
+use super::raw::{
+    SAME_END, SAME_END_LOCKED, SAME_END_RULES, SESSIONS_SAME_END, SESSIONS_SAME_END_LOCKED,
+    SESSIONS_SAME_END_RULES,
+};
 use crate::method::Method;
 
 /// A performance target of SPEC §8, held against this run's figures.
@@ -102,13 +105,21 @@ fn at_scale(s: &Scale) -> Vec<Target> {
 /// floor under the job's lock order beside them (what the lock order alone costs the writer).
 fn same_end(s: &Scale) -> Vec<Target> {
     let mut targets = Vec::new();
-    for (methods, sexton, floor, locked, unit) in [
-        (&s.methods, "sexton", SAME_END, SAME_END_LOCKED, "owners"),
+    for (methods, sexton, floor, locked, rules, unit) in [
+        (
+            &s.methods,
+            "sexton",
+            SAME_END,
+            SAME_END_LOCKED,
+            SAME_END_RULES,
+            "owners",
+        ),
         (
             &s.session_methods,
             "sessions",
             SESSIONS_SAME_END,
             SESSIONS_SAME_END_LOCKED,
+            SESSIONS_SAME_END_RULES,
             "sessions",
         ),
     ] {
@@ -135,6 +146,27 @@ fn same_end(s: &Scale) -> Vec<Target> {
             1.0,
             ratio >= 1.0,
         ));
+        // What the rules cost, timed alone: the floor keeping them, against the floor and
+        // against sexton.
+        if let Some(rules) = find(rules) {
+            let ratio = sexton.owners_per_s / rules.owners_per_s;
+            targets.push(target(
+                format!(
+                    "{} {:.0} {unit}/s ÷ {} {:.0} {unit}/s = {ratio:.2}× — the floor keeping the \
+                     rules sexton keeps; the rules alone take the floor from {:.2} s to {:.2} s \
+                     (target ≥ 1.00×)",
+                    sexton.name,
+                    sexton.owners_per_s,
+                    rules.name,
+                    rules.owners_per_s,
+                    floor.seconds,
+                    rules.seconds
+                ),
+                ratio,
+                1.0,
+                ratio >= 1.0,
+            ));
+        }
         let (beside, floor_wait) = (
             sexton.writer_longest_lock_wait_ms,
             floor.writer_longest_lock_wait_ms,

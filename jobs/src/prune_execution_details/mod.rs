@@ -46,6 +46,14 @@ pub fn pruned_runner_effects() -> serde_json::Value {
     serde_json::json!({"status": "unavailable", "runners": [], "reason": "execution_details_pruned"})
 }
 
+/// The owner statement a hop runs once its owners' conversations are locked, waiting for the
+/// runs' locks: the rules it keeps (EX-1, EX-2 and EX-5 re-checked under the lock, EX-3's
+/// record of the files, EX-4's account) in one statement, with `prune_locked`'s parameters. The
+/// benchmark times it in a plain loop, to tell what the rules cost from what the hops do.
+pub fn owner_statement() -> &'static str {
+    &PRUNE_WAITING
+}
+
 /// The seven execution-detail tables, in deletion order.
 pub const DETAIL_TABLES: [&str; 7] = [
     "run_task_edges",

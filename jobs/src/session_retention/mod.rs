@@ -45,6 +45,7 @@ mod read;
 mod sql;
 pub use hop::*;
 pub use read::*;
+pub use sql::delete_statement;
 use sql::*;
 
 /// A session kind, in the order a pass visits them.

@@ -13,6 +13,12 @@ pub(super) const WINDOW: &str = include_str!("window.sql");
 /// The frame directory of each deleted session is recorded for removal after commit.
 pub(super) const DELETE_SESSIONS: &str = include_str!("delete_sessions.sql");
 
+/// [`DELETE_SESSIONS`], for the benchmark, which times it in a plain loop to tell what the
+/// rules it keeps cost from what the hops do.
+pub fn delete_statement() -> &'static str {
+    DELETE_SESSIONS
+}
+
 /// Discovery: `$1`/`$2` the range, `$3` the slot, `$4` the earliest finite age, `$5`..`$7` the
 /// fallback ages. A cutoff is computed only where the age leaves one (never "out of range").
 pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
