@@ -11,6 +11,7 @@ use sexton::tick::{self, NightlySlot};
 use sexton_jobs::clock::ManualClock;
 use sexton_jobs::job::Scope;
 use sexton_jobs::payload::V1;
+use sexton_jobs::record_expiry::ExpirySettings;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -579,4 +580,59 @@ async fn fl8_op1_status_sums_up_the_fan_out_and_lists_the_passes_that_did_not_fi
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--job: expected one of"));
+}
+
+#[sqlx::test]
+async fn ttl5_a_kind_set_to_0_days_starts_no_pass_while_the_others_start_theirs(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = common::settings(dir.path());
+    let off = ExpirySettings {
+        dream_preloads_days: 0,
+        ..settings
+            .jobs
+            .get::<ExpirySettings>("expire_dream_preloads")
+            .clone()
+    };
+    for job in [
+        "expire_handoffs",
+        "expire_dream_preloads",
+        "expire_working_records",
+        "expire_conversation_events",
+    ] {
+        settings.jobs.set(job, off.clone());
+    }
+
+    tick::fan_out(&context(&pool, &settings), &slot())
+        .await
+        .unwrap();
+
+    let started: Vec<String> =
+        sqlx::query_scalar("SELECT job FROM sexton.passes WHERE job LIKE 'expire_%' ORDER BY job")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        started,
+        [
+            "expire_conversation_events",
+            "expire_handoffs",
+            "expire_working_records"
+        ]
+    );
+    let queued: Vec<String> = sqlx::query_scalar(
+        "SELECT job_type FROM apalis.jobs WHERE job_type LIKE 'sexton.expire_%' ORDER BY job_type",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        queued,
+        [
+            "sexton.expire_conversation_events",
+            "sexton.expire_handoffs",
+            "sexton.expire_working_records"
+        ],
+        "one first hop per pass started, none for the kind that is off"
+    );
 }

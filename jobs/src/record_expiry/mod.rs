@@ -26,7 +26,7 @@ use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVer
 use crate::files::PathSettings;
 use crate::health::Health;
 pub use crate::job::HopOutcome;
-use crate::job::{Env, Inspect, Job, Look, Position, Report, Scope};
+use crate::job::{Cadence, Env, Inspect, Job, Look, Position, Report, Scope};
 use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
@@ -189,6 +189,15 @@ impl<R: Record> Job for Expire<R> {
         check: &mut Check<'_>,
     ) -> Option<ExpirySettings> {
         settings(raw, check)
+    }
+
+    /// Off at `0` days (TTL-5): the fan-out starts no pass of a kind that expires nothing.
+    fn cadence(settings: &ExpirySettings) -> Cadence {
+        if R::days(settings) > 0 {
+            Cadence::Nightly
+        } else {
+            Cadence::Off
+        }
     }
 
     fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
