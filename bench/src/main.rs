@@ -1,20 +1,22 @@
 //! The benchmark of SPEC §8, run by a person with `bash bench/run.sh` (never by the tests).
 //!
 //! For each scale it seeds one template database with `sexton seed`, then on identical copies
-//! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners five ways — sexton
-//! (tick and a worker through the queue, default settings but every other age-driven job kind off,
-//! so that it measures the job alone; timed from the worker taking the nightly slot to its last
-//! hop), the raw floor (batched `DELETE … WHERE run_id = ANY($1)`, 500 owners per transaction, no
-//! checks), the same floor setting the markers sexton's end state has (`raw+markers`), that floor
-//! also unlinking the owners' output files after each batch commits, beside the next batch
-//! (`raw+markers+files`: sexton's whole end state, disk included; both are checked to leave none of
-//! the owners' unreferenced files on disk), and the naive delete (one `DELETE` per table over all
-//! owners) — while an application writer runs at a fixed rate. Each method's WAL is read from the
-//! cluster's position before and after it. At one scale (the largest up to 10) sexton runs once
-//! more under a WAL budget, a quarter of the rate its unbudgeted pass wrote at. It prints a
-//! markdown table, a summary of the PF targets against the same run's figures, and writes them,
-//! with the raw figures as JSON, to `bench/results/`. The default scales are 1, 10 and 400 (about a
-//! million runs).
+//! (`CREATE DATABASE … TEMPLATE`) removes the detail of exactly the same owners in several ways —
+//! sexton (tick and a worker through the queue, default settings but every other age-driven job
+//! kind off, so that it measures the job alone; timed from the worker taking the nightly slot to
+//! its last hop), the raw floor (batched `DELETE … WHERE run_id = ANY($1)`, 500 owners per
+//! transaction, no checks), the same floor setting the markers sexton's end state has
+//! (`raw+markers`), that floor also unlinking the owners' output files after each batch commits,
+//! beside the next batch (`raw+markers+files`: sexton's whole end state, disk included; both are
+//! checked to leave none of the owners' unreferenced files on disk), that floor under the
+//! platform's lock order (`+locks`) and keeping every rule sexton's owner transaction keeps
+//! (`+rules`: sexton's own owner statement in the same plain loop, what the rules cost timed
+//! alone), and the naive delete (one `DELETE` per table over all owners) — while an application
+//! writer runs at a fixed rate. Each method's WAL is read from the cluster's position before and
+//! after it. At one scale (the largest up to 10) sexton runs once more under a WAL budget, a
+//! quarter of the rate its unbudgeted pass wrote at. It prints a markdown table, a summary of the
+//! PF targets against the same run's figures, and writes them, with the raw figures as JSON, to
+//! `bench/results/`. The default scales are 1, 10 and 400 (about a million runs).
 //!
 //! The short-lived records (SPEC §4, TTL-1 and TTL-4) have their own part: a template with a
 //! large backlog of expired handoffs and conversation events (`INSERT … SELECT` from
