@@ -170,13 +170,7 @@ pub async fn run_rules(
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
-            let recorded: Vec<(i64, String)> = sqlx::query_as(
-                "SELECT id, relative_path FROM sexton.pending_file_deletions
-                 WHERE root = 'outputs' AND account_id = $1",
-            )
-            .bind(account)
-            .fetch_all(&pool)
-            .await?;
+            let recorded = recorded(&pool, "outputs", account).await?;
             // One batch's unlinks at a time, beside the next batch's statement; a record is
             // forgotten once its file is gone.
             if let Some(previous) = unlinking.take() {
@@ -199,6 +193,33 @@ pub async fn run_rules(
     m.seconds = started.elapsed().as_secs_f64();
     m.wal_bytes = Some(wal_position(admin).await? - wal);
     Ok(m)
+}
+
+/// The file records waiting under `root` for `account`: (id, path).
+async fn recorded(pool: &PgPool, root: &str, account: Uuid) -> sqlx::Result<Vec<(i64, String)>> {
+    sqlx::query_as(
+        "SELECT id, relative_path FROM sexton.pending_file_deletions
+         WHERE root = $1 AND account_id = $2",
+    )
+    .bind(root)
+    .bind(account)
+    .fetch_all(pool)
+    .await
+}
+
+/// Removes the directories `names` under `root`, each with what it holds; one already gone
+/// is no error.
+fn remove_dirs<S: AsRef<Path>>(root: &Path, names: impl Iterator<Item = S>) -> anyhow::Result<()> {
+    for name in names {
+        let dir = root.join(name);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", dir.display()));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Forgets the file records `ids`, their files gone.
@@ -274,15 +295,7 @@ pub async fn run_raw_sessions(
             .await?;
         tx.commit().await?;
         if let Some(root) = dirs {
-            for id in &batch {
-                let dir = root.join(id.to_string());
-                match std::fs::remove_dir_all(&dir) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(e).with_context(|| format!("removing {}", dir.display()));
-                    }
-                    _ => {}
-                }
-            }
+            remove_dirs(root, batch.iter().map(Uuid::to_string))?;
         }
     }
     pool.close().await;
@@ -344,22 +357,8 @@ pub async fn run_session_rules(
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
-            let recorded: Vec<(i64, String)> = sqlx::query_as(
-                "SELECT id, relative_path FROM sexton.pending_file_deletions
-                 WHERE root = 'sessions' AND account_id = $1",
-            )
-            .bind(account)
-            .fetch_all(&pool)
-            .await?;
-            for (_, dir) in &recorded {
-                let dir = root.join(dir);
-                match std::fs::remove_dir_all(&dir) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(e).with_context(|| format!("removing {}", dir.display()));
-                    }
-                    _ => {}
-                }
-            }
+            let recorded = recorded(&pool, "sessions", account).await?;
+            remove_dirs(root, recorded.iter().map(|(_, dir)| dir))?;
             let ids: Vec<i64> = recorded.iter().map(|(id, _)| *id).collect();
             forget(&pool, &ids).await?;
         }
