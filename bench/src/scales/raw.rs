@@ -7,8 +7,10 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use sexton_jobs::cutoff::EARLIEST;
 use sexton_jobs::prune_execution_details::{DETAIL_TABLES, owner_statement, pruned_runner_effects};
-use sexton_jobs::session_retention::delete_statement;
+use sexton_jobs::session_retention::{Ages, delete_statement, window_statement};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
@@ -312,13 +314,15 @@ pub async fn run_raw_sessions(
 /// The sessions floor that reaches sexton's end state, rows and directories (PF-6).
 pub const SESSIONS_SAME_END: &str = "sessions raw+dirs";
 
-/// [`SESSIONS_SAME_END_LOCKED`] keeping every rule SessionRetention's deletion keeps: each
+/// [`SESSIONS_SAME_END_LOCKED`] keeping every rule SessionRetention's deletion keeps. It finds
+/// what goes itself, as sexton must, where the other floors are handed the list: each account's
+/// sessions of each kind past the kind's age, judged (SS-2 … SS-4, holds) by sexton's own window
+/// statement before anything is locked, so that only sessions that go are locked. Then each
 /// batch (one account's sessions of one kind) runs its own deletion statement once the agents
 /// are share-locked — the sessions locked, each only if free at once, the verdict re-taken under
 /// the locks (SS-5), the directories recorded — and commits durably before the directories are
-/// removed and their records forgotten. Handed the sessions, in one plain loop on one
-/// connection: what the rules cost, timed alone. A session the writer holds is skipped, as
-/// sexton skips it.
+/// removed and their records forgotten. In one plain loop on one connection: what the rules
+/// cost, timed alone. A session the writer holds is skipped, as sexton skips it.
 pub const SESSIONS_SAME_END_RULES: &str = "sessions raw+dirs+locks+rules";
 
 /// [`SESSIONS_SAME_END_RULES`] on `db`, the session directories under `root`, 100 sessions a
@@ -331,29 +335,51 @@ pub async fn run_session_rules(
 ) -> anyhow::Result<Method> {
     let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
-    let sessions: Vec<(Uuid, Uuid, Uuid, String)> = sqlx::query_as(
-        "SELECT b.id, s.agent_id, s.account_id, s.kind
-         FROM bench_sessions b JOIN sessions s ON s.id = b.id
-         ORDER BY s.account_id, s.kind, b.id",
+    // Each kind's cutoff as a pass from the pass's start has it: the policy's days, or the
+    // fallback where the policy names none.
+    let kinds: Vec<(Uuid, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT p.account_id, k.kind, $1 - make_interval(days => k.days)
+         FROM session_retention_policies p
+         CROSS JOIN LATERAL (VALUES ('main', COALESCE(p.main_days, $2)),
+                                    ('task', COALESCE(p.task_days, $3)),
+                                    ('subagent', COALESCE(p.subagent_days, $4))) AS k (kind, days)
+         WHERE p.enabled
+         ORDER BY p.account_id, k.kind",
     )
+    .bind(pass_start())
+    .bind(Ages::FALLBACK.main_days)
+    .bind(Ages::FALLBACK.task_days)
+    .bind(Ages::FALLBACK.subagent_days)
     .fetch_all(&pool)
     .await?;
-    for same in sessions.chunk_by(|a, b| (a.2, &a.3) == (b.2, &b.3)) {
-        for sessions in same.chunks(100) {
-            let (account, kind) = (sessions[0].2, &sessions[0].3);
+    for (account, kind, cutoff) in kinds {
+        let window: Vec<(Uuid, Uuid, DateTime<Utc>, Option<String>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(window_statement()))
+                .bind(account)
+                .bind(&kind)
+                .bind(cutoff)
+                .bind(EARLIEST)
+                .bind(Uuid::nil())
+                .bind(i64::MAX)
+                .fetch_all(&pool)
+                .await?;
+        let going: Vec<(Uuid, Uuid)> = window
+            .into_iter()
+            .filter(|(.., verdict)| verdict.is_none())
+            .map(|(session, agent, ..)| (session, agent))
+            .collect();
+        for sessions in going.chunks(100) {
             let batch: Vec<Uuid> = sessions.iter().map(|s| s.0).collect();
             let mut agents: Vec<Uuid> = sessions.iter().map(|s| s.1).collect();
             agents.sort();
             agents.dedup();
             let mut tx = pool.begin().await?;
             lock_in_order(&mut tx, "agents", "SHARE", &agents).await?;
-            // The cutoff: the pass's start, which every handed session is older than its
-            // kind's age before; the verdict asks the rest.
             sqlx::query(sqlx::AssertSqlSafe(delete_statement()))
                 .bind(&batch)
                 .bind(account)
-                .bind(kind)
-                .bind(pass_start())
+                .bind(&kind)
+                .bind(cutoff)
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;

@@ -45,8 +45,8 @@ mod read;
 mod sql;
 pub use hop::*;
 pub use read::*;
-pub use sql::delete_statement;
 use sql::*;
+pub use sql::{delete_statement, window_statement};
 
 /// A session kind, in the order a pass visits them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -13,6 +13,12 @@ pub(super) const WINDOW: &str = include_str!("window.sql");
 /// The frame directory of each deleted session is recorded for removal after commit.
 pub(super) const DELETE_SESSIONS: &str = include_str!("delete_sessions.sql");
 
+/// [`WINDOW`], for the benchmark: how a loop that keeps the rules finds the sessions that go
+/// (their verdict taken before anything is locked).
+pub fn window_statement() -> &'static str {
+    WINDOW
+}
+
 /// [`DELETE_SESSIONS`], for the benchmark, which times it in a plain loop to tell what the
 /// rules it keeps cost from what the hops do.
 pub fn delete_statement() -> &'static str {
