@@ -13,6 +13,7 @@ use sexton_jobs::job::Scope;
 use sexton_jobs::payload::V1;
 use sexton_jobs::record_expiry::ExpirySettings;
 use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::common;
@@ -635,4 +636,44 @@ async fn ttl5_a_kind_set_to_0_days_starts_no_pass_while_the_others_start_theirs(
         ],
         "one first hop per pass started, none for the kind that is off"
     );
+}
+
+#[sqlx::test]
+async fn fl6_a_slot_fans_out_on_the_one_connection_the_schedule_is_budgeted(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    fixture::run(
+        &pool,
+        dir.path(),
+        RunSpec::conversation(account, conversation, 45.0),
+    )
+    .await;
+    // The fan-out counts as one of the worker's fixed connections (FL-6): on a pool of one it
+    // goes through, where a second connection held at once would never come.
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+
+    tick::fan_out(&context(&one, &settings), &slot())
+        .await
+        .unwrap();
+
+    let started: Vec<Uuid> =
+        sqlx::query_scalar("SELECT scope FROM sexton.passes WHERE job = 'prune_execution_details'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(started, [account], "the due account's pass is started");
+    let unfinished: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sexton.fan_outs WHERE finished_at IS NULL")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(unfinished, 0, "every kind's fan-out went through");
 }

@@ -41,8 +41,8 @@ pub async fn open<'e>(
 ///
 /// # Errors
 /// A database error.
-pub async fn fan_out_begun(
-    pool: &PgPool,
+pub async fn fan_out_begun<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     job: &str,
     slot: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
@@ -52,7 +52,7 @@ pub async fn fan_out_begun(
     )
     .bind(job)
     .bind(slot)
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(())
 }
@@ -62,8 +62,8 @@ pub async fn fan_out_begun(
 ///
 /// # Errors
 /// A database error.
-pub async fn fan_out_done(
-    pool: &PgPool,
+pub async fn fan_out_done<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     job: &str,
     slot: DateTime<Utc>,
     accounts: u64,
@@ -79,7 +79,7 @@ pub async fn fan_out_done(
     .bind(job)
     .bind(slot)
     .bind(i64::try_from(accounts).unwrap_or(i64::MAX))
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
 }
 

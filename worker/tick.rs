@@ -204,14 +204,15 @@ pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The fan-out of one per-account kind: discovery batch by batch over the accounts in id order.
+/// The fan-out of one per-account kind: discovery batch by batch over the accounts in id order,
+/// on the one connection the schedule's fan-out is budgeted (FL-6).
 async fn fan_out_accounts(
     ctx: &JobContext,
     kind: &'static dyn Kind,
     slot: DateTime<Utc>,
 ) -> anyhow::Result<ledger::FanOut> {
-    ledger::fan_out_begun(&ctx.pool, kind.name(), slot).await?;
     let mut conn = ctx.pool.acquire().await?;
+    ledger::fan_out_begun(&mut *conn, kind.name(), slot).await?;
     let mut after: Option<Uuid> = None;
     let mut accounts: u64 = 0;
     while let Some((range, n)) =
@@ -228,7 +229,7 @@ async fn fan_out_accounts(
         }
         after = Some(range.through);
     }
-    Ok(ledger::fan_out_done(&ctx.pool, kind.name(), slot, accounts).await?)
+    Ok(ledger::fan_out_done(&mut *conn, kind.name(), slot, accounts).await?)
 }
 
 /// Starts the pass of a kind with a cadence of its own for the period beginning at `slot`: its
