@@ -55,6 +55,10 @@ pub struct Method {
     /// nightly slot (its queue consumers registering, its first connections): not part of the
     /// timed pass, which a running fleet's idle workers take at once.
     pub start_seconds: Option<f64>,
+    /// sexton only: when its first hop of the measured job began, in seconds into the timed
+    /// pass: before it, the fan-out of every kind (FL-8) and the queue handing out the hop, which
+    /// no floor has.
+    pub first_hop_seconds: Option<f64>,
     pub hop_us_per_candidate: Option<Latency>,
     pub peak_rss_kb: Option<u64>,
     pub share_outside_owner_transactions: Option<f64>,
@@ -85,6 +89,7 @@ pub fn method(name: &'static str) -> Method {
         longest_transaction_waits: String::new(),
         hop: None,
         start_seconds: None,
+        first_hop_seconds: None,
         hop_us_per_candidate: None,
         peak_rss_kb: None,
         share_outside_owner_transactions: None,

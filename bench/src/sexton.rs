@@ -175,7 +175,8 @@ struct Timeline {
     /// Seconds in the hops, and in their owner transactions, summed over every hop.
     hop_s: f64,
     owner_s: f64,
-    /// Seconds from the pass's start to the end of its last hop.
+    /// Seconds from the pass's start to the start of its first hop and the end of its last.
+    first_hop: Option<f64>,
     last_hop: f64,
     rss: Option<u64>,
     start_seconds: Option<f64>,
@@ -199,6 +200,7 @@ impl Timeline {
             per_candidate: Vec::new(),
             hop_s: 0.0,
             owner_s: 0.0,
+            first_hop: None,
             last_hop: 0.0,
             rss: None,
             start_seconds: None,
@@ -238,6 +240,8 @@ impl Timeline {
                 self.per_candidate.push(ms * 1000.0 / candidates);
             }
             self.last_hop = self.started.elapsed().as_secs_f64();
+            let began = self.last_hop - ms / 1000.0;
+            self.first_hop = Some(self.first_hop.map_or(began, |first| first.min(began)));
             self.wal_end = wal_position(admin).await?;
             self.hop_s += ms / 1000.0;
             self.owner_s += event["owner_ms"].as_f64().unwrap_or(0.0) / 1000.0;
@@ -255,6 +259,7 @@ impl Timeline {
         let mut m = method(name);
         m.seconds = wall;
         m.start_seconds = Some(start_seconds);
+        m.first_hop_seconds = self.first_hop;
         m.hop = Some(Latency::of(self.hops));
         m.hop_us_per_candidate = Some(Latency::of(self.per_candidate));
         m.peak_rss_kb = self.rss;

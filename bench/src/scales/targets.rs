@@ -150,11 +150,21 @@ fn same_end(s: &Scale) -> Vec<Target> {
         // against sexton.
         if let Some(rules) = find(rules) {
             let ratio = sexton.owners_per_s / rules.owners_per_s;
+            // Where sexton's time began to go into the job itself: its first hop.
+            let hops = sexton.first_hop_seconds.map_or(String::new(), |first| {
+                format!(
+                    "; sexton's first hop began {first:.2} s into its {:.2} s (the fan-out of \
+                     every kind and the queue's hand-out before it, which no floor has), its \
+                     hops from there {:.2}× the floor keeping the rules",
+                    sexton.seconds,
+                    rules.seconds / (sexton.seconds - first)
+                )
+            });
             targets.push(target(
                 format!(
                     "{} {:.0} {unit}/s ÷ {} {:.0} {unit}/s = {ratio:.2}× — the floor keeping the \
-                     rules sexton keeps; the rules alone take the floor from {:.2} s to {:.2} s \
-                     (target ≥ 1.00×)",
+                     rules sexton keeps; the rules alone take the floor from {:.2} s to {:.2} s\
+                     {hops} (target ≥ 1.00×)",
                     sexton.name,
                     sexton.owners_per_s,
                     rules.name,
