@@ -51,9 +51,10 @@ pub struct Method {
     /// sexton only: hop durations, each hop's time per candidate, peak RSS, and where the
     /// time went.
     pub hop: Option<Latency>,
-    /// sexton only: the worker's start, from its "worker started" line to its taking the
-    /// nightly slot (its queue consumers registering, its first connections): not part of the
-    /// timed pass, which a running fleet's idle workers take at once.
+    /// sexton only: from the worker's "worker started" line to its taking the nightly slot,
+    /// which the bench holds back a second so that the worker's start (its queue consumers
+    /// registering, its first connections) is over by then, as a running fleet's idle worker's
+    /// is: not part of the timed pass.
     pub start_seconds: Option<f64>,
     /// sexton only: when its first hop of the measured job began, in seconds into the timed
     /// pass: before it, the fan-out of every kind (FL-8) and the queue handing out the hop, which

@@ -15,7 +15,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::ChildStderr;
 
 use crate::Cli;
-use crate::cluster::wal_position;
+use crate::cluster::{connect, wal_position};
 use crate::method::{Latency, Method, method};
 
 /// The moment the data is seeded relative to and the pass starts at: in the past, so that the
@@ -94,12 +94,13 @@ pub struct Pass {
     pub global: bool,
 }
 
-/// sexton as an operator runs it: a tick, then one worker through the queue until idle, running
+/// sexton as an operator runs it: a tick (the slot held a second, so that the worker has started
+/// when it takes it), then one worker through the queue until idle, running
 /// `concurrency` hops at a time (the default is 2; 1 leaves the database more room), with the
 /// worker's settings overridden by `env` (`SEXTON_…` variables). The pass is timed as a running
 /// fleet sees it: from the worker taking the nightly slot (its fan-out line) to its last hop
 /// of `pass.job` — neither the process start, nor its queue consumers registering and opening
-/// their connections (reported apart, as `start_seconds`), nor the wait for an idle queue —
+/// their connections, nor the wait for an idle queue —
 /// and its WAL over the same span, read on `admin`.
 #[expect(
     clippy::too_many_arguments,
@@ -126,6 +127,17 @@ pub async fn run_sexton(
     if !tick.success() {
         bail!("sexton tick failed");
     }
+    // The slot waits a second, so that the worker has started when it takes it (its queue
+    // consumers registered, its connections open), as a running fleet's idle worker has: a
+    // worker's start would otherwise run beside the pass's first hundredths of a second.
+    let queue = connect(&admin.connect_options(), db, "bench").await?;
+    sqlx::query(
+        "UPDATE apalis.jobs SET run_at = now() + interval '1 second'
+         WHERE job_type = 'sexton.nightly' AND status = 'Pending'",
+    )
+    .execute(&queue)
+    .await?;
+    queue.close().await;
     let log = match &cli.logs {
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
