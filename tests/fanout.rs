@@ -676,4 +676,5 @@ async fn fl6_a_slot_fans_out_on_the_one_connection_the_schedule_is_budgeted(pool
             .await
             .unwrap();
     assert_eq!(unfinished, 0, "every kind's fan-out went through");
+    one.close().await;
 }

@@ -130,14 +130,19 @@ pub async fn run_sexton(
     // The slot waits a second, so that the worker has started when it takes it (its queue
     // consumers registered, its connections open), as a running fleet's idle worker has: a
     // worker's start would otherwise run beside the pass's first hundredths of a second.
+    // Here a worker starts in 0.05–0.1 s.
     let queue = connect(&admin.connect_options(), db, "bench").await?;
-    sqlx::query(
+    let held = sqlx::query(
         "UPDATE apalis.jobs SET run_at = now() + interval '1 second'
          WHERE job_type = 'sexton.nightly' AND status = 'Pending'",
     )
     .execute(&queue)
-    .await?;
+    .await?
+    .rows_affected();
     queue.close().await;
+    if held != 1 {
+        bail!("the tick left {held} pending nightly slots to hold, where one was expected");
+    }
     let log = match &cli.logs {
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
@@ -174,6 +179,11 @@ pub async fn run_sexton(
     timeline.method(name, lanes)
 }
 
+/// When the worker logged `event`, by its JSON log's timestamp.
+fn logged_at(event: &serde_json::Value) -> Option<DateTime<Utc>> {
+    event["timestamp"].as_str()?.parse().ok()
+}
+
 /// What a worker's log tells of its pass, as [`run_sexton`] follows it.
 struct Timeline {
     /// The worker's start until it takes the nightly slot, then the pass's.
@@ -187,7 +197,10 @@ struct Timeline {
     /// Seconds in the hops, and in their owner transactions, summed over every hop.
     hop_s: f64,
     owner_s: f64,
-    /// Seconds from the pass's start to the start of its first hop and the end of its last.
+    /// When the worker logged taking the slot, and seconds from then to the start of its first
+    /// hop (both by the log's own timestamps); seconds from the pass's start to the end of its
+    /// last hop.
+    slot_taken: Option<DateTime<Utc>>,
     first_hop: Option<f64>,
     last_hop: f64,
     rss: Option<u64>,
@@ -212,6 +225,7 @@ impl Timeline {
             per_candidate: Vec::new(),
             hop_s: 0.0,
             owner_s: 0.0,
+            slot_taken: None,
             first_hop: None,
             last_hop: 0.0,
             rss: None,
@@ -242,6 +256,7 @@ impl Timeline {
         if event["message"] == "fanning out nightly slot" {
             self.start_seconds = Some(self.started.elapsed().as_secs_f64());
             self.started = Instant::now();
+            self.slot_taken = logged_at(&event);
             self.wal_start = wal_position(admin).await?;
         }
         if event["message"] == "hop done" && event["span"]["job"] == job {
@@ -252,8 +267,10 @@ impl Timeline {
                 self.per_candidate.push(ms * 1000.0 / candidates);
             }
             self.last_hop = self.started.elapsed().as_secs_f64();
-            let began = self.last_hop - ms / 1000.0;
-            self.first_hop = Some(self.first_hop.map_or(began, |first| first.min(began)));
+            if let (Some(taken), Some(done)) = (self.slot_taken, logged_at(&event)) {
+                let began = (done - taken).as_seconds_f64() - ms / 1000.0;
+                self.first_hop = Some(self.first_hop.map_or(began, |first| first.min(began)));
+            }
             self.wal_end = wal_position(admin).await?;
             self.hop_s += ms / 1000.0;
             self.owner_s += event["owner_ms"].as_f64().unwrap_or(0.0) / 1000.0;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use sexton_jobs::cutoff::EARLIEST;
+use sexton_jobs::cutoff::{EARLIEST, days_before_sql};
 use sexton_jobs::prune_execution_details::{DETAIL_TABLES, owner_statement, pruned_runner_effects};
 use sexton_jobs::session_retention::{Ages, delete_statement, window_statement};
 use sqlx::PgPool;
@@ -336,20 +336,25 @@ pub async fn run_session_rules(
     let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
     // Each kind's cutoff as a pass from the pass's start has it: the policy's days, or the
-    // fallback where the policy names none.
-    let kinds: Vec<(Uuid, String, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT p.account_id, k.kind, $1 - make_interval(days => k.days)
+    // fallback where the policy names none; none where the age is not a valid one (SS-1) or
+    // reaches past the calendar. Kind after kind, in the hop's order.
+    let kinds: Vec<(Uuid, String, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT p.account_id, k.kind, c.cutoff
          FROM session_retention_policies p
-         CROSS JOIN LATERAL (VALUES ('main', COALESCE(p.main_days, $2)),
-                                    ('task', COALESCE(p.task_days, $3)),
-                                    ('subagent', COALESCE(p.subagent_days, $4))) AS k (kind, days)
-         WHERE p.enabled
-         ORDER BY p.account_id, k.kind",
-    )
+         CROSS JOIN LATERAL (VALUES (1, 'main', COALESCE(p.main_days, $2)),
+                                    (2, 'task', COALESCE(p.task_days, $3)),
+                                    (3, 'subagent', COALESCE(p.subagent_days, $4)))
+             AS k (position, kind, days)
+         CROSS JOIN LATERAL (SELECT {} AS cutoff) c
+         WHERE p.enabled AND c.cutoff IS NOT NULL
+         ORDER BY p.account_id, k.position",
+        days_before_sql("$1", "k.days", "$5")
+    )))
     .bind(pass_start())
     .bind(Ages::FALLBACK.main_days)
     .bind(Ages::FALLBACK.task_days)
     .bind(Ages::FALLBACK.subagent_days)
+    .bind(EARLIEST)
     .fetch_all(&pool)
     .await?;
     for (account, kind, cutoff) in kinds {
