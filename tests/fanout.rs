@@ -651,6 +651,15 @@ async fn fl6_a_slot_fans_out_on_the_one_connection_the_schedule_is_budgeted(pool
         RunSpec::conversation(account, conversation, 45.0),
     )
     .await;
+    // The control: an account whose one run is young has nothing due and starts no pass.
+    let quiet = fixture::account(&pool, Some(30)).await;
+    let quiet_conversation = fixture::conversation(&pool, quiet).await;
+    fixture::run(
+        &pool,
+        dir.path(),
+        RunSpec::conversation(quiet, quiet_conversation, 5.0),
+    )
+    .await;
     // The fan-out counts as one of the worker's fixed connections (FL-6): on a pool of one it
     // goes through, where a second connection held at once would never come.
     let one = PgPoolOptions::new()
@@ -669,7 +678,11 @@ async fn fl6_a_slot_fans_out_on_the_one_connection_the_schedule_is_budgeted(pool
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(started, [account], "the due account's pass is started");
+    assert_eq!(
+        started,
+        [account],
+        "the due account's pass is started, the quiet one's not"
+    );
     let unfinished: i64 =
         sqlx::query_scalar("SELECT count(*) FROM sexton.fan_outs WHERE finished_at IS NULL")
             .fetch_one(&pool)
