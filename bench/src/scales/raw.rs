@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use sexton_jobs::cutoff::{EARLIEST, days_before_sql};
+use sexton_jobs::cutoff::EARLIEST;
 use sexton_jobs::prune_execution_details::{DETAIL_TABLES, owner_statement, pruned_runner_effects};
-use sexton_jobs::session_retention::{Ages, delete_statement, window_statement};
+use sexton_jobs::session_retention::{Ages, SessionKind, delete_statement, window_statement};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
@@ -335,33 +335,36 @@ pub async fn run_session_rules(
 ) -> anyhow::Result<Method> {
     let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
-    // Each kind's cutoff as a pass from the pass's start has it: the policy's days, or the
-    // fallback where the policy names none; none where the age is not a valid one (SS-1) or
-    // reaches past the calendar. Kind after kind, in the hop's order.
-    let kinds: Vec<(Uuid, String, DateTime<Utc>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT p.account_id, k.kind, c.cutoff
-         FROM session_retention_policies p
-         CROSS JOIN LATERAL (VALUES (1, 'main', COALESCE(p.main_days, $2)),
-                                    (2, 'task', COALESCE(p.task_days, $3)),
-                                    (3, 'subagent', COALESCE(p.subagent_days, $4)))
-             AS k (position, kind, days)
-         CROSS JOIN LATERAL (SELECT {} AS cutoff) c
-         WHERE p.enabled AND c.cutoff IS NOT NULL
-         ORDER BY p.account_id, k.position",
-        days_before_sql("$1", "k.days", "$5")
-    )))
-    .bind(pass_start())
+    // Each kind's cutoff as a pass from the pass's start has it (the policy's days, or the
+    // fallback where it names none; none for an invalid age), kind after kind in the hop's order.
+    let policies: Vec<(Uuid, i32, i32, i32)> = sqlx::query_as(
+        "SELECT account_id, COALESCE(main_days, $1), COALESCE(task_days, $2),
+                COALESCE(subagent_days, $3)
+         FROM session_retention_policies WHERE enabled ORDER BY account_id",
+    )
     .bind(Ages::FALLBACK.main_days)
     .bind(Ages::FALLBACK.task_days)
     .bind(Ages::FALLBACK.subagent_days)
-    .bind(EARLIEST)
     .fetch_all(&pool)
     .await?;
+    let kinds = policies
+        .into_iter()
+        .flat_map(|(account, main_days, task_days, subagent_days)| {
+            let cutoffs = Ages {
+                main_days,
+                task_days,
+                subagent_days,
+            }
+            .cutoffs(pass_start());
+            SessionKind::ALL
+                .into_iter()
+                .filter_map(move |kind| Some((account, kind.as_str(), cutoffs.of(kind)?)))
+        });
     for (account, kind, cutoff) in kinds {
         let window: Vec<(Uuid, Uuid, DateTime<Utc>, Option<String>)> =
             sqlx::query_as(sqlx::AssertSqlSafe(window_statement()))
                 .bind(account)
-                .bind(&kind)
+                .bind(kind)
                 .bind(cutoff)
                 .bind(EARLIEST)
                 .bind(Uuid::nil())
@@ -383,7 +386,7 @@ pub async fn run_session_rules(
             sqlx::query(sqlx::AssertSqlSafe(delete_statement()))
                 .bind(&batch)
                 .bind(account)
-                .bind(&kind)
+                .bind(kind)
                 .bind(cutoff)
                 .execute(&mut *tx)
                 .await?;

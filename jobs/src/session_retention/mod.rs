@@ -110,7 +110,9 @@ impl Ages {
             .filter(|kind| !crate::cutoff::valid_window(self.days(*kind)))
     }
 
-    fn cutoffs(&self, reference: DateTime<Utc>) -> Cutoffs {
+    /// The cutoff of each kind, measured back from `reference`: none for an age that is not a
+    /// valid one (SS-1) or that reaches past the calendar.
+    pub fn cutoffs(&self, reference: DateTime<Utc>) -> Cutoffs {
         Cutoffs {
             main: days_before(reference, self.main_days),
             task: days_before(reference, self.task_days),
