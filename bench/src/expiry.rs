@@ -21,7 +21,7 @@ use crate::cluster::{connect, drop_db, recreate};
 use crate::method::{Latency, Method, max_ms, method, score};
 use crate::results::machine;
 use crate::sexton::{EXPIRY_AGES, Pass, ROOTS, pass_start, run_sexton, sexton};
-use crate::writer::{Writes, at_rate, beside, idle_baseline};
+use crate::writer::{Writes, at_rate, beside, idle_baseline, timed_lock};
 use crate::{Cli, Part};
 
 /// The heading the short-lived records' section starts with, in latest.md.
@@ -483,7 +483,9 @@ async fn touch_at_rate(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Writes> {
     let (table, id) = (kind.table, kind.id.sql());
-    let lock = format!("SELECT 1 FROM {table} WHERE id = $1::{id} FOR UPDATE");
+    let lock = timed_lock(&format!(
+        "SELECT 1 FROM {table} WHERE id = $1::{id} FOR UPDATE"
+    ));
     let update =
         format!("UPDATE {table} SET payload = payload || '{{\"seen\": true}}' WHERE id = $1::{id}");
     at_rate(rate, stop, targets, move |target| {
@@ -491,13 +493,11 @@ async fn touch_at_rate(
             (pool.clone(), parent.clone(), lock.clone(), update.clone());
         async move {
             let mut tx = pool.begin().await?;
-            let locking = Instant::now();
-            let found = sqlx::query(sqlx::AssertSqlSafe(lock))
+            let (found, lock_wait): (i64, f64) = sqlx::query_as(sqlx::AssertSqlSafe(lock))
                 .bind(&target)
-                .fetch_optional(&mut *tx)
+                .fetch_one(&mut *tx)
                 .await?;
-            let lock_wait = locking.elapsed();
-            if found.is_some() {
+            if found > 0 {
                 sqlx::query(sqlx::AssertSqlSafe(update))
                     .bind(&target)
                     .execute(&mut *tx)

@@ -14,7 +14,7 @@ use crate::cluster::{connect, drop_db, recreate, wal_position};
 use crate::sampler::{Longest, longest_transaction};
 
 /// What the application writer saw: each transaction's latency, and how long it waited for its
-/// locks, in ms.
+/// locks ([`timed_lock`]), in ms.
 pub struct Writes {
     pub total_ms: Vec<f64>,
     pub lock_wait_ms: Vec<f64>,
@@ -22,7 +22,7 @@ pub struct Writes {
 
 /// An application at a fixed `rate` until `stop`: one transaction per tick, over `targets` in
 /// turn. `transaction` runs one (from its `BEGIN` to its commit) and returns how long it waited
-/// for its locks; its whole latency is measured here.
+/// for its locks in ms ([`timed_lock`]); its whole latency is measured here.
 pub async fn at_rate<T, F, Fut>(
     rate: u32,
     stop: Arc<AtomicBool>,
@@ -32,7 +32,7 @@ pub async fn at_rate<T, F, Fut>(
 where
     T: Clone,
     F: FnMut(T) -> Fut,
-    Fut: Future<Output = anyhow::Result<Duration>>,
+    Fut: Future<Output = anyhow::Result<f64>>,
 {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -50,9 +50,22 @@ where
         writes
             .total_ms
             .push(started.elapsed().as_secs_f64() * 1000.0);
-        writes.lock_wait_ms.push(lock_wait.as_secs_f64() * 1000.0);
+        writes.lock_wait_ms.push(lock_wait);
     }
     Ok(writes)
+}
+
+/// `lock` (a `SELECT … FOR UPDATE`) as a statement returning how many rows it locked and how
+/// long it took by the server's own clock, in ms: from the statement's arrival
+/// (`statement_timestamp()`) to the aggregate over the locked rows, which runs once the lock is
+/// taken or the row is gone. That is the wait for the lock, and not the round trip nor the
+/// scheduling of the writer and of its backend, which on two loaded cores add milliseconds of
+/// noise to a client-side clock whoever holds the row.
+pub fn timed_lock(lock: &str) -> String {
+    format!(
+        "SELECT count(*), (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000)::float8 \
+         FROM ({lock}) locked"
+    )
 }
 
 /// The writer's idle baseline: `writes` alone for `baseline_seconds` on a fresh copy `db` of

@@ -2,14 +2,21 @@
 //! materializing into runs (the execution-details methods), one appending to sessions
 //! (SessionRetention's), and the targets each writes to, old owners and young rows alike.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::sync::{Arc, LazyLock};
 
 use sqlx::{PgPool, Row as _};
 use uuid::Uuid;
 
-use crate::writer::{Writes, at_rate};
+use crate::writer::{Writes, at_rate, timed_lock};
+
+/// The writers' locks, each timed by the server ([`timed_lock`]).
+static LOCK_CONVERSATION: LazyLock<String> =
+    LazyLock::new(|| timed_lock("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE"));
+static LOCK_RUN: LazyLock<String> =
+    LazyLock::new(|| timed_lock("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE"));
+static LOCK_SESSION: LazyLock<String> =
+    LazyLock::new(|| timed_lock("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE"));
 
 /// (conversation, run) pairs the writer materializes into: old owners and recent runs alike,
 /// taken by a hash of their ids, so that they lie spread over every method's order (the floors
@@ -39,16 +46,14 @@ pub async fn write_at_rate(
         let pool = pool.clone();
         async move {
             let mut tx = pool.begin().await?;
-            let locking = Instant::now();
-            sqlx::query("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE")
-                .bind(conversation)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
-                .bind(run)
-                .execute(&mut *tx)
-                .await?;
-            let lock_wait = locking.elapsed();
+            let mut lock_wait = 0.0;
+            for (lock, id) in [(&*LOCK_CONVERSATION, conversation), (&*LOCK_RUN, run)] {
+                let (_, waited): (i64, f64) = sqlx::query_as(sqlx::AssertSqlSafe(lock.as_str()))
+                    .bind(id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                lock_wait += waited;
+            }
             sqlx::query("UPDATE runs SET requested_model = requested_model WHERE id = $1")
                 .bind(run)
                 .execute(&mut *tx)
@@ -92,13 +97,12 @@ pub async fn append_at_rate(
         let pool = pool.clone();
         async move {
             let mut tx = pool.begin().await?;
-            let locking = Instant::now();
-            let found = sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-                .bind(session)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let lock_wait = locking.elapsed();
-            if found.is_some() {
+            let (found, lock_wait): (i64, f64) =
+                sqlx::query_as(sqlx::AssertSqlSafe(LOCK_SESSION.as_str()))
+                    .bind(session)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if found > 0 {
                 sqlx::query(
                     "INSERT INTO conversation_entries (session_id, entry_id, seq, payload)
                      VALUES ($1, gen_random_uuid()::text, 0, '{}')",
