@@ -643,23 +643,20 @@ async fn fl6_a_slot_fans_out_on_the_one_connection_the_schedule_is_budgeted(pool
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
-    let account = fixture::account(&pool, Some(30)).await;
-    let conversation = fixture::conversation(&pool, account).await;
-    fixture::run(
-        &pool,
-        dir.path(),
-        RunSpec::conversation(account, conversation, 45.0),
-    )
-    .await;
-    // The control: an account whose one run is young has nothing due and starts no pass.
-    let quiet = fixture::account(&pool, Some(30)).await;
-    let quiet_conversation = fixture::conversation(&pool, quiet).await;
-    fixture::run(
-        &pool,
-        dir.path(),
-        RunSpec::conversation(quiet, quiet_conversation, 5.0),
-    )
-    .await;
+    // A due account, whose one run is past its 30 days, and the control: an account whose one
+    // run is young has nothing due and starts no pass.
+    let mut accounts = Vec::new();
+    for age_days in [45.0, 5.0] {
+        let account = fixture::account(&pool, Some(30)).await;
+        let conversation = fixture::conversation(&pool, account).await;
+        fixture::run(
+            &pool,
+            dir.path(),
+            RunSpec::conversation(account, conversation, age_days),
+        )
+        .await;
+        accounts.push(account);
+    }
     // The fan-out counts as one of the worker's fixed connections (FL-6): on a pool of one it
     // goes through, where a second connection held at once would never come.
     let one = PgPoolOptions::new()
@@ -680,7 +677,7 @@ async fn fl6_a_slot_fans_out_on_the_one_connection_the_schedule_is_budgeted(pool
             .unwrap();
     assert_eq!(
         started,
-        [account],
+        accounts[..1],
         "the due account's pass is started, the quiet one's not"
     );
     let unfinished: i64 =

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use sexton_jobs::cutoff::EARLIEST;
 use sexton_jobs::prune_execution_details::{DETAIL_TABLES, owner_statement, pruned_runner_effects};
-use sexton_jobs::session_retention::{Ages, SessionKind, delete_statement, window_statement};
+use sexton_jobs::session_retention::{PolicyRow, SessionKind, delete_statement, window_statement};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
@@ -335,31 +335,31 @@ pub async fn run_session_rules(
 ) -> anyhow::Result<Method> {
     let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
-    // Each kind's cutoff as a pass from the pass's start has it (the policy's days, or the
-    // fallback where it names none; none for an invalid age), kind after kind in the hop's order.
-    let policies: Vec<(Uuid, i32, i32, i32)> = sqlx::query_as(
-        "SELECT account_id, COALESCE(main_days, $1), COALESCE(task_days, $2),
-                COALESCE(subagent_days, $3)
-         FROM session_retention_policies WHERE enabled ORDER BY account_id",
+    // Each kind's cutoff as a pass from the pass's start has it (the job's own reading of the
+    // policy: the fallback where it names no age, none for an invalid age), kind after kind in
+    // the hop's order.
+    type Row = (Uuid, Option<bool>, Option<i32>, Option<i32>, Option<i32>);
+    let policies: Vec<Row> = sqlx::query_as(
+        "SELECT account_id, enabled, main_days, task_days, subagent_days
+         FROM session_retention_policies ORDER BY account_id",
     )
-    .bind(Ages::FALLBACK.main_days)
-    .bind(Ages::FALLBACK.task_days)
-    .bind(Ages::FALLBACK.subagent_days)
     .fetch_all(&pool)
     .await?;
-    let kinds = policies
-        .into_iter()
-        .flat_map(|(account, main_days, task_days, subagent_days)| {
-            let cutoffs = Ages {
-                main_days,
-                task_days,
-                subagent_days,
-            }
-            .cutoffs(pass_start());
-            SessionKind::ALL
-                .into_iter()
-                .filter_map(move |kind| Some((account, kind.as_str(), cutoffs.of(kind)?)))
-        });
+    let kinds =
+        policies
+            .into_iter()
+            .flat_map(|(account, enabled, main_days, task_days, subagent_days)| {
+                let policy = PolicyRow {
+                    enabled,
+                    main_days,
+                    task_days,
+                    subagent_days,
+                };
+                let cutoffs = policy.ages().map(|ages| ages.cutoffs(pass_start()));
+                SessionKind::ALL
+                    .into_iter()
+                    .filter_map(move |kind| Some((account, kind.as_str(), cutoffs?.of(kind)?)))
+            });
     for (account, kind, cutoff) in kinds {
         let window: Vec<(Uuid, Uuid, DateTime<Utc>, Option<String>)> =
             sqlx::query_as(sqlx::AssertSqlSafe(window_statement()))

@@ -268,17 +268,21 @@ pub(super) async fn ages(
         report.outcome = HopOutcome::AccountGone;
         return Ok(None);
     };
+    let persisted = PolicyRow {
+        enabled,
+        main_days: main,
+        task_days: task,
+        subagent_days: subagent,
+    };
     let ages = match policy {
         Policy::Fixed(ages) => ages,
-        Policy::Persisted if enabled == Some(true) => Ages {
-            main_days: main.unwrap_or(Ages::FALLBACK.main_days),
-            task_days: task.unwrap_or(Ages::FALLBACK.task_days),
-            subagent_days: subagent.unwrap_or(Ages::FALLBACK.subagent_days),
+        Policy::Persisted => match persisted.ages() {
+            Some(ages) => ages,
+            None => {
+                report.outcome = HopOutcome::Disabled;
+                return Ok(None);
+            }
         },
-        Policy::Persisted => {
-            report.outcome = HopOutcome::Disabled;
-            return Ok(None);
-        }
     };
     Ok(Some((ages, now)))
 }

@@ -134,17 +134,17 @@ pub enum Policy {
 
 /// An account's row of `session_retention_policies`, if it has one.
 #[derive(Debug, Clone)]
-struct PolicyRow {
-    enabled: Option<bool>,
-    main_days: Option<i32>,
-    task_days: Option<i32>,
-    subagent_days: Option<i32>,
+pub struct PolicyRow {
+    pub enabled: Option<bool>,
+    pub main_days: Option<i32>,
+    pub task_days: Option<i32>,
+    pub subagent_days: Option<i32>,
 }
 
 impl PolicyRow {
     /// The ages of an enabled policy, its missing ones falling back (SS-1); `None` when the
     /// policy is missing or disabled: nothing goes.
-    fn ages(&self) -> Option<Ages> {
+    pub fn ages(&self) -> Option<Ages> {
         (self.enabled == Some(true)).then(|| Ages {
             main_days: self.main_days.unwrap_or(Ages::FALLBACK.main_days),
             task_days: self.task_days.unwrap_or(Ages::FALLBACK.task_days),
