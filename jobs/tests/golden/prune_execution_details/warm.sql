@@ -1,0 +1,10 @@
+SELECT (SELECT count(c.ctid) FROM conversations c WHERE c.id = ANY($2))
+              + (SELECT count(v.ctid) FROM runs r LEFT JOIN variants v ON v.id = r.variant_id
+                 WHERE r.id = ANY($1))
+              + (SELECT count(t.ctid) FROM run_task_edges t WHERE t.run_id = ANY($1))
+              + (SELECT count(t.ctid) FROM run_tasks t WHERE t.run_id = ANY($1))
+              + (SELECT count(t.ctid) FROM tool_results t WHERE t.run_id = ANY($1))
+              + (SELECT count(t.ctid) FROM sealed_requests t WHERE t.run_id = ANY($1))
+              + (SELECT count(t.ctid) FROM reasoning_traces t WHERE t.run_id = ANY($1))
+              + (SELECT count(t.ctid) FROM invocation_attempts t WHERE t.run_id = ANY($1))
+              + (SELECT count(t.ctid) FROM output_files t WHERE t.run_id = ANY($1))
