@@ -85,7 +85,6 @@ pub(super) async fn hop_into(
         // Never past the stricter of the carried cutoff and the current setting (EX-1, EX-7).
         bound: cutoff.min(current),
         reference,
-        warming: Warming::default(),
     };
     let chunks = Chunks::Timed {
         first: FIRST_TOGETHER,
@@ -201,18 +200,10 @@ impl Window for Pass<'_> {
             })
             .collect();
         let files_before = report.rows["output_files"];
-        let warmed = if self.warming.due() {
-            let started = Instant::now();
-            warm(conn, &owners).await?;
-            Some(started.elapsed())
-        } else {
-            None
-        };
         let started = Instant::now();
         // Together first; whoever could not be locked at once goes alone, with a bounded wait.
         let alone = prune_together(conn, self, &owners, report).await?;
         let together = started.elapsed();
-        self.warming.took(warmed, together);
         for owner in alone {
             prune_owner(conn, self, &owner, report).await?;
         }
@@ -239,37 +230,6 @@ pub(super) struct Pass<'a> {
     /// What the current setting is measured back from: the pass start, or the database's
     /// now if that is earlier.
     reference: DateTime<Utc>,
-    warming: Warming,
-}
-
-/// Whether a chunk's pages are read before its locks are taken ([`warm`]). The read goes over
-/// the same index entries the transaction then goes over again: it pays only when the pages
-/// are not in the database's cache, which shows as a read that takes about as long as the
-/// transaction after it, and costs a few percent of the transaction when they are. So a hop's
-/// first chunk is read first, and so is each chunk after one whose read took at least a
-/// quarter of its transaction; after a read that took less, only every [`Warming::PROBE`]th
-/// chunk is, to notice the pages going cold.
-#[derive(Debug, Default)]
-pub(super) struct Warming {
-    /// Chunks taken since the last read that paid; 0 while reads pay.
-    cold_ago: u32,
-}
-
-impl Warming {
-    const PROBE: u32 = 16;
-
-    fn due(&self) -> bool {
-        self.cold_ago == 0 || self.cold_ago >= Self::PROBE
-    }
-
-    /// A chunk's transaction took `took`, after a read that took `warmed`, if one was made.
-    fn took(&mut self, warmed: Option<Duration>, took: Duration) {
-        self.cold_ago = match warmed {
-            Some(read) if read * 4 >= took => 0,
-            Some(_) => 1,
-            None => self.cold_ago + 1,
-        };
-    }
 }
 
 /// Starts an owner transaction: bounded lock waits, and a commit that need not wait for its WAL
@@ -336,18 +296,6 @@ pub(super) async fn prune_together(
         .filter(|o| !locked.iter().any(|l| l.id == o.run_id))
         .copied()
         .collect())
-}
-
-/// Reads the pages the owners' transaction will read ([`WARM`]), outside any transaction.
-async fn warm(conn: &mut PgConnection, owners: &[Owner]) -> Result<(), sqlx::Error> {
-    let (runs, conversations): (Vec<Uuid>, Vec<Uuid>) =
-        owners.iter().map(|o| (o.run_id, o.conversation_id)).unzip();
-    sqlx::query(sqlx::AssertSqlSafe(&**WARM))
-        .bind(runs)
-        .bind(conversations)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 /// One owner in one transaction, under the platform's lock order (EX-6), waiting for each

@@ -447,7 +447,6 @@ mod tests {
     fn every_statement_matches_its_golden_file() {
         let g = crate::golden::check;
         g("prune_execution_details/window", &WINDOW);
-        g("prune_execution_details/warm", &WARM);
         g("prune_execution_details/prune_together", &PRUNE_LOCKED);
         g("prune_execution_details/prune_alone", &PRUNE_WAITING);
         g("prune_execution_details/backlog", &BACKLOG);

@@ -154,25 +154,6 @@ pub(super) static WINDOW: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// The pages an owner transaction of some owners reads, read before it takes a lock: `$1` the
-/// runs, `$2` their conversations. A plain read that locks and writes nothing; on a backlog
-/// larger than the database's cache the transaction then finds its rows in memory, and holds
-/// its locks for its own work, not for reads from disk (PF-2, PF-6). Each count names `ctid`,
-/// so that the heap pages are read (no index-only scan) and no TOASTed value is.
-pub(super) static WARM: LazyLock<String> = LazyLock::new(|| {
-    let details = DETAIL_TABLES
-        .iter()
-        .map(|table| format!("(SELECT count(t.ctid) FROM {table} t WHERE t.run_id = ANY($1))"))
-        .collect::<Vec<_>>()
-        .join("\n              + ");
-    format!(
-        "SELECT (SELECT count(c.ctid) FROM conversations c WHERE c.id = ANY($2))
-              + (SELECT count(v.ctid) FROM runs r LEFT JOIN variants v ON v.id = r.variant_id
-                 WHERE r.id = ANY($1))
-              + {details}"
-    )
-});
-
 /// [`prune_locked`] for owners taken together: a run that is not free at once is left out.
 pub(super) static PRUNE_LOCKED: LazyLock<String> = LazyLock::new(|| prune_locked("SKIP LOCKED"));
 
