@@ -70,6 +70,11 @@ struct Cli {
     /// How long the writer's idle baseline runs.
     #[arg(long, default_value_t = 10)]
     baseline_seconds: u64,
+    /// The scales: measure these methods only, by their names in the tables (a comma-separated
+    /// list: `--methods sexton,raw+markers+files`); all of them when not given. A shorter side
+    /// by side, e.g. of two builds at scale 400.
+    #[arg(long, value_delimiter = ',')]
+    methods: Vec<String>,
     /// Where the markdown table and JSON go.
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
@@ -162,6 +167,7 @@ enum Part {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    scales::check_methods(&cli)?;
     let base = PgConnectOptions::new();
     let admin = PgPoolOptions::new()
         .max_connections(2)

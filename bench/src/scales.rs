@@ -163,19 +163,11 @@ async fn detail_methods(
     template: &Template,
     idle_wal: f64,
 ) -> anyhow::Result<(Vec<Method>, Option<WalBudget>)> {
-    let mut names = vec![
-        "sexton",
-        "sexton c=1",
-        "raw",
-        "raw+markers",
-        SAME_END,
-        SAME_END_LOCKED,
-        SAME_END_RULES,
-        "naive",
-    ];
+    let mut names = DETAIL_METHODS.to_vec();
     if budget_scale(&cli.scales) == Some(template.scale) {
         names.insert(1, BUDGETED);
     }
+    names.retain(|name| chosen(cli, name));
     let (mut methods, mut wal_budget) = (Vec::new(), None);
     for name in names {
         eprintln!("scale {}: {name}", template.scale);
@@ -327,19 +319,58 @@ async fn session_methods(
     )
     .await?;
     let mut methods = Vec::new();
-    for name in [
-        "sessions",
-        "sessions raw",
-        SESSIONS_SAME_END,
-        SESSIONS_SAME_END_LOCKED,
-        SESSIONS_SAME_END_RULES,
-    ] {
+    for name in SESSION_METHODS.into_iter().filter(|name| chosen(cli, name)) {
         eprintln!("scale {}: {name}", template.scale);
         let mut method = session_method(cli, admin, base, template, name).await?;
         net_wal(&mut method, template.sessions, idle_wal);
         methods.push(method);
     }
     Ok((idle_wal, methods))
+}
+
+/// The execution-details methods, in the order they run ([`BUDGETED`] after sexton, at its
+/// scale).
+const DETAIL_METHODS: [&str; 8] = [
+    "sexton",
+    "sexton c=1",
+    "raw",
+    "raw+markers",
+    SAME_END,
+    SAME_END_LOCKED,
+    SAME_END_RULES,
+    "naive",
+];
+
+/// SessionRetention's methods, in the order they run.
+const SESSION_METHODS: [&str; 5] = [
+    "sessions",
+    "sessions raw",
+    SESSIONS_SAME_END,
+    SESSIONS_SAME_END_LOCKED,
+    SESSIONS_SAME_END_RULES,
+];
+
+/// Fails on a `--methods` name no table has, naming those it has.
+pub fn check_methods(cli: &Cli) -> anyhow::Result<()> {
+    let known = || {
+        DETAIL_METHODS
+            .iter()
+            .chain(&SESSION_METHODS)
+            .chain(&[BUDGETED])
+    };
+    if let Some(unknown) = cli.methods.iter().find(|m| !known().any(|k| k == m)) {
+        let known: Vec<_> = known().copied().collect();
+        bail!(
+            "--methods: no method is called {unknown:?}; expected some of: {}",
+            known.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Whether method `name` is measured: `--methods` names it, or names none.
+fn chosen(cli: &Cli, name: &str) -> bool {
+    cli.methods.is_empty() || cli.methods.iter().any(|m| m == name)
 }
 
 /// SessionRetention method `name` on a fresh copy set up for that job alone, the appending
