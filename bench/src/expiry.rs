@@ -21,7 +21,7 @@ use crate::cluster::{connect, drop_db, recreate};
 use crate::method::{Latency, Method, max_ms, method, score};
 use crate::results::machine;
 use crate::sexton::{EXPIRY_AGES, Pass, ROOTS, pass_start, run_sexton, sexton};
-use crate::writer::{Writes, at_rate, beside, idle_baseline, timed_lock};
+use crate::writer::{TimedLock, Writes, at_rate, beside, idle_baseline};
 use crate::{Cli, Part};
 
 /// The heading the short-lived records' section starts with, in latest.md.
@@ -483,7 +483,7 @@ async fn touch_at_rate(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Writes> {
     let (table, id) = (kind.table, kind.id.sql());
-    let lock = timed_lock(&format!(
+    let lock = TimedLock::new(&format!(
         "SELECT 1 FROM {table} WHERE id = $1::{id} FOR UPDATE"
     ));
     let update =
@@ -493,10 +493,7 @@ async fn touch_at_rate(
             (pool.clone(), parent.clone(), lock.clone(), update.clone());
         async move {
             let mut tx = pool.begin().await?;
-            let (found, lock_wait): (i64, f64) = sqlx::query_as(sqlx::AssertSqlSafe(lock))
-                .bind(&target)
-                .fetch_one(&mut *tx)
-                .await?;
+            let (found, lock_wait) = lock.take(&mut tx, target.clone()).await?;
             if found > 0 {
                 sqlx::query(sqlx::AssertSqlSafe(update))
                     .bind(&target)

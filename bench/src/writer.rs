@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
+use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::Cli;
 use crate::cluster::{connect, drop_db, recreate, wal_position};
 use crate::sampler::{Longest, longest_transaction};
 
 /// What the application writer saw: each transaction's latency, and how long it waited for its
-/// locks ([`timed_lock`]), in ms.
+/// locks ([`TimedLock`]), in ms.
 pub struct Writes {
     pub total_ms: Vec<f64>,
     pub lock_wait_ms: Vec<f64>,
@@ -22,7 +22,7 @@ pub struct Writes {
 
 /// An application at a fixed `rate` until `stop`: one transaction per tick, over `targets` in
 /// turn. `transaction` runs one (from its `BEGIN` to its commit) and returns how long it waited
-/// for its locks in ms ([`timed_lock`]); its whole latency is measured here.
+/// for its locks in ms ([`TimedLock`]); its whole latency is measured here.
 pub async fn at_rate<T, F, Fut>(
     rate: u32,
     stop: Arc<AtomicBool>,
@@ -55,17 +55,51 @@ where
     Ok(writes)
 }
 
-/// `lock` (a `SELECT … FOR UPDATE`) as a statement returning how many rows it locked and how
-/// long it took by the server's own clock, in ms: from the statement's arrival
-/// (`statement_timestamp()`) to the aggregate over the locked rows, which runs once the lock is
-/// taken or the row is gone. That is the wait for the lock, and not the round trip nor the
-/// scheduling of the writer and of its backend, which on two loaded cores add milliseconds of
-/// noise to a client-side clock whoever holds the row.
-pub fn timed_lock(lock: &str) -> String {
-    format!(
-        "SELECT count(*), (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000)::float8 \
-         FROM ({lock}) locked"
-    )
+/// A writer's lock (a `SELECT … FOR UPDATE` of one row by `$1`) and how long it waited for it,
+/// by the server's own clock ([`TimedLock::take`]).
+#[derive(Debug, Clone)]
+pub struct TimedLock {
+    /// The lock taken only if it is free at once (`SKIP LOCKED`): how many rows it locked.
+    free: String,
+    /// The lock as the application takes it, waiting, and the wait in ms: from the statement's
+    /// arrival (`statement_timestamp()`) to the aggregate over the locked rows, which runs once
+    /// the lock is taken or the row is gone.
+    waited: String,
+}
+
+impl TimedLock {
+    pub fn new(lock: &str) -> Self {
+        Self {
+            free: format!("SELECT count(*) FROM ({lock} SKIP LOCKED) locked"),
+            waited: format!(
+                "SELECT count(*), (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000)::float8 \
+                 FROM ({lock}) locked"
+            ),
+        }
+    }
+
+    /// Takes the lock on row `id`: how many rows it locked, and how long it waited in ms. A
+    /// lock free at once waited 0 ms, whatever its statement took to read the row's pages (on a
+    /// cold cache, under the method's reads, tens of ms at scale 400, with no lock held by
+    /// anyone); one that was not is taken again, waiting, and timed by the server, its pages now
+    /// read. So the wait is a wait for a row someone holds: neither the round trip, nor the
+    /// scheduling of the writer and of its backend on two loaded cores, nor a read from disk.
+    pub async fn take<T>(&self, conn: &mut PgConnection, id: T) -> anyhow::Result<(i64, f64)>
+    where
+        T: for<'q> sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + Send + Clone,
+    {
+        let locked: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(self.free.as_str()))
+            .bind(id.clone())
+            .fetch_one(&mut *conn)
+            .await?;
+        if locked > 0 {
+            return Ok((locked, 0.0));
+        }
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(self.waited.as_str()))
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?)
+    }
 }
 
 /// The writer's idle baseline: `writes` alone for `baseline_seconds` on a fresh copy `db` of

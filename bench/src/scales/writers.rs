@@ -8,15 +8,15 @@ use std::sync::{Arc, LazyLock};
 use sqlx::{PgPool, Row as _};
 use uuid::Uuid;
 
-use crate::writer::{Writes, at_rate, timed_lock};
+use crate::writer::{TimedLock, Writes, at_rate};
 
-/// The writers' locks, each timed by the server ([`timed_lock`]).
-static LOCK_CONVERSATION: LazyLock<String> =
-    LazyLock::new(|| timed_lock("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE"));
-static LOCK_RUN: LazyLock<String> =
-    LazyLock::new(|| timed_lock("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE"));
-static LOCK_SESSION: LazyLock<String> =
-    LazyLock::new(|| timed_lock("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE"));
+/// The writers' locks, each wait timed by the server ([`TimedLock`]).
+static LOCK_CONVERSATION: LazyLock<TimedLock> =
+    LazyLock::new(|| TimedLock::new("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE"));
+static LOCK_RUN: LazyLock<TimedLock> =
+    LazyLock::new(|| TimedLock::new("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE"));
+static LOCK_SESSION: LazyLock<TimedLock> =
+    LazyLock::new(|| TimedLock::new("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE"));
 
 /// (conversation, run) pairs the writer materializes into: old owners and recent runs alike,
 /// taken by a hash of their ids, so that they lie spread over every method's order (the floors
@@ -48,10 +48,7 @@ pub async fn write_at_rate(
             let mut tx = pool.begin().await?;
             let mut lock_wait = 0.0;
             for (lock, id) in [(&*LOCK_CONVERSATION, conversation), (&*LOCK_RUN, run)] {
-                let (_, waited): (i64, f64) = sqlx::query_as(sqlx::AssertSqlSafe(lock.as_str()))
-                    .bind(id)
-                    .fetch_one(&mut *tx)
-                    .await?;
+                let (_, waited) = lock.take(&mut tx, id).await?;
                 lock_wait += waited;
             }
             sqlx::query("UPDATE runs SET requested_model = requested_model WHERE id = $1")
@@ -97,11 +94,7 @@ pub async fn append_at_rate(
         let pool = pool.clone();
         async move {
             let mut tx = pool.begin().await?;
-            let (found, lock_wait): (i64, f64) =
-                sqlx::query_as(sqlx::AssertSqlSafe(LOCK_SESSION.as_str()))
-                    .bind(session)
-                    .fetch_one(&mut *tx)
-                    .await?;
+            let (found, lock_wait) = LOCK_SESSION.take(&mut tx, session).await?;
             if found > 0 {
                 sqlx::query(
                     "INSERT INTO conversation_entries (session_id, entry_id, seq, payload)
