@@ -21,17 +21,12 @@ fn methods_table(md: &mut String, results: &[Scale]) {
         "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
-        let rate = |name: &str| {
-            s.methods
-                .iter()
-                .find(|m| m.name == name)
-                .map_or(0.0, |m| m.owners_per_s)
-        };
+        let rate = |name: &str| s.methods.iter().find(|m| m.name == name);
         for m in &s.methods {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.2}× | {:.2}× | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.0} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.0} | {} | {} | {} | {} | {} |\n",
                 s.scale, s.runs, s.owners, s.detail_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
-                m.owners_per_s / rate("raw"), m.owners_per_s / rate("naive"),
+                ratio(m, rate("raw")), ratio(m, rate("naive")),
                 wal_mb(m), wal_per_owner(m),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 s.idle_writer.p50_ms, s.idle_writer.p99_ms, s.idle_writer.max_ms,
@@ -104,16 +99,12 @@ fn sessions_table(md: &mut String, results: &[Scale]) {
         "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading); `sessions raw+dirs` also removes each batch's session directories after its commit (sexton's end state), `sessions raw+dirs+locks` first takes SessionRetention's locks in each batch (the agents `FOR SHARE`, then the sessions `FOR UPDATE`). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
-        let raw = s
-            .session_methods
-            .iter()
-            .find(|m| m.name == "sessions raw")
-            .map_or(0.0, |m| m.owners_per_s);
+        let raw = s.session_methods.iter().find(|m| m.name == "sessions raw");
         for m in &s.session_methods {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.2}× | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {} | {} |\n",
+                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {} | {} |\n",
                 s.scale, s.sessions, s.session_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
-                m.owners_per_s / raw,
+                ratio(m, raw),
                 wal_mb(m), wal_per_owner(m),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 m.writer_longest_lock_wait_ms,
@@ -123,6 +114,14 @@ fn sessions_table(md: &mut String, results: &[Scale]) {
             ));
         }
     }
+}
+
+/// `m`'s rate over that of the method `of`, or "—" when that one was not measured
+/// (`--methods`).
+fn ratio(m: &Method, of: Option<&Method>) -> String {
+    of.map_or("—".into(), |of| {
+        format!("{:.2}×", m.owners_per_s / of.owners_per_s)
+    })
 }
 
 /// A method's WAL in MB, with the writer's estimated share in brackets.
