@@ -338,28 +338,24 @@ pub async fn run_session_rules(
     // Each kind's cutoff as a pass from the pass's start has it (the job's own reading of the
     // policy: the fallback where it names no age, none for an invalid age), kind after kind in
     // the hop's order.
-    type Row = (Uuid, Option<bool>, Option<i32>, Option<i32>, Option<i32>);
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        account_id: Uuid,
+        #[sqlx(flatten)]
+        policy: PolicyRow,
+    }
     let policies: Vec<Row> = sqlx::query_as(
         "SELECT account_id, enabled, main_days, task_days, subagent_days
          FROM session_retention_policies ORDER BY account_id",
     )
     .fetch_all(&pool)
     .await?;
-    let kinds =
-        policies
+    let kinds = policies.into_iter().flat_map(|Row { account_id, policy }| {
+        let cutoffs = policy.ages().map(|ages| ages.cutoffs(pass_start()));
+        SessionKind::ALL
             .into_iter()
-            .flat_map(|(account, enabled, main_days, task_days, subagent_days)| {
-                let policy = PolicyRow {
-                    enabled,
-                    main_days,
-                    task_days,
-                    subagent_days,
-                };
-                let cutoffs = policy.ages().map(|ages| ages.cutoffs(pass_start()));
-                SessionKind::ALL
-                    .into_iter()
-                    .filter_map(move |kind| Some((account, kind.as_str(), cutoffs?.of(kind)?)))
-            });
+            .filter_map(move |kind| Some((account_id, kind.as_str(), cutoffs?.of(kind)?)))
+    });
     for (account, kind, cutoff) in kinds {
         let window: Vec<(Uuid, Uuid, DateTime<Utc>, Option<String>)> =
             sqlx::query_as(sqlx::AssertSqlSafe(window_statement()))

@@ -249,30 +249,23 @@ pub(super) async fn ages(
     policy: Policy,
     report: &mut HopReport,
 ) -> Result<Option<(Ages, DateTime<Utc>)>, Error> {
-    type Row = (
-        Option<bool>,
-        Option<i32>,
-        Option<i32>,
-        Option<i32>,
-        DateTime<Utc>,
-    );
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        #[sqlx(flatten)]
+        persisted: PolicyRow,
+        now: DateTime<Utc>,
+    }
     let row: Option<Row> = sqlx::query_as(
-        "SELECT p.enabled, p.main_days, p.task_days, p.subagent_days, now()
+        "SELECT p.enabled, p.main_days, p.task_days, p.subagent_days, now() AS now
          FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
          WHERE a.id = $1",
     )
     .bind(account_id)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((enabled, main, task, subagent, now)) = row else {
+    let Some(Row { persisted, now }) = row else {
         report.outcome = HopOutcome::AccountGone;
         return Ok(None);
-    };
-    let persisted = PolicyRow {
-        enabled,
-        main_days: main,
-        task_days: task,
-        subagent_days: subagent,
     };
     let ages = match policy {
         Policy::Fixed(ages) => ages,

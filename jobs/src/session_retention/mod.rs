@@ -132,8 +132,9 @@ pub enum Policy {
     Fixed(Ages),
 }
 
-/// An account's row of `session_retention_policies`, if it has one.
-#[derive(Debug, Clone)]
+/// An account's row of `session_retention_policies`, if it has one: its columns, read by
+/// name (`enabled`, `main_days`, `task_days`, `subagent_days`), flattened into a wider row.
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PolicyRow {
     pub enabled: Option<bool>,
     pub main_days: Option<i32>,

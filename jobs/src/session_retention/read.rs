@@ -131,14 +131,13 @@ impl Inspect for SessionRetention {
         accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
         let Look { conn, now, .. } = look;
-        type Row = (
-            Uuid,
-            String,
-            Option<bool>,
-            Option<i32>,
-            Option<i32>,
-            Option<i32>,
-        );
+        #[derive(sqlx::FromRow)]
+        struct Row {
+            id: Uuid,
+            name: String,
+            #[sqlx(flatten)]
+            policy: PolicyRow,
+        }
         let rows: Vec<Row> = sqlx::query_as(
             "SELECT a.id, a.name, p.enabled, p.main_days, p.task_days, p.subagent_days
              FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
@@ -149,17 +148,7 @@ impl Inspect for SessionRetention {
         .await?;
         let mut previews: Vec<Preview> = rows
             .into_iter()
-            .map(
-                |(account_id, account_name, enabled, main, task, subagent)| {
-                    let policy = PolicyRow {
-                        enabled,
-                        main_days: main,
-                        task_days: task,
-                        subagent_days: subagent,
-                    };
-                    Preview::before_counting(account_id, account_name, policy.ages(), now)
-                },
-            )
+            .map(|row| Preview::before_counting(row.id, row.name, row.policy.ages(), now))
             .collect();
         let counts: Vec<(Uuid, String, String, i64)> =
             sqlx::query_as(sqlx::AssertSqlSafe(&**PREVIEW))
@@ -295,15 +284,14 @@ pub(super) async fn explain_session(
     now: DateTime<Utc>,
     session: Uuid,
 ) -> Result<Option<Explanation>, Error> {
-    type Row = (
-        Uuid,
-        String,
-        DateTime<Utc>,
-        Option<bool>,
-        Option<i32>,
-        Option<i32>,
-        Option<i32>,
-    );
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        account_id: Uuid,
+        kind: String,
+        last_activity_at: DateTime<Utc>,
+        #[sqlx(flatten)]
+        policy: PolicyRow,
+    }
     let row: Option<Row> = sqlx::query_as(
         "SELECT s.account_id, s.kind, s.last_activity_at,
                 p.enabled, p.main_days, p.task_days, p.subagent_days
@@ -313,14 +301,14 @@ pub(super) async fn explain_session(
     .bind(session)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((account, kind, last_activity, enabled, main, task, subagent)) = row else {
+    let Some(Row {
+        account_id: account,
+        kind,
+        last_activity_at: last_activity,
+        policy,
+    }) = row
+    else {
         return Ok(None);
-    };
-    let policy = PolicyRow {
-        enabled,
-        main_days: main,
-        task_days: task,
-        subagent_days: subagent,
     };
     let kind_of = SessionKind::ALL
         .iter()
@@ -335,7 +323,7 @@ pub(super) async fn explain_session(
         subject: "session",
         id: session.to_string(),
         account_id: Some(account),
-        policy: match (enabled, ages) {
+        policy: match (policy.enabled, ages) {
             (None, _) => "no session_retention_policies row: nothing goes (SS-1)".into(),
             (Some(_), None) => "the account's policy is disabled: nothing goes (SS-1)".into(),
             (_, Some(a)) => format!(
