@@ -17,6 +17,8 @@
 # list-and-delete loop on the same server.
 #   bash bench/run.sh                     # all of it
 #   bash bench/run.sh --scales 1,10       # a quicker look
+#   bash bench/run.sh --only scales --scales 400 --methods sexton,raw+markers+files
+#                                         # two methods side by side (about 20 minutes)
 #   bash bench/run.sh --only expiry       # the short-lived records alone (a few minutes),
 #                                         # merged into the results files beside the scales
 #   bash bench/run.sh --only expiry --expiry-rows 100000   # a quicker look at them
