@@ -21,12 +21,11 @@ fn methods_table(md: &mut String, results: &[Scale]) {
         "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
-        let rate = |name: &str| s.methods.iter().find(|m| m.name == name);
         for m in &s.methods {
             md.push_str(&format!(
                 "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.0} | {} | {} | {} | {} | {} |\n",
                 s.scale, s.runs, s.owners, s.detail_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
-                ratio(m, rate("raw")), ratio(m, rate("naive")),
+                ratio(m, targets::find(s, "raw")), ratio(m, targets::find(s, "naive")),
                 wal_mb(m), wal_per_owner(m),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 s.idle_writer.p50_ms, s.idle_writer.p99_ms, s.idle_writer.max_ms,

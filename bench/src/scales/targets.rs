@@ -264,6 +264,6 @@ fn growth(from: &Scale, to: &Scale) -> Option<Vec<Target>> {
 }
 
 /// The method `name` of scale `s`.
-fn find<'a>(s: &'a Scale, name: &str) -> Option<&'a Method> {
+pub(super) fn find<'a>(s: &'a Scale, name: &str) -> Option<&'a Method> {
     s.methods.iter().find(|m| m.name == name)
 }
