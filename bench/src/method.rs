@@ -42,6 +42,9 @@ pub struct Method {
     pub writer: Latency,
     /// The writer's longest wait for its conversation and run locks.
     pub writer_longest_lock_wait_ms: f64,
+    /// How many of the writer's transactions met a lock someone held (waited at all): of
+    /// `writer.samples`.
+    pub writer_lock_waits: usize,
     pub longest_transaction_ms: f64,
     /// What the longest transaction was running when last sampled.
     pub longest_transaction_query: String,
@@ -85,6 +88,7 @@ pub fn method(name: &'static str) -> Method {
         rows_per_s: 0.0,
         writer: Latency::of(Vec::new()),
         writer_longest_lock_wait_ms: 0.0,
+        writer_lock_waits: 0,
         longest_transaction_ms: 0.0,
         longest_transaction_query: String::new(),
         longest_transaction_waits: String::new(),
@@ -107,6 +111,7 @@ pub fn score(method: &mut Method, items: i64, rows: i64, writer: Writes, longest
     method.rows_per_s = rows as f64 / method.seconds;
     method.writer = Latency::of(writer.total_ms);
     method.writer_longest_lock_wait_ms = max_ms(&writer.lock_wait_ms);
+    method.writer_lock_waits = writer.lock_wait_ms.iter().filter(|ms| **ms > 0.0).count();
     method.longest_transaction_ms = longest.ms;
     method.longest_transaction_query = longest.query;
     method.longest_transaction_waits = longest.waits;

@@ -15,6 +15,7 @@ mod writers;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use serde::Serialize;
@@ -25,8 +26,9 @@ use uuid::Uuid;
 pub use self::markdown::markdown;
 use self::naive::run_naive;
 use self::raw::{
-    Floor, SAME_END, SAME_END_LOCKED, SAME_END_RULES, SESSIONS_SAME_END, SESSIONS_SAME_END_LOCKED,
-    SESSIONS_SAME_END_RULES, run_raw, run_raw_sessions, run_rules, run_session_rules,
+    Floor, SAME_END, SAME_END_BOUNDED, SAME_END_LOCKED, SAME_END_RULES, SESSIONS_SAME_END,
+    SESSIONS_SAME_END_LOCKED, SESSIONS_SAME_END_RULES, run_raw, run_raw_sessions, run_rules,
+    run_session_rules,
 };
 use self::seed::{Template, seed};
 pub use self::targets::targets;
@@ -240,7 +242,11 @@ async fn detail_method(
             let outputs = run_files.join("outputs");
             run_raw(admin, base, &db, Floor::Locked(&outputs)).await?
         }
-        SAME_END_RULES => run_rules(admin, base, &db, &run_files.join("outputs")).await?,
+        SAME_END_RULES => run_rules(admin, base, &db, &run_files.join("outputs"), None).await?,
+        SAME_END_BOUNDED => {
+            let target = Duration::from_secs_f64(transaction_target_ms()? / 1000.0);
+            run_rules(admin, base, &db, &run_files.join("outputs"), Some(target)).await?
+        }
         _ => run_naive(admin, base, &db).await?,
     };
     stop.store(true, Ordering::Relaxed);
@@ -330,7 +336,7 @@ async fn session_methods(
 
 /// The execution-details methods, in the order they run ([`BUDGETED`] after sexton, at its
 /// scale).
-const DETAIL_METHODS: [&str; 8] = [
+const DETAIL_METHODS: [&str; 9] = [
     "sexton",
     "sexton c=1",
     "raw",
@@ -338,6 +344,7 @@ const DETAIL_METHODS: [&str; 8] = [
     SAME_END,
     SAME_END_LOCKED,
     SAME_END_RULES,
+    SAME_END_BOUNDED,
     "naive",
 ];
 

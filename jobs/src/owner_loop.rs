@@ -354,7 +354,8 @@ pub enum Chunks {
 }
 
 impl Chunks {
-    fn first(self) -> usize {
+    /// The first chunk's size.
+    pub fn first(self) -> usize {
         match self {
             Chunks::Fixed(n) => n.max(1),
             Chunks::Timed { first, most, .. } => first.min(most).max(1),
@@ -362,7 +363,7 @@ impl Chunks {
     }
 
     /// The next chunk's size after one of `now` candidates took `took`.
-    fn next(self, now: usize, took: Duration) -> usize {
+    pub fn next(self, now: usize, took: Duration) -> usize {
         match self {
             Chunks::Fixed(n) => n.max(1),
             Chunks::Timed { most, target, .. } => {

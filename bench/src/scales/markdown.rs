@@ -18,18 +18,19 @@ pub fn markdown(results: &[Scale]) -> String {
 /// The execution-details methods' table, a row per method and scale.
 fn methods_table(md: &mut String, results: &[Scale]) {
     md.push_str(
-        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | writes that waited | longest write tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
         for m in &s.methods {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.0} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {} | {:.0} | {} | {} | {} | {} | {} |\n",
                 s.scale, s.runs, s.owners, s.detail_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
                 ratio(m, targets::find(s, "raw")), ratio(m, targets::find(s, "naive")),
                 wal_mb(m), wal_per_owner(m),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 s.idle_writer.p50_ms, s.idle_writer.p99_ms, s.idle_writer.max_ms,
                 m.writer_longest_lock_wait_ms,
+                waits(m),
                 m.longest_transaction_ms,
                 m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
                 m.hop_us_per_candidate.map_or("—".into(), |h| format!("{:.0}", h.p50_ms)),
@@ -95,18 +96,19 @@ fn targets_list(md: &mut String, results: &[Scale]) {
 /// SessionRetention's table, a row per method and scale.
 fn sessions_table(md: &mut String, results: &[Scale]) {
     md.push_str(
-        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading); `sessions raw+dirs` also removes each batch's session directories after its commit (sexton's end state), `sessions raw+dirs+locks` first takes SessionRetention's locks in each batch (the agents `FOR SHARE`, then the sessions `FOR UPDATE`). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms | writer longest lock wait ms | longest write tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading); `sessions raw+dirs` also removes each batch's session directories after its commit (sexton's end state), `sessions raw+dirs+locks` first takes SessionRetention's locks in each batch (the agents `FOR SHARE`, then the sessions `FOR UPDATE`). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms | writer longest lock wait ms | writes that waited | longest write tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
         let raw = s.session_methods.iter().find(|m| m.name == "sessions raw");
         for m in &s.session_methods {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {} | {} |\n",
+                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {} | {:.0} | {} | {} |\n",
                 s.scale, s.sessions, s.session_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
                 ratio(m, raw),
                 wal_mb(m), wal_per_owner(m),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 m.writer_longest_lock_wait_ms,
+                waits(m),
                 m.longest_transaction_ms,
                 m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
                 m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
@@ -121,6 +123,11 @@ fn ratio(m: &Method, of: Option<&Method>) -> String {
     of.map_or("—".into(), |of| {
         format!("{:.2}×", m.owners_per_s / of.owners_per_s)
     })
+}
+
+/// How many of the writer's transactions beside `m` met a held lock, of how many.
+pub fn waits(m: &Method) -> String {
+    format!("{} of {}", m.writer_lock_waits, m.writer.samples)
 }
 
 /// A method's WAL in MB, with the writer's estimated share in brackets.

@@ -4,12 +4,15 @@
 //! order ([`SAME_END_LOCKED`]); and the sessions' floors, likewise.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use sexton_jobs::cutoff::EARLIEST;
-use sexton_jobs::prune_execution_details::{DETAIL_TABLES, owner_statement, pruned_runner_effects};
+use sexton_jobs::owner_loop::Chunks;
+use sexton_jobs::prune_execution_details::{
+    DETAIL_TABLES, FIRST_TOGETHER, owner_statement, pruned_runner_effects,
+};
 use sexton_jobs::session_retention::{PolicyRow, SessionKind, delete_statement, window_statement};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
@@ -38,6 +41,12 @@ pub const SAME_END_LOCKED: &str = "raw+markers+files+locks";
 /// timed alone, against [`SAME_END_LOCKED`]; what the hops, the queue and the drains cost or
 /// gain, against sexton.
 pub const SAME_END_RULES: &str = "raw+markers+files+locks+rules";
+
+/// [`SAME_END_RULES`] with its transactions held to sexton's transaction target, as sexton's
+/// are (PF-2): each batch sized by the time the last one took, as sexton's owner loop sizes its
+/// chunks ([`Chunks::Timed`], the same first size and steps), at most 500. What bounded
+/// transactions cost, timed alone, against [`SAME_END_RULES`].
+pub const SAME_END_BOUNDED: &str = "raw+markers+files+locks+rules+bounded";
 
 /// How much of sexton's end state a floor reaches.
 #[derive(Clone, Copy)]
@@ -133,12 +142,13 @@ pub async fn run_raw(
 }
 
 /// [`SAME_END_RULES`] on `db`, the owners' output files under `outputs`, 500 owners a
-/// transaction; its WAL is read on `admin`.
+/// transaction, or with `target`, [`SAME_END_BOUNDED`]; its WAL is read on `admin`.
 pub async fn run_rules(
     admin: &PgPool,
     base: &PgConnectOptions,
     db: &str,
     outputs: &Path,
+    target: Option<Duration>,
 ) -> anyhow::Result<Method> {
     let (started, wal) = (Instant::now(), wal_position(admin).await?);
     let pool = connect(base, db, "bench-raw").await?;
@@ -150,13 +160,25 @@ pub async fn run_rules(
     .await?;
     let (now, effects) = (pass_start(), pruned_runner_effects());
     let mut unlinking: Option<tokio::task::JoinHandle<anyhow::Result<Vec<i64>>>> = None;
-    for account_owners in owners.chunk_by(|a, b| a.2 == b.2) {
-        for owners in account_owners.chunks(500) {
+    let chunks = match target {
+        Some(target) => Chunks::Timed {
+            first: FIRST_TOGETHER,
+            most: 500,
+            target,
+        },
+        None => Chunks::Fixed(500),
+    };
+    let mut size = chunks.first();
+    for mut account_owners in owners.chunk_by(|a, b| a.2 == b.2) {
+        while !account_owners.is_empty() {
+            let owners;
+            (owners, account_owners) = account_owners.split_at(size.min(account_owners.len()));
             let account = owners[0].2;
             let (batch, conversations): (Vec<Uuid>, Vec<Uuid>) = owners
                 .iter()
                 .map(|(run, conversation, _)| (*run, *conversation))
                 .unzip();
+            let began = Instant::now();
             let mut tx = pool.begin().await?;
             lock_in_order(&mut tx, "conversations", "UPDATE", &conversations).await?;
             // The bound and what the window is measured back from: the pass's start, as
@@ -172,6 +194,7 @@ pub async fn run_rules(
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
+            size = chunks.next(owners.len(), began.elapsed());
             let recorded = recorded(&pool, "outputs", account).await?;
             // One batch's unlinks at a time, beside the next batch's statement; a record is
             // forgotten once its file is gone.
@@ -191,7 +214,11 @@ pub async fn run_rules(
         forget(&pool, &last.await??).await?;
     }
     pool.close().await;
-    let mut m = method(SAME_END_RULES);
+    let mut m = method(if target.is_some() {
+        SAME_END_BOUNDED
+    } else {
+        SAME_END_RULES
+    });
     m.seconds = started.elapsed().as_secs_f64();
     m.wal_bytes = Some(wal_position(admin).await? - wal);
     Ok(m)

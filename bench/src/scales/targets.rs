@@ -4,9 +4,10 @@
 use serde::Serialize;
 
 use super::Scale;
+use super::markdown::waits;
 use super::raw::{
-    SAME_END, SAME_END_LOCKED, SAME_END_RULES, SESSIONS_SAME_END, SESSIONS_SAME_END_LOCKED,
-    SESSIONS_SAME_END_RULES,
+    SAME_END, SAME_END_BOUNDED, SAME_END_LOCKED, SAME_END_RULES, SESSIONS_SAME_END,
+    SESSIONS_SAME_END_LOCKED, SESSIONS_SAME_END_RULES,
 };
 use crate::method::Method;
 
@@ -105,13 +106,14 @@ fn at_scale(s: &Scale) -> Vec<Target> {
 /// floor under the job's lock order beside them (what the lock order alone costs the writer).
 fn same_end(s: &Scale) -> Vec<Target> {
     let mut targets = Vec::new();
-    for (methods, sexton, floor, locked, rules, unit) in [
+    for (methods, sexton, floor, locked, rules, bounded, unit) in [
         (
             &s.methods,
             "sexton",
             SAME_END,
             SAME_END_LOCKED,
             SAME_END_RULES,
+            Some(SAME_END_BOUNDED),
             "owners",
         ),
         (
@@ -120,6 +122,7 @@ fn same_end(s: &Scale) -> Vec<Target> {
             SESSIONS_SAME_END,
             SESSIONS_SAME_END_LOCKED,
             SESSIONS_SAME_END_RULES,
+            None,
             "sessions",
         ),
     ] {
@@ -177,23 +180,58 @@ fn same_end(s: &Scale) -> Vec<Target> {
                 ratio >= 1.0,
             ));
         }
+        // What bounded transactions cost, timed alone: the floor keeping the rules with its
+        // transactions held to sexton's target.
+        if let Some(bounded) = bounded.and_then(find) {
+            let ratio = sexton.owners_per_s / bounded.owners_per_s;
+            let by_rules = find(rules).map_or(String::new(), |rules| {
+                format!(
+                    "; held to it, the floor keeping the rules goes from {:.2} s to {:.2} s \
+                     (its longest transaction {:.0} ms, {:.0} ms unbounded)",
+                    rules.seconds,
+                    bounded.seconds,
+                    bounded.longest_transaction_ms,
+                    rules.longest_transaction_ms
+                )
+            });
+            targets.push(target(
+                format!(
+                    "{} {:.0} {unit}/s ÷ {} {:.0} {unit}/s = {ratio:.2}× — the floor keeping the \
+                     rules and sexton's transaction target ({:.0} ms, PF-2){by_rules} \
+                     (target ≥ 1.00×)",
+                    sexton.name,
+                    sexton.owners_per_s,
+                    bounded.name,
+                    bounded.owners_per_s,
+                    s.transaction_target_ms
+                ),
+                ratio,
+                1.0,
+                ratio >= 1.0,
+            ));
+        }
         let (beside, floor_wait) = (
             sexton.writer_longest_lock_wait_ms,
             floor.writer_longest_lock_wait_ms,
         );
         let locked = find(locked).map_or(String::new(), |l| {
             format!(
-                "; {:.1} ms beside {} (its longest transaction {:.0} ms)",
-                l.writer_longest_lock_wait_ms, l.name, l.longest_transaction_ms
+                "; {:.1} ms beside {} (its longest transaction {:.0} ms; writes that waited: {})",
+                l.writer_longest_lock_wait_ms,
+                l.name,
+                l.longest_transaction_ms,
+                waits(l)
             )
         });
         targets.push(target(
             format!(
-                "the writer's longest lock wait {beside:.1} ms beside {} (its longest transaction {:.0} ms), {floor_wait:.1} ms beside {} ({:.0} ms){locked} (target: no longer than beside {})",
+                "the writer's longest lock wait {beside:.1} ms beside {} (its longest transaction {:.0} ms; writes that waited: {}), {floor_wait:.1} ms beside {} ({:.0} ms; {}){locked} (target: no longer than beside {})",
                 sexton.name,
                 sexton.longest_transaction_ms,
+                waits(sexton),
                 floor.name,
                 floor.longest_transaction_ms,
+                waits(floor),
                 floor.name
             ),
             beside,

@@ -146,7 +146,7 @@ async fn window_days(
 /// Owners taken together by a hop's first transaction, before any has been measured: few, so
 /// that a first chunk meeting cold pages stays near the transaction target; doubling, the
 /// chunks reach `owners_per_transaction` (200 by default) within five transactions.
-pub(super) const FIRST_TOGETHER: usize = 8;
+pub const FIRST_TOGETHER: usize = 8;
 
 impl Window for Pass<'_> {
     /// A run, its conversation, its age.
