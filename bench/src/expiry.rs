@@ -483,9 +483,7 @@ async fn touch_at_rate(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Writes> {
     let (table, id) = (kind.table, kind.id.sql());
-    let lock = TimedLock::new(&format!(
-        "SELECT 1 FROM {table} WHERE id = $1::{id} FOR UPDATE"
-    ));
+    let lock = TimedLock::new(&format!("SELECT 1 FROM {table} WHERE id = $1::{id}"));
     let update =
         format!("UPDATE {table} SET payload = payload || '{{\"seen\": true}}' WHERE id = $1::{id}");
     at_rate(rate, stop, targets, move |target| {

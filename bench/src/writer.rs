@@ -59,7 +59,8 @@ where
 /// by the server's own clock ([`TimedLock::take`]).
 #[derive(Debug, Clone)]
 pub struct TimedLock {
-    /// The lock taken only if it is free at once (`SKIP LOCKED`): how many rows it locked.
+    /// The lock taken only if it is free at once (`SKIP LOCKED`): how many rows it locked, and
+    /// whether the row is there at all.
     free: String,
     /// The lock as the application takes it, waiting, and the wait in ms: from the statement's
     /// arrival (`statement_timestamp()`) to the aggregate over the locked rows, which runs once
@@ -68,9 +69,13 @@ pub struct TimedLock {
 }
 
 impl TimedLock {
-    pub fn new(lock: &str) -> Self {
+    /// The lock of the row `row` selects (`SELECT 1 FROM … WHERE id = $1`), `FOR UPDATE`.
+    pub fn new(row: &str) -> Self {
+        let lock = format!("{row} FOR UPDATE");
         Self {
-            free: format!("SELECT count(*) FROM ({lock} SKIP LOCKED) locked"),
+            free: format!(
+                "SELECT (SELECT count(*) FROM ({lock} SKIP LOCKED) locked), EXISTS ({row})"
+            ),
             waited: format!(
                 "SELECT count(*), (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000)::float8 \
                  FROM ({lock}) locked"
@@ -81,18 +86,19 @@ impl TimedLock {
     /// Takes the lock on row `id`: how many rows it locked, and how long it waited in ms. A
     /// lock free at once waited 0 ms, whatever its statement took to read the row's pages (on a
     /// cold cache, under the method's reads, tens of ms at scale 400, with no lock held by
-    /// anyone); one that was not is taken again, waiting, and timed by the server, its pages now
-    /// read. So the wait is a wait for a row someone holds: neither the round trip, nor the
-    /// scheduling of the writer and of its backend on two loaded cores, nor a read from disk.
+    /// anyone), and so did a row already gone; one that was held is taken again, waiting, and
+    /// timed by the server, its pages now read. So the wait is a wait for a row someone holds:
+    /// neither the round trip, nor the scheduling of the writer and of its backend on two loaded
+    /// cores, nor a read from disk, nor a row deleted before the writer came.
     pub async fn take<T>(&self, conn: &mut PgConnection, id: T) -> anyhow::Result<(i64, f64)>
     where
         T: for<'q> sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + Send + Clone,
     {
-        let locked: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(self.free.as_str()))
+        let (locked, there): (i64, bool) = sqlx::query_as(sqlx::AssertSqlSafe(self.free.as_str()))
             .bind(id.clone())
             .fetch_one(&mut *conn)
             .await?;
-        if locked > 0 {
+        if locked > 0 || !there {
             return Ok((locked, 0.0));
         }
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(self.waited.as_str()))

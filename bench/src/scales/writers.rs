@@ -12,11 +12,11 @@ use crate::writer::{TimedLock, Writes, at_rate};
 
 /// The writers' locks, each wait timed by the server ([`TimedLock`]).
 static LOCK_CONVERSATION: LazyLock<TimedLock> =
-    LazyLock::new(|| TimedLock::new("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE"));
+    LazyLock::new(|| TimedLock::new("SELECT 1 FROM conversations WHERE id = $1"));
 static LOCK_RUN: LazyLock<TimedLock> =
-    LazyLock::new(|| TimedLock::new("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE"));
+    LazyLock::new(|| TimedLock::new("SELECT 1 FROM runs WHERE id = $1"));
 static LOCK_SESSION: LazyLock<TimedLock> =
-    LazyLock::new(|| TimedLock::new("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE"));
+    LazyLock::new(|| TimedLock::new("SELECT 1 FROM sessions WHERE id = $1"));
 
 /// (conversation, run) pairs the writer materializes into: old owners and recent runs alike,
 /// taken by a hash of their ids, so that they lie spread over every method's order (the floors
