@@ -459,16 +459,19 @@ async fn session_method(
     Ok(method)
 }
 
-/// How many of the deleted sessions' directories are still under `root`.
+/// How many of the deleted sessions' directories are still under `root`: of the sessions to
+/// delete, those gone from the database (one the writer held is skipped, its directory kept).
 async fn session_dirs_left(
     base: &PgConnectOptions,
     db: &str,
     root: &Path,
 ) -> anyhow::Result<usize> {
     let pool = connect(base, db, "bench").await?;
-    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM bench_sessions")
-        .fetch_all(&pool)
-        .await?;
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM bench_sessions b WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = b.id)",
+    )
+    .fetch_all(&pool)
+    .await?;
     pool.close().await;
     Ok(ids
         .iter()
