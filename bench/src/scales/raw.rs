@@ -43,9 +43,10 @@ pub const SAME_END_LOCKED: &str = "raw+markers+files+locks";
 pub const SAME_END_RULES: &str = "raw+markers+files+locks+rules";
 
 /// [`SAME_END_RULES`] with its transactions held to sexton's transaction target, as sexton's
-/// are (PF-2): each batch sized by the time the last one took, as sexton's owner loop sizes its
-/// chunks ([`Chunks::Timed`], the same first size and steps), at most 500. What bounded
-/// transactions cost, timed alone, against [`SAME_END_RULES`].
+/// are (PF-2): each batch sized by the time the last one took (its durable commit included)
+/// with the rule sexton's owner loop sizes its chunks by ([`Chunks::Timed`]: a first 8, then at
+/// most doubled or halved), at most 500; unlike a hop, the size carries over from one account
+/// to the next. What bounded transactions cost, timed alone, against [`SAME_END_RULES`].
 pub const SAME_END_BOUNDED: &str = "raw+markers+files+locks+rules+bounded";
 
 /// How much of sexton's end state a floor reaches.
