@@ -45,8 +45,8 @@ pub const SAME_END_RULES: &str = "raw+markers+files+locks+rules";
 /// [`SAME_END_RULES`] with its transactions held to sexton's transaction target, as sexton's
 /// are (PF-2): each batch sized by the time the last one took (its durable commit included)
 /// with the rule sexton's owner loop sizes its chunks by ([`Chunks::Timed`]: a first 8, then at
-/// most doubled or halved), at most 500; unlike a hop, the size carries over from one account
-/// to the next. What bounded transactions cost, timed alone, against [`SAME_END_RULES`].
+/// most doubled or halved, at most 500), restarting at the first size with each account as a
+/// hop does. What bounded transactions cost, timed alone, against [`SAME_END_RULES`].
 pub const SAME_END_BOUNDED: &str = "raw+markers+files+locks+rules+bounded";
 
 /// How much of sexton's end state a floor reaches.
@@ -169,8 +169,8 @@ pub async fn run_rules(
         },
         None => Chunks::Fixed(500),
     };
-    let mut size = chunks.first();
     for mut account_owners in owners.chunk_by(|a, b| a.2 == b.2) {
+        let mut size = chunks.first();
         while !account_owners.is_empty() {
             let owners;
             (owners, account_owners) = account_owners.split_at(size.min(account_owners.len()));
@@ -195,7 +195,7 @@ pub async fn run_rules(
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
-            size = chunks.next(owners.len(), began.elapsed());
+            size = chunks.next(size, began.elapsed());
             let recorded = recorded(&pool, "outputs", account).await?;
             // One batch's unlinks at a time, beside the next batch's statement; a record is
             // forgotten once its file is gone.
