@@ -58,7 +58,8 @@ pub struct Scale {
     /// SessionRetention: sessions a pass deletes, their history rows, and the methods.
     sessions: i64,
     session_rows: i64,
-    /// WAL bytes per second the sessions' appending writer wrote alone, in its idle baseline.
+    /// The sessions' appending writer alone: its latency and the WAL bytes per second it wrote.
+    idle_appender: Latency,
     idle_appender_wal_bytes_per_s: f64,
     session_methods: Vec<Method>,
 }
@@ -133,7 +134,7 @@ pub async fn measure(
     .await?;
     let (methods, wal_budget) =
         detail_methods(cli, admin, base, &template, idle_writer_wal_bytes_per_s).await?;
-    let (idle_appender_wal_bytes_per_s, session_methods) =
+    let (idle_appender, idle_appender_wal_bytes_per_s, session_methods) =
         session_methods(cli, admin, base, &template).await?;
     drop_db(admin, &template.name).await?;
     let _ = std::fs::remove_dir_all(&template.files);
@@ -150,6 +151,7 @@ pub async fn measure(
         transaction_target_ms: transaction_target_ms()?,
         sessions: template.sessions,
         session_rows: template.session_rows,
+        idle_appender,
         idle_appender_wal_bytes_per_s,
         session_methods,
     })
@@ -301,14 +303,14 @@ async fn check_details(
 }
 
 /// SessionRetention's methods, each on a fresh copy, after the appending writer's idle
-/// baseline: its WAL rate, and the methods with their WAL net of it.
+/// baseline: its latency and WAL rate, and the methods with their WAL net of it.
 async fn session_methods(
     cli: &Cli,
     admin: &PgPool,
     base: &PgConnectOptions,
     template: &Template,
-) -> anyhow::Result<(f64, Vec<Method>)> {
-    let (_, idle_wal) = idle_baseline(
+) -> anyhow::Result<(Latency, f64, Vec<Method>)> {
+    let (idle, idle_wal) = idle_baseline(
         cli,
         admin,
         base,
@@ -331,7 +333,7 @@ async fn session_methods(
         net_wal(&mut method, template.sessions, idle_wal);
         methods.push(method);
     }
-    Ok((idle_wal, methods))
+    Ok((Latency::of(idle.total_ms), idle_wal, methods))
 }
 
 /// The execution-details methods, in the order they run ([`BUDGETED`] after sexton, at its

@@ -96,17 +96,18 @@ fn targets_list(md: &mut String, results: &[Scale]) {
 /// SessionRetention's table, a row per method and scale.
 fn sessions_table(md: &mut String, results: &[Scale]) {
     md.push_str(
-        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading); `sessions raw+dirs` also removes each batch's session directories after its commit (sexton's end state), `sessions raw+dirs+locks` first takes SessionRetention's locks in each batch (the agents `FOR SHARE`, then the sessions `FOR UPDATE`). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms | writer longest lock wait ms | writes that waited | longest write tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading); `sessions raw+dirs` also removes each batch's session directories after its commit (sexton's end state), `sessions raw+dirs+locks` first takes SessionRetention's locks in each batch (the agents `FOR SHARE`, then the sessions `FOR UPDATE`). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | writes that waited | longest write tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in results {
         let raw = s.session_methods.iter().find(|m| m.name == "sessions raw");
         for m in &s.session_methods {
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {} | {:.0} | {} | {} |\n",
+                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {} | {:.0} | {} | {} |\n",
                 s.scale, s.sessions, s.session_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
                 ratio(m, raw),
                 wal_mb(m), wal_per_owner(m),
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
+                s.idle_appender.p50_ms, s.idle_appender.p99_ms, s.idle_appender.max_ms,
                 m.writer_longest_lock_wait_ms,
                 waits(m),
                 m.longest_transaction_ms,
