@@ -105,6 +105,13 @@ pub fn method(name: &'static str) -> Method {
     }
 }
 
+impl Method {
+    /// How many of the writer's transactions beside this method met a held lock, of how many.
+    pub fn waits(&self) -> String {
+        format!("{} of {}", self.writer_lock_waits, self.writer.samples)
+    }
+}
+
 /// A method's rates over `items` and `rows`, and what the writer and the sampler saw.
 pub fn score(method: &mut Method, items: i64, rows: i64, writer: Writes, longest: Longest) {
     method.owners_per_s = items as f64 / method.seconds;

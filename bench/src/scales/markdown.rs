@@ -30,7 +30,7 @@ fn methods_table(md: &mut String, results: &[Scale]) {
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 s.idle_writer.p50_ms, s.idle_writer.p99_ms, s.idle_writer.max_ms,
                 m.writer_longest_lock_wait_ms,
-                waits(m),
+                m.waits(),
                 m.longest_transaction_ms,
                 m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
                 m.hop_us_per_candidate.map_or("—".into(), |h| format!("{:.0}", h.p50_ms)),
@@ -109,7 +109,7 @@ fn sessions_table(md: &mut String, results: &[Scale]) {
                 m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
                 s.idle_appender.p50_ms, s.idle_appender.p99_ms, s.idle_appender.max_ms,
                 m.writer_longest_lock_wait_ms,
-                waits(m),
+                m.waits(),
                 m.longest_transaction_ms,
                 m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
                 m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
@@ -124,11 +124,6 @@ fn ratio(m: &Method, of: Option<&Method>) -> String {
     of.map_or("—".into(), |of| {
         format!("{:.2}×", m.owners_per_s / of.owners_per_s)
     })
-}
-
-/// How many of the writer's transactions beside `m` met a held lock, of how many.
-pub fn waits(m: &Method) -> String {
-    format!("{} of {}", m.writer_lock_waits, m.writer.samples)
 }
 
 /// A method's WAL in MB, with the writer's estimated share in brackets.

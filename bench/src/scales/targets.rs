@@ -4,7 +4,6 @@
 use serde::Serialize;
 
 use super::Scale;
-use super::markdown::waits;
 use super::raw::{
     SAME_END, SAME_END_BOUNDED, SAME_END_LOCKED, SAME_END_RULES, SESSIONS_SAME_END,
     SESSIONS_SAME_END_LOCKED, SESSIONS_SAME_END_RULES,
@@ -220,7 +219,7 @@ fn same_end(s: &Scale) -> Vec<Target> {
                 l.writer_longest_lock_wait_ms,
                 l.name,
                 l.longest_transaction_ms,
-                waits(l)
+                l.waits()
             )
         });
         targets.push(target(
@@ -228,10 +227,10 @@ fn same_end(s: &Scale) -> Vec<Target> {
                 "the writer's longest lock wait {beside:.1} ms beside {} (its longest transaction {:.0} ms; writes that waited: {}), {floor_wait:.1} ms beside {} ({:.0} ms; {}){locked} (target: no longer than beside {})",
                 sexton.name,
                 sexton.longest_transaction_ms,
-                waits(sexton),
+                sexton.waits(),
                 floor.name,
                 floor.longest_transaction_ms,
-                waits(floor),
+                floor.waits(),
                 floor.name
             ),
             beside,
