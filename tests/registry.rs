@@ -606,3 +606,148 @@ async fn op1_the_ledger_counts_what_a_failed_hop_had_committed(pool: PgPool) {
     assert_eq!(recorded, pruned, "the ledger counts what was done");
     assert!(error.unwrap_or_default().contains("injected failure"));
 }
+
+/// A Prometheus page's samples: series (name and labels, as printed) to value.
+fn samples(page: &str) -> std::collections::BTreeMap<String, f64> {
+    page.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A worker that has run nothing exports every counter and gauge of OP-3 at 0, for each
+/// registered kind and each outcome, reason, table and state; after a pass of every kind that
+/// had something due, every series it exports was there from the start (the control: the
+/// labels declared are the labels the hops use).
+#[sqlx::test]
+async fn op3_every_series_is_exported_from_start_at_zero(pool: PgPool) {
+    use sexton::telemetry::metrics::{JOB_RUN_OUTCOMES, QUEUE_STATES, SLOT_OUTCOMES};
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let url = common::database_url(&pool).await;
+    let (mut cmd, address) = serving_fleet_worker(&url, dir.path());
+    // No catch-up slot at start: the worker runs nothing until the tick below.
+    cmd.env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "0");
+    let worker = Proc::spawn(cmd);
+    worker.wait_for(event::WORKER_STARTED).await;
+    let at_start = samples(&scrape(&address).await);
+
+    let mut expected: Vec<String> = Vec::new();
+    for kind in KINDS {
+        let labels = kind.labels();
+        let k = labels.kind;
+        for name in [
+            "sexton_owners_pruned_total",
+            "sexton_bytes_reclaimed_total",
+            "sexton_file_errors_total",
+            "sexton_hop_duration_seconds_count",
+        ] {
+            expected.push(format!("{name}{{kind=\"{k}\"}}"));
+        }
+        for outcome in ["finished", "continued", "throttled", "failed"] {
+            assert!(labels.outcomes.contains(&outcome), "{k}: {outcome}");
+        }
+        for outcome in &labels.outcomes {
+            expected.push(format!(
+                "sexton_hops_total{{kind=\"{k}\",outcome=\"{outcome}\"}}"
+            ));
+        }
+        for reason in labels.reasons {
+            expected.push(format!(
+                "sexton_owners_retained_total{{kind=\"{k}\",reason=\"{reason}\"}}"
+            ));
+        }
+        for table in labels.tables {
+            expected.push(format!(
+                "sexton_rows_deleted_total{{kind=\"{k}\",table=\"{table}\"}}"
+            ));
+        }
+        for indicator in ["replication_lag", "vacuum"] {
+            expected.push(format!(
+                "sexton_throttled_total{{kind=\"{k}\",indicator=\"{indicator}\"}}"
+            ));
+        }
+    }
+    let consumers = KINDS.iter().map(|kind| kind.name()).chain(["nightly"]);
+    for (k, outcome) in consumers.flat_map(|k| JOB_RUN_OUTCOMES.map(|o| (k, o))) {
+        expected.push(format!(
+            "sexton_job_runs_total{{kind=\"{k}\",outcome=\"{outcome}\"}}"
+        ));
+    }
+    for outcome in SLOT_OUTCOMES {
+        expected.push(format!(
+            "sexton_schedule_slots_total{{outcome=\"{outcome}\"}}"
+        ));
+    }
+    for state in QUEUE_STATES {
+        expected.push(format!("sexton_queue_jobs{{state=\"{state}\"}}"));
+    }
+    expected.push("sexton_holds_active".to_owned());
+    assert!(
+        expected
+            .iter()
+            .any(|s| s == "sexton_hops_total{kind=\"prune_execution_details\",outcome=\"failed\"}")
+    );
+    assert!(expected.iter().any(|s| s
+        == "sexton_owners_retained_total{kind=\"prune_execution_details\",reason=\"legal_hold\"}"));
+    for series in &expected {
+        assert_eq!(
+            at_start.get(series),
+            Some(&0.0),
+            "{series} at 0 from start; the page: {at_start:#?}"
+        );
+    }
+
+    // The control: a pass of every kind with something due adds no series of its own.
+    account_with_old_runs(&pool, &settings.paths.output_root, 2).await;
+    sqlx::raw_sql(
+        "INSERT INTO session_retention_policies (account_id, enabled) SELECT id, true FROM accounts;
+         INSERT INTO agents (account_id, name) SELECT id, 'agent' FROM accounts;
+         INSERT INTO sessions (account_id, agent_id, kind, state, last_activity_at)
+             SELECT account_id, id, 'task', 'idle', '2026-01-01' FROM agents;
+         INSERT INTO attachments (account_id, relative_path, bytes)
+             SELECT id, id || '/a.bin', 1 FROM accounts",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    tick::tick(&pool, &settings, pass_start()).await.unwrap();
+    wait_until_idle(&pool).await;
+    let after = samples(&scrape(&address).await);
+    let ran = |name: &str| {
+        after
+            .iter()
+            .filter(|(s, _)| s.starts_with(name))
+            .map(|(_, v)| v)
+            .sum::<f64>()
+    };
+    for kind in [
+        PED,
+        "session_retention",
+        "attachment_expiry",
+        "queue_retention",
+    ] {
+        assert!(
+            ran(&format!("sexton_hops_total{{kind=\"{kind}\"")) > 0.0,
+            "{kind} ran a hop: {after:#?}"
+        );
+    }
+    assert!(ran("sexton_rows_deleted_total{kind=\"prune_execution_details\"") > 0.0);
+    for series in after.keys() {
+        if series.starts_with("sexton_last_success_timestamp_seconds")
+            || series.starts_with("sexton_backlog_seconds")
+            || !series.starts_with("sexton_")
+        {
+            continue;
+        }
+        assert!(
+            at_start.contains_key(series),
+            "{series} appeared only after a hop"
+        );
+    }
+    worker.stop().await;
+}

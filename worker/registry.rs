@@ -10,13 +10,13 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::explain::Explanation;
-use sexton_jobs::job::{AccountRange, Cadence, Inspect, Job, Look, Scope};
-use sexton_jobs::prune_execution_details::PruneExecutionDetails;
-use sexton_jobs::queue_retention::QueueRetention;
+use sexton_jobs::job::{AccountRange, Cadence, HopOutcome, Inspect, Job, Look, Scope};
+use sexton_jobs::prune_execution_details::{self, PruneExecutionDetails};
+use sexton_jobs::queue_retention::{self, QueueRetention};
 use sexton_jobs::record_expiry::{
-    ConversationEvents, DreamPreloads, Expire, Handoffs, WorkingRecords,
+    ConversationEvents, DreamPreloads, Expire, Handoffs, Record, WorkingRecords,
 };
-use sexton_jobs::session_retention::SessionRetention;
+use sexton_jobs::session_retention::{self, SessionRetention};
 use sexton_jobs::settings::Check;
 use sexton_jobs::trace_cleanup::TraceCleanup;
 use sqlx::{PgConnection, PgPool};
@@ -26,18 +26,20 @@ use crate::config::{AnySettings, ConfigError, PathSettings, PoolBudget, Section,
 use crate::context::{JobContext, JobFailure, decode};
 use crate::hop;
 use crate::queue::{PushOutcome, QueueError};
+use crate::telemetry::metrics::KindLabels;
 
-/// Every registered job kind, in the order reports list them.
+/// Every registered job kind, in the order reports list them, each with the tables its hops
+/// count deleted rows of (the `table` labels of its metrics, exported at 0 from start: OP-3).
 pub static KINDS: &[&dyn Kind] = &[
-    &Registered::<PruneExecutionDetails>(PhantomData),
-    &Registered::<SessionRetention>(PhantomData),
-    &Registered::<Expire<Handoffs>>(PhantomData),
-    &Registered::<Expire<DreamPreloads>>(PhantomData),
-    &Registered::<Expire<WorkingRecords>>(PhantomData),
-    &Registered::<Expire<ConversationEvents>>(PhantomData),
-    &Registered::<QueueRetention>(PhantomData),
-    &Registered::<AttachmentExpiry>(PhantomData),
-    &Registered::<TraceCleanup>(PhantomData),
+    &Registered::<PruneExecutionDetails>::counting(&prune_execution_details::DETAIL_TABLES),
+    &Registered::<SessionRetention>::counting(&session_retention::TABLES),
+    &Registered::<Expire<Handoffs>>::counting(&[Handoffs::TABLE]),
+    &Registered::<Expire<DreamPreloads>>::counting(&[DreamPreloads::TABLE]),
+    &Registered::<Expire<WorkingRecords>>::counting(&[WorkingRecords::TABLE]),
+    &Registered::<Expire<ConversationEvents>>::counting(&[ConversationEvents::TABLE]),
+    &Registered::<QueueRetention>::counting(&queue_retention::TABLES),
+    &Registered::<AttachmentExpiry>::counting(&[]),
+    &Registered::<TraceCleanup>::counting(&[]).ending(&["lease_held"]),
 ];
 
 /// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every
@@ -47,6 +49,8 @@ pub trait Kind: Section + Send + Sync {
     fn name(&self) -> &'static str;
     /// Its queue (`sexton.<name>`).
     fn queue(&self) -> &'static str;
+    /// Every value its metrics' labels can take (OP-3).
+    fn labels(&self) -> KindLabels;
     fn scope(&self) -> Scope;
     /// When its passes start, under these settings.
     fn cadence(&self, settings: &Settings) -> Cadence;
@@ -120,8 +124,31 @@ pub struct PreviewLine {
     pub tally: Vec<(String, i64)>,
 }
 
-/// A [`Job`] registered with the worker.
-pub struct Registered<J>(PhantomData<J>);
+/// A [`Job`] registered with the worker, with the labels its hops' metrics take beside its
+/// [`Job::RETAIN_REASONS`] and the outcomes every hop can end with.
+pub struct Registered<J> {
+    job: PhantomData<J>,
+    /// The tables its hops count deleted rows of.
+    tables: &'static [&'static str],
+    /// The outcomes of its own its hops can end with, beside [`HopOutcome`]'s and `failed`.
+    outcomes: &'static [&'static str],
+}
+
+impl<J> Registered<J> {
+    /// `J`, whose hops count deleted rows of `tables`.
+    pub const fn counting(tables: &'static [&'static str]) -> Self {
+        Self {
+            job: PhantomData,
+            tables,
+            outcomes: &[],
+        }
+    }
+
+    /// With hop outcomes of its own beside [`HopOutcome`]'s.
+    pub const fn ending(self, outcomes: &'static [&'static str]) -> Self {
+        Self { outcomes, ..self }
+    }
+}
 
 impl<J: Job> Section for Registered<J> {
     fn job(&self) -> &'static str {
@@ -154,6 +181,19 @@ impl<J: Inspect> Kind for Registered<J> {
 
     fn queue(&self) -> &'static str {
         J::QUEUE
+    }
+
+    fn labels(&self) -> KindLabels {
+        let outcomes = HopOutcome::ALL.iter().map(|o| o.as_str());
+        KindLabels {
+            kind: J::NAME,
+            reasons: J::RETAIN_REASONS,
+            tables: self.tables,
+            outcomes: outcomes
+                .chain(self.outcomes.iter().copied())
+                .chain(["failed"])
+                .collect(),
+        }
     }
 
     fn scope(&self) -> Scope {

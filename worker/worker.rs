@@ -422,7 +422,11 @@ async fn serve_http(
         .await
         .with_context(|| format!("http.listen: cannot listen on {}", settings.http.listen))?;
     tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
-    let serve = http::serve(listener, metrics::install(), health.clone(), async {
+    let handle = metrics::install();
+    let kinds: Vec<_> = registry::KINDS.iter().map(|kind| kind.labels()).collect();
+    let consumers: Vec<_> = Consumer::all().map(Consumer::job).collect();
+    metrics::export_from_start(&kinds, &consumers);
+    let serve = http::serve(listener, handle, health.clone(), async {
         let _ = stopped.await;
     });
     Ok((stop, tokio::spawn(serve)))

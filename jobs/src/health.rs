@@ -53,6 +53,9 @@ pub enum Indicator {
 }
 
 impl Indicator {
+    /// Every indicator, in the order metrics list them.
+    pub const ALL: [Indicator; 2] = [Indicator::ReplicationLag, Indicator::Vacuum];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Indicator::ReplicationLag => "replication_lag",

@@ -165,6 +165,15 @@ pub enum HopOutcome {
 }
 
 impl HopOutcome {
+    /// Every outcome, in the order metrics list them.
+    pub const ALL: [HopOutcome; 5] = [
+        HopOutcome::Continued,
+        HopOutcome::Finished,
+        HopOutcome::Disabled,
+        HopOutcome::AccountGone,
+        HopOutcome::Throttled,
+    ];
+
     /// The label in metrics, logs and the pass ledger.
     pub fn as_str(self) -> &'static str {
         match self {

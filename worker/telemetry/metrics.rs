@@ -89,6 +89,93 @@ fn describe() {
     );
 }
 
+/// Every value the labels of one registered kind's series can take (OP-3).
+pub struct KindLabels {
+    pub kind: &'static str,
+    /// Its retain reasons (`sexton_owners_retained_total{reason}`).
+    pub reasons: &'static [&'static str],
+    /// The tables its hops count deleted rows of (`sexton_rows_deleted_total{table}`).
+    pub tables: &'static [&'static str],
+    /// Every outcome of its hops, `failed` included (`sexton_hops_total{outcome}`).
+    pub outcomes: Vec<&'static str>,
+}
+
+/// The outcomes of a queue job's end ([`job_run`]).
+pub const JOB_RUN_OUTCOMES: [&str; 3] = ["succeeded", "failed", "rejected"];
+
+/// The outcomes of a slot this process pushed ([`slot`]).
+pub const SLOT_OUTCOMES: [&str; 3] = ["enqueued", "duplicate", "caught_up"];
+
+/// The states of sexton's queue jobs ([`queue_jobs`]).
+pub const QUEUE_STATES: [&str; 4] = ["pending", "running", "done", "failed"];
+
+/// The roots of pending file deletions ([`failing`]).
+const ROOTS: [&str; 4] = ["outputs", "sessions", "attachments", "traces"];
+
+/// Exports every counter and gauge from the worker's start, at 0 for each registered kind and
+/// each outcome, reason, table, state or root it can take, and each queue consumer (the `kind`
+/// labels of `sexton_job_runs_total`, the nightly slot's among them) (OP-3): a series that appeared only
+/// with its first increment would hide that increment from `increase()` and `rate()`, and a
+/// replica that has run nothing would look like a missing one. Nothing already counted changes.
+///
+/// Two gauges are left until they are known, because 0 would be a false reading rather than
+/// none yet: `sexton_last_success_timestamp_seconds` (0 reads as a last success in 1970, which
+/// fires the missed-pass alert on every fresh fleet and hides the `absent()` of the never-ran
+/// alert) and `sexton_backlog_seconds` (a kind that measures no backlog exports none).
+pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
+    for labels in kinds {
+        let kind = labels.kind;
+        for name in [
+            "sexton_owners_pruned_total",
+            "sexton_bytes_reclaimed_total",
+            "sexton_file_errors_total",
+        ] {
+            counter!(name, "kind" => kind).increment(0);
+        }
+        for reason in labels.reasons {
+            counter!("sexton_owners_retained_total", "kind" => kind, "reason" => *reason)
+                .increment(0);
+        }
+        for table in labels.tables {
+            counter!("sexton_rows_deleted_total", "kind" => kind, "table" => *table).increment(0);
+        }
+        for outcome in &labels.outcomes {
+            counter!("sexton_hops_total", "kind" => kind, "outcome" => *outcome).increment(0);
+        }
+        for indicator in sexton_jobs::health::Indicator::ALL {
+            counter!("sexton_throttled_total", "kind" => kind, "indicator" => indicator.as_str())
+                .increment(0);
+        }
+        // Registered with no observation: its count and buckets read 0.
+        let _ = histogram!("sexton_hop_duration_seconds", "kind" => kind);
+    }
+    for consumer in consumers {
+        for outcome in JOB_RUN_OUTCOMES {
+            counter!("sexton_job_runs_total", "kind" => *consumer, "outcome" => outcome)
+                .increment(0);
+        }
+    }
+    for outcome in SLOT_OUTCOMES {
+        counter!("sexton_schedule_slots_total", "outcome" => outcome).increment(0);
+    }
+    // A gauge's `increment(0.0)` registers it and keeps a value already set.
+    for state in QUEUE_STATES {
+        gauge!("sexton_queue_jobs", "state" => state).increment(0.0);
+    }
+    for root in ROOTS {
+        for name in ["sexton_files_retrying", "sexton_files_quarantined"] {
+            gauge!(name, "root" => root).increment(0.0);
+        }
+    }
+    for name in [
+        "sexton_holds_active",
+        "sexton_health_replication_lag_bytes",
+        "sexton_health_vacuums",
+    ] {
+        gauge!(name).increment(0.0);
+    }
+}
+
 /// One hop of `kind`, whose owners may be retained for `reasons`.
 pub fn hop<A>(kind: &'static str, reasons: &[&'static str], report: &Report<A>, seconds: f64) {
     committed(kind, reasons, report);
@@ -153,7 +240,7 @@ pub fn queue_jobs(state: &'static str, jobs: i64) {
 /// Pending file deletions that failed, by root: retrying (OS-4: a key the store refused) and
 /// quarantined (ER-3); roots with none read 0.
 pub fn failing(failing: &sexton_jobs::files::Failing) {
-    for root in ["outputs", "sessions", "attachments", "traces"] {
+    for root in ROOTS {
         for (name, counts) in [
             ("sexton_files_retrying", &failing.retrying),
             ("sexton_files_quarantined", &failing.quarantined),
