@@ -108,7 +108,7 @@ impl Window for Notes {
         chunk: &[Self::Candidate],
         report: &mut Report<Args>,
     ) -> Result<Taken, Error> {
-        let mut tx = owner_loop::begin(conn, std::time::Duration::from_secs(1), true).await?;
+        let mut tx = owner_loop::begin(conn, Some(std::time::Duration::from_secs(1)), true).await?;
         owner_loop::lock(&mut tx, "accounts", Mode::Share, &[self.account_id]).await?;
         let ids: Vec<Uuid> = chunk.iter().map(|(id, _)| *id).collect();
         let deleted = sqlx::query(

@@ -28,6 +28,8 @@ mod health;
 mod holds;
 // HD-1, HD-5: holds placed, released and listed by the operator, in status and the gauge.
 mod holds_cli;
+// HD-3, HD-4: holds without gaps — in force from `holds place` on, whatever rows are gone.
+mod holds_gaps;
 // ER-7: sexton's backends terminated mid-pass.
 mod lost_backends;
 // Adding a job kind: one written in the tests alone runs through the worker and the owner loop.

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::text;
 
-/// Inserts a hold on a scope that exists (share-locking the scope's row while it does).
+/// Inserts a hold on a scope that exists, the hold gate closed (HD-3).
 const PLACE: &str = include_str!("holds_place.sql");
 
 /// What a hold names: one row of the platform's table of that name (plural).
@@ -105,6 +105,12 @@ pub enum Error {
         by: String,
         at: DateTime<Utc>,
     },
+    #[error(
+        "the hold was not placed: the deletions in flight did not end within {} s; nothing \
+         changed, try again",
+        GATE_WAIT.as_secs()
+    )]
+    Gate,
     #[error("could not read or write sexton.holds (run `sexton migrate` first?)")]
     Database(#[from] sqlx::Error),
 }
@@ -112,7 +118,7 @@ pub enum Error {
 impl Error {
     /// Whether the command was asked for something that cannot be (bad usage, exit 2).
     pub fn is_usage(&self) -> bool {
-        !matches!(self, Error::Database(_))
+        !matches!(self, Error::Database(_) | Error::Gate)
     }
 }
 
@@ -121,10 +127,13 @@ const COLUMNS: &str =
     "id, scope, scope_id, case_ref, reason, placed_by, placed_at, released_by, released_at";
 
 /// Places a hold on `scope` `scope_id`, which must exist; a scope already held may be held
-/// again (HD-1).
+/// again (HD-1). It returns once the hold is in force (HD-3): the hold gate closed, every
+/// deletion begun before it has ended (and committed before the hold's `placed_at`), and every
+/// one begun after it finds the hold.
 ///
 /// # Errors
-/// [`Error::NoScope`] when no such row exists; a database error.
+/// [`Error::NoScope`] when no such row exists; [`Error::Gate`] when the deletions in flight
+/// did not end within [`GATE_WAIT`]; a database error.
 pub async fn place(
     pool: &PgPool,
     scope: Scope,
@@ -133,21 +142,44 @@ pub async fn place(
     reason: &str,
     by: &str,
 ) -> Result<Hold, Error> {
+    let mut tx = pool.begin().await?;
+    let wait = GATE_WAIT.as_millis();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL lock_timeout = {wait}; SET LOCAL statement_timeout = {wait}"
+    )))
+    .execute(&mut *tx)
+    .await?;
+    let closed = sqlx::query("SELECT sexton.close_for_hold()")
+        .execute(&mut *tx)
+        .await;
+    match closed {
+        Err(sqlx::Error::Database(db))
+            if matches!(db.code().as_deref(), Some("55P03" | "57014")) =>
+        {
+            return Err(Error::Gate);
+        }
+        closed => closed?,
+    };
     let hold = sqlx::query_as(PLACE)
         .bind(scope.as_str())
         .bind(scope_id)
         .bind(case_ref)
         .bind(reason)
         .bind(by)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *tx)
         .await?
         .ok_or(Error::NoScope {
             scope,
             id: scope_id,
         })?;
+    tx.commit().await?;
     analyze(pool).await;
     Ok(hold)
 }
+
+/// How long `holds place` waits for the deletions in flight to end (each is bounded by the
+/// statement timeout; a drain's removals by its batch).
+pub const GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Refreshes the hold table's statistics, which every owner's probe plans on (a table never
 /// analyzed looks empty, and is then read whole per owner). Autovacuum does the same within its

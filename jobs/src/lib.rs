@@ -9,6 +9,7 @@ pub mod cutoff;
 pub mod estimate;
 pub mod explain;
 pub mod files;
+pub mod gate;
 #[cfg(test)]
 mod golden;
 pub mod health;

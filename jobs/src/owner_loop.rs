@@ -22,7 +22,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sqlx::{Connection as _, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::files::{self, Beside, DrainError, FileCounts, Root, Store};
@@ -457,18 +457,22 @@ impl<W: Window> Owners for Windowed<W> {
     }
 }
 
-/// Starts an owner transaction in one round trip, its lock waits bounded by `lock_timeout`;
-/// with `durable` off, its commit does not wait for its WAL flush (a kind whose files are
-/// unlinked only after the drain's synchronous commit made every record durable may). Its
-/// statements run on their generic plans (`plan_cache_mode`), planned once per connection
-/// rather than once per chunk for the first few: with 10 ms transactions, seven scale-10 passes
-/// each way went 8% faster for execution details and 13% for sessions (docs/benchmark.md).
+/// Starts an owner transaction in one round trip: first through the hold gate ([`crate::gate`], HD-3:
+/// a hold being placed waits for this transaction, and one placed before it is seen by its
+/// next statement), then its lock waits bounded by `lock_timeout` (the
+/// connection's own when `None`); with `durable` off, its commit does not wait for its WAL flush
+/// (a kind whose files are unlinked only after the drain's synchronous commit made every record
+/// durable may). Its statements run on their generic plans (`plan_cache_mode`), planned once
+/// per connection rather than once per chunk for the first few: with 10 ms transactions, seven
+/// scale-10 passes each way went 8% faster for execution details and 13% for sessions
+/// (docs/benchmark.md). Every transaction of every kind that removes what a hold could cover
+/// begins here.
 ///
 /// # Errors
 /// A database error.
 pub async fn begin<'c>(
     conn: &'c mut PgConnection,
-    lock_timeout: Duration,
+    lock_timeout: Option<Duration>,
     durable: bool,
 ) -> Result<Transaction<'c, Postgres>, sqlx::Error> {
     let commit = if durable {
@@ -476,10 +480,13 @@ pub async fn begin<'c>(
     } else {
         "; SET LOCAL synchronous_commit = off"
     };
-    conn.begin_with(sqlx::AssertSqlSafe(format!(
-        "BEGIN; SET LOCAL lock_timeout = {}; SET LOCAL plan_cache_mode = force_generic_plan{commit}",
-        lock_timeout.as_millis().max(1)
-    )))
+    let lock_timeout = lock_timeout.map_or_else(String::new, |timeout| {
+        format!("; SET LOCAL lock_timeout = {}", timeout.as_millis().max(1))
+    });
+    crate::gate::begin(
+        conn,
+        &format!("{lock_timeout}; SET LOCAL plan_cache_mode = force_generic_plan{commit}"),
+    )
     .await
 }
 

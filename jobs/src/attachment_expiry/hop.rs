@@ -175,12 +175,15 @@ impl Window for Live {
         if expired.is_empty() {
             return Ok(Taken::default());
         }
+        // Through the hold gate (HD-3): a hold placed meanwhile waits for this statement.
+        let mut tx = crate::owner_loop::begin(conn, None, true).await?;
         let (held, marked): (bool, Vec<Uuid>) = sqlx::query_as(MARK_EXPIRED)
             .bind(&expired)
             .bind(&judged)
             .bind(self.account_id)
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         for _ in marked.len()..expired.len() {
             retain(report, if held { LEGAL_HOLD } else { "busy" });
         }

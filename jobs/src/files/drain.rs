@@ -94,10 +94,19 @@ pub(super) async fn drain_until(
         // Fewer than asked for: nothing more was waiting when this claim looked, and asking
         // again would find only what was committed since (the next drain's).
         let caught_up = batch.len() < BATCH as usize;
-        // A hold placed since the claim keeps its files too, unclaimed (HD-3).
-        let batch = unheld(conn, batch).await?;
+        if let Store::Object(objects) = store {
+            objects.reach().await.map_err(|why| DrainError::Store {
+                root: objects.to_string(),
+                why,
+            })?;
+        }
+        // The last hold check and the removals in one transaction through the hold gate
+        // (HD-3): a hold placed since the claim keeps its files, unclaimed, and one placed
+        // after this check waits for the removals to end.
+        let mut gated = crate::gate::begin(conn, "").await?;
+        let batch = unheld(&mut gated, batch).await?;
         let paths: Vec<String> = batch.iter().map(|claimed| claimed.path.clone()).collect();
-        let referenced = root.referenced(conn, &paths).await?;
+        let referenced = root.referenced(&mut gated, &paths).await?;
         let removed = match store {
             Store::Local(root_path) => {
                 let dir = open_root(root_path).map_err(|source| DrainError::Root {
@@ -112,14 +121,9 @@ pub(super) async fn drain_until(
                 });
                 joined(unlinks.await)?
             }
-            Store::Object(objects) => {
-                objects.reach().await.map_err(|why| DrainError::Store {
-                    root: objects.to_string(),
-                    why,
-                })?;
-                objects.remove_batch(root, &batch, &referenced, stop).await
-            }
+            Store::Object(objects) => objects.remove_batch(root, &batch, &referenced, stop).await,
         };
+        gated.commit().await?;
         counts.add(removed.counts);
         conclude(conn, &removed).await?;
         if caught_up || stop.load(Ordering::Relaxed) {
@@ -128,10 +132,10 @@ pub(super) async fn drain_until(
     }
 }
 
-/// Whether a hold covers the owners a pending record `p` kept (HD-2): its account, its runs
-/// (and their conversations), its agent, its session.
-const HELD: &str =
-    "SELECT 1 FROM sexton.file_holds(p.account_id, p.run_ids, p.agent_id, p.session_id)";
+/// Whether a hold covers the owners a pending record `p` kept (HD-2, HD-3): its account, its
+/// conversations, its runs, its agent, its session — from the record, whatever rows are gone.
+const HELD: &str = "SELECT 1 FROM sexton.file_holds(p.account_id, p.conversation_ids, p.run_ids, \
+                                               p.agent_id, p.session_id)";
 
 /// The records of a claimed `batch` no hold covers, asked just before their unlinks; the others
 /// are handed back as they were, their claim undone, to wait for the hold's release.

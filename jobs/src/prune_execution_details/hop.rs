@@ -242,7 +242,7 @@ pub(super) async fn begin<'c>(
     conn: &'c mut PgConnection,
     pass: &Pass<'_>,
 ) -> Result<Transaction<'c, Postgres>, Error> {
-    Ok(owner_loop::begin(conn, pass.settings.owner_lock_timeout, false).await?)
+    Ok(owner_loop::begin(conn, Some(pass.settings.owner_lock_timeout), false).await?)
 }
 
 /// Runs [`prune_locked`] for `runs` in the owner transaction `tx`.

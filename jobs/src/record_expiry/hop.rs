@@ -97,13 +97,16 @@ impl<R: Record> Owners for Batches<R> {
             .cloned()
             .unwrap_or_else(|| (EARLIEST, R::FIRST_ID.to_owned()));
         let started = Instant::now();
+        // Through the hold gate (HD-3): a hold placed meanwhile waits for this batch.
+        let mut tx = crate::owner_loop::begin(conn, None, true).await?;
         let batch: Batch = sqlx::query_as(sqlx::AssertSqlSafe(&*self.sql))
             .bind(self.cutoff)
             .bind(after_at.max(EARLIEST))
             .bind(after_id)
             .bind(i64::from(self.size))
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         let seconds = started.elapsed().as_secs_f64();
         let [read, held, deleted] =
             [batch.read, batch.held, batch.deleted].map(|n| n.max(0) as u64);

@@ -327,7 +327,7 @@ pub(super) async fn delete_sessions(
     cutoff: Option<DateTime<Utc>>,
     chunk: &[(Uuid, Uuid)],
 ) -> Result<Deleted, Error> {
-    let mut tx = owner_loop::begin(conn, settings.lock_timeout, true).await?;
+    let mut tx = owner_loop::begin(conn, Some(settings.lock_timeout), true).await?;
     let mut agents: Vec<Uuid> = chunk.iter().map(|(_, agent)| *agent).collect();
     agents.sort();
     agents.dedup();

@@ -119,7 +119,7 @@ fn unchanged(listed: &Seen, now: &ObjectMeta) -> bool {
         }
 }
 
-impl Plan<'_> {
+impl Removal<'_> {
     /// Deletes the planned objects of `batch` (already checked against the holds and live
     /// sessions): each read again just before, those that changed or vanished kept, the rest
     /// deleted in one batch; a key whose delete failed is counted and kept for the next run.

@@ -269,7 +269,10 @@ impl Plan<'_> {
             .iter()
             .map(|p| (p.agent_id.as_str(), p.session_id))
             .collect();
-        let kept = kept(self.conn, &traces).await?;
+        // The last hold check and the removals in one transaction through the hold gate
+        // (HD-3): a hold placed after the check waits for the removals to end.
+        let mut tx = crate::owner_loop::begin(&mut *self.conn, None, true).await?;
+        let kept = kept(&mut tx, &traces).await?;
         let mut going = Vec::with_capacity(batch.len());
         for (file, kept) in batch.into_iter().zip(kept) {
             match kept {
@@ -277,11 +280,28 @@ impl Plan<'_> {
                 None => going.push(file),
             }
         }
+        let mut removal = Removal {
+            report: &mut self.report,
+            age_cutoff_ns: self.age_cutoff_ns,
+        };
         match dir {
-            Listing::Local(dir) => self.unlink(dir, &going),
-            Listing::Object(root) => self.delete_objects(root, going).await,
+            Listing::Local(dir) => removal.unlink(dir, &going),
+            Listing::Object(root) => removal.delete_objects(root, going).await,
         }
+        tx.commit().await?;
         Ok(())
+    }
+}
+
+/// The removals of one flushed batch, counted into the report.
+pub(super) struct Removal<'r> {
+    pub(super) report: &'r mut TraceReport,
+    age_cutoff_ns: Option<i128>,
+}
+
+impl Removal<'_> {
+    fn old(&self, mtime_ns: i128) -> bool {
+        self.age_cutoff_ns.is_some_and(|cut| mtime_ns < cut)
     }
 
     /// Unlinks `batch` from `dir`, each file looked at again just before it goes.

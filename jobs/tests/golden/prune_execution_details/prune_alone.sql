@@ -31,9 +31,10 @@ EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id 
          invocation_attempts_gone AS (DELETE FROM invocation_attempts WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
          output_files_gone AS (DELETE FROM output_files WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING relative_path, run_id),
          pending AS (INSERT INTO sexton.pending_file_deletions
-                         (root, account_id, relative_path, run_ids)
-                     SELECT 'outputs', $5, g.relative_path, array_agg(DISTINCT g.run_id)
-                     FROM output_files_gone g
+                         (root, account_id, relative_path, run_ids, conversation_ids)
+                     SELECT 'outputs', $5, g.relative_path, array_agg(DISTINCT g.run_id),
+                            array_agg(DISTINCT r.conversation_id)
+                     FROM output_files_gone g JOIN runs r ON r.id = g.run_id
                      WHERE NOT EXISTS (
                          SELECT 1 FROM output_files o
                          WHERE sexton.path_key(o.relative_path) = sexton.path_key(g.relative_path)
