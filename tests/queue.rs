@@ -86,7 +86,7 @@ async fn fl1_a_malformed_payload_fails_its_job_and_the_worker_lives_on(pool: PgP
     )
     .await
     .unwrap();
-    common::run_until_idle(&pool, dir.path()).await;
+    worker_until_idle(&pool, dir.path(), true).await;
     let (status, result): (String, String) = sqlx::query_as(
         "SELECT status, last_result::text FROM apalis.jobs WHERE convert_from(job, 'UTF8')::jsonb ->> 'version' = '99'",
     )
@@ -165,12 +165,28 @@ async fn good_work(pool: &PgPool, dir: &std::path::Path) -> Uuid {
     run.id
 }
 
-async fn worker_until_idle(pool: &PgPool, dir: &std::path::Path) -> Vec<String> {
+/// `sexton worker --exit-when-idle`'s lines; it exits 1, saying so, when a job it ran
+/// `failed_for_good` (OP-1), 0 otherwise.
+async fn worker_until_idle(
+    pool: &PgPool,
+    dir: &std::path::Path,
+    failed_for_good: bool,
+) -> Vec<String> {
     let url = common::database_url(pool).await;
     let mut cmd = common::sexton(&url, dir);
     cmd.args(["worker", "--exit-when-idle"]);
     let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
-    assert!(status.success(), "worker exited with {status}");
+    if failed_for_good {
+        assert_eq!(status.code(), Some(1), "worker exited with {status}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("this worker ran failed for good")),
+            "{lines:#?}"
+        );
+    } else {
+        assert!(status.success(), "worker exited with {status}");
+    }
     lines
 }
 
@@ -211,7 +227,7 @@ async fn fl1_rows_the_queue_cannot_decode_end_killed_with_a_reason_alone(pool: P
     .await;
     let run = good_work(&pool, dir.path()).await;
 
-    let lines = worker_until_idle(&pool, dir.path()).await;
+    let lines = worker_until_idle(&pool, dir.path(), false).await;
     assert!(
         lines.len() < 500,
         "no restart loop: {} log lines",
@@ -290,7 +306,8 @@ async fn fl1_random_payload_bytes_and_ids_fail_alone_and_good_work_completes(poo
     }
     let run = good_work(&pool, dir.path()).await;
 
-    worker_until_idle(&pool, dir.path()).await;
+    // Payloads that reach the handler and are rejected fail for good.
+    worker_until_idle(&pool, dir.path(), true).await;
     let (left, unexplained): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status NOT IN ('Done', 'Killed', 'Failed')),
                 count(*) FILTER (WHERE status IN ('Killed', 'Failed') AND last_result IS NULL)

@@ -392,7 +392,11 @@ async fn op1_status_shows_a_pass_mid_way_and_after_with_the_jobs_kept_failed(poo
     cmd.args(["worker", "--exit-when-idle"])
         .env("SEXTON_EXECUTION_DETAILS__WINDOW_SIZE", "2");
     let (status, _) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
-    assert!(status.success());
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a job it ran failed for good (OP-1)"
+    );
 
     let after = status_json(&url, dir.path()).await;
     let job = &after["jobs"][0];
@@ -589,7 +593,11 @@ async fn op1_the_ledger_counts_what_a_failed_hop_had_committed(pool: PgPool) {
         .env("SEXTON_QUEUE__MAX_ATTEMPTS", "1")
         .env("SEXTON_EXECUTION_DETAILS__OWNERS_PER_TRANSACTION", "1");
     let (status, lines) = Proc::spawn(cmd).finish(Duration::from_secs(120)).await;
-    assert!(status.success(), "{lines:?}");
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "its one job failed for good: {lines:?}"
+    );
     let mut pruned = 0;
     for run in &due {
         pruned += i64::from(fixture::is_pruned(&pool, run.id).await);

@@ -32,7 +32,8 @@ pub enum Command {
     CheckConfig,
     /// Run as a fleet member: schedule and queue consumers.
     Worker {
-        /// Exit 0 once no job is pending or running (tests, demos, one-shot runs).
+        /// Exit once no job is pending or running (tests, demos, one-shot runs): 0, or 1 if a
+        /// job it ran failed for good.
         #[arg(long)]
         exit_when_idle: bool,
     },
@@ -270,7 +271,11 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             } else {
                 worker::Mode::Fleet
             };
-            worker::run(&settings, mode).await
+            let ran = worker::run(&settings, mode).await?;
+            match mode {
+                worker::Mode::UntilIdle => ran.succeeded(),
+                worker::Mode::Fleet => Ok(()),
+            }
         }
         Command::Tick { at, json } => run_tick(&settings, at, json).await,
         Command::Preview { account, all, json } => {

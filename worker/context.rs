@@ -30,6 +30,9 @@ pub struct JobContext {
     /// waits for them even when their queue rows are gone (deleted by hand), since each may
     /// still push its next hop.
     pub handling: Arc<AtomicUsize>,
+    /// Jobs this process settled as failed for good (a fatal failure, a rejected payload, or
+    /// its last attempt failed): a worker run until idle exits 1 when there are any.
+    pub failed_for_good: Arc<AtomicUsize>,
 }
 
 impl JobContext {
@@ -44,6 +47,7 @@ impl JobContext {
             hops,
             health,
             handling: Arc::default(),
+            failed_for_good: Arc::default(),
         }
     }
 }

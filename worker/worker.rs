@@ -69,11 +69,13 @@ async fn settle(
         }
         Err(err @ JobFailure::BadPayload { .. }) => {
             metrics::job_run(job, "rejected");
+            ctx.failed_for_good.fetch_add(1, Ordering::SeqCst);
             tracing::error!(queue, error = %err, "job payload rejected; kept for inspection");
             Err(AbortError::new(err).into())
         }
         Err(JobFailure::Fatal(err)) => {
             metrics::job_run(job, "failed");
+            ctx.failed_for_good.fetch_add(1, Ordering::SeqCst);
             tracing::error!(
                 queue,
                 error = format!("{err:#}"),
@@ -95,6 +97,8 @@ async fn settle(
             if current < ctx.settings.queue.max_attempts as usize {
                 let factor = 1u32 << current.saturating_sub(1).min(6);
                 tokio::time::sleep(ctx.settings.queue.retry_backoff * factor).await;
+            } else {
+                ctx.failed_for_good.fetch_add(1, Ordering::SeqCst);
             }
             Err(err.into())
         }
@@ -183,6 +187,31 @@ pub enum Mode {
     UntilIdle,
 }
 
+/// How a worker's run ended, once it ended well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ran {
+    /// Jobs this process settled as failed for good (kept for inspection).
+    pub failed_for_good: usize,
+}
+
+impl Ran {
+    /// A run until idle that left jobs failed for good is a failure (OP-1: exit 1), saying how
+    /// many.
+    ///
+    /// # Errors
+    /// Some job this process ran failed for good.
+    pub fn succeeded(self) -> anyhow::Result<()> {
+        match self.failed_for_good {
+            0 => Ok(()),
+            n => Err(anyhow::anyhow!(
+                "{n} {} this worker ran failed for good (kept for inspection: `sexton status` \
+                 lists them with their last error)",
+                if n == 1 { "job" } else { "jobs" }
+            )),
+        }
+    }
+}
+
 /// Runs this process as a fleet member until SIGTERM/SIGINT, or until idle. While the database
 /// takes no writes no queue is consumed; a run until idle then ends (ER-6).
 ///
@@ -190,7 +219,7 @@ pub enum Mode {
 /// The database stayed unreachable at start or is behind a transaction pooler (ER-5), the HTTP
 /// address cannot be bound, the monitor failed, or (running until idle) the database takes no
 /// writes.
-pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
+pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<Ran> {
     let settings = Arc::new(settings.clone());
     let health = Arc::new(Health::default());
     let http = match mode {
@@ -255,7 +284,9 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<()> {
         let _ = stop.send(());
         http.await??;
     }
-    outcome
+    outcome.map(|()| Ran {
+        failed_for_good: ctx.failed_for_good.load(Ordering::SeqCst),
+    })
 }
 
 /// How a run until idle ends on a node that takes no writes.
