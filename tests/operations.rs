@@ -549,3 +549,54 @@ fn op5_alert_rules_pass_promtool_and_the_pod_grace_outlasts_the_shutdown_grace()
     assert!(manifest.contains("replicas: 3"));
     assert!(manifest.contains("path: /readyz") && manifest.contains("path: /healthz"));
 }
+
+/// `sexton tick --at` a moment outside the years a schedule names (1970 to 2100), or before the
+/// schedule's first slot, is a usage error: exit 2 naming the accepted range, nothing enqueued
+/// (9999 used to enqueue a slot in 2100, 0001 to exit 1). The control: a moment in 2100 ticks.
+#[sqlx::test]
+async fn op1_tick_at_a_moment_outside_the_schedules_years_is_a_usage_error(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = common::database_url(&pool).await;
+    let tick = |at: &'static str| {
+        let mut cmd = common::sexton(&url, dir.path());
+        cmd.args(["tick", "--json", "--at", at])
+            .env("SEXTON_SCHEDULE__CRON", "0 3 * * *");
+        async move { cmd.output().await.unwrap() }
+    };
+    let slots = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM apalis.jobs WHERE job_type = 'sexton.nightly'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    for at in [
+        "9999-12-31T23:59:59Z",
+        "0001-01-01T00:00:00Z",
+        "2101-01-01T00:00:00Z",
+        "1969-12-31T23:59:59Z",
+    ] {
+        let output = tick(at).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "--at {at}: {stderr}");
+        assert!(
+            stderr.contains("1970-01-01T00:00:00+00:00")
+                && stderr.contains("2100-12-31T23:59:59+00:00"),
+            "--at {at} names the range: {stderr}"
+        );
+    }
+    // In range, but before the schedule's first slot (03:00 UTC).
+    let output = tick("1970-01-01T01:00:00Z").await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("first slot"), "{stderr}");
+    assert_eq!(slots().await, 0, "nothing enqueued");
+
+    let output = tick("2100-12-31T23:59:59Z").await;
+    assert!(output.status.success(), "{output:?}");
+    let ticked: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(ticked["slot"], "2100-12-31T03:00:00Z");
+    assert_eq!(slots().await, 1);
+}

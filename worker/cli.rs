@@ -39,8 +39,8 @@ pub enum Command {
     },
     /// Enqueue the nightly slot at (or last due before) a time, exactly once fleet-wide.
     Tick {
-        /// The moment to tick at (RFC 3339); now if omitted.
-        #[arg(long, value_name = "RFC3339")]
+        /// The moment to tick at (RFC 3339, from 1970 to 2100); now if omitted.
+        #[arg(long, value_name = "RFC3339", value_parser = slot_moment)]
         at: Option<DateTime<Utc>>,
         /// Print one JSON object: {"slot": "...", "outcome": "enqueued" | "duplicate"}.
         #[arg(long)]
@@ -140,6 +140,8 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     let bad_configuration = err.chain().any(|e| {
         e.downcast_ref::<crate::config::ConfigError>().is_some()
             || e.downcast_ref::<explain::UsageError>().is_some()
+            || e.downcast_ref::<tick::TickError>()
+                .is_some_and(tick::TickError::is_usage)
             || e.downcast_ref::<holds::Error>()
                 .is_some_and(holds::Error::is_usage)
             || matches!(
@@ -235,6 +237,14 @@ pub enum HoldsCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A moment a slot can be asked for at (RFC 3339, within the years a schedule names).
+fn slot_moment(value: &str) -> Result<DateTime<Utc>, String> {
+    let at = value
+        .parse::<DateTime<Utc>>()
+        .map_err(|e| format!("expected an RFC 3339 moment such as 2026-12-01T03:00:00Z: {e}"))?;
+    crate::schedule::in_slot_range(at)
 }
 
 /// A value that must say something: the holds' case, reason and names.

@@ -6,6 +6,33 @@ use chrono::{DateTime, SubsecRound, Utc};
 
 use crate::config::ScheduleSettings;
 
+/// The moments a slot can be asked for at: the years a cron schedule names (1970 to 2100); a
+/// moment outside them has no slot of its own (the schedule would answer with its last slot in
+/// 2100, or none).
+pub fn slot_range() -> (DateTime<Utc>, DateTime<Utc>) {
+    let earliest = DateTime::from_timestamp(0, 0).unwrap_or_default();
+    let latest = "2100-12-31T23:59:59Z".parse().unwrap_or(earliest);
+    (earliest, latest)
+}
+
+/// `at` if a slot can be asked for at it ([`slot_range`]).
+///
+/// # Errors
+/// A message naming the accepted range.
+pub fn in_slot_range(at: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    let (earliest, latest) = slot_range();
+    if (earliest..=latest).contains(&at) {
+        Ok(at)
+    } else {
+        Err(format!(
+            "expected a moment from {} to {} (the years a schedule names), got {}",
+            earliest.to_rfc3339(),
+            latest.to_rfc3339(),
+            at.to_rfc3339()
+        ))
+    }
+}
+
 /// The last slot of the schedule at or before `at`.
 pub fn slot_at(schedule: &ScheduleSettings, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
     let local =

@@ -54,7 +54,10 @@ pub async fn tick(
     settings: &Settings,
     at: DateTime<Utc>,
 ) -> Result<Ticked, TickError> {
-    let slot = schedule::slot_at(&settings.schedule, at).ok_or(TickError::NoSlot(at))?;
+    let slot = schedule::in_slot_range(at)
+        .ok()
+        .and_then(|at| schedule::slot_at(&settings.schedule, at))
+        .ok_or(TickError::NoSlot(at))?;
     let outcome = enqueue_slot(pool, settings, slot).await?;
     Ok(Ticked { slot, outcome })
 }
@@ -156,10 +159,27 @@ pub async fn run_every(ctx: JobContext, kind: &'static dyn Kind, period: chrono:
 /// Why a slot could not be enqueued.
 #[derive(Debug, thiserror::Error)]
 pub enum TickError {
-    #[error("the schedule has no slot at or before {0}")]
+    /// A usage error: the moment is before the schedule's first slot, or outside the years a
+    /// schedule names.
+    #[error("the schedule has no slot at or before {}: {}", .0.to_rfc3339(), no_slot_hint(*.0))]
     NoSlot(DateTime<Utc>),
     #[error(transparent)]
     Queue(#[from] QueueError),
+}
+
+/// What to ask for instead of a moment with no slot.
+fn no_slot_hint(at: DateTime<Utc>) -> String {
+    match schedule::in_slot_range(at) {
+        Ok(_) => "ask for a moment after the schedule's first slot".to_owned(),
+        Err(range) => range,
+    }
+}
+
+impl TickError {
+    /// Whether the moment asked for was wrong (exit 2), rather than the queue (exit 1).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, TickError::NoSlot(_))
+    }
 }
 
 /// Starts the passes of every job kind for a slot: one for a global kind; for a per-account
