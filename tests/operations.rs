@@ -600,3 +600,32 @@ async fn op1_tick_at_a_moment_outside_the_schedules_years_is_a_usage_error(pool:
     assert_eq!(ticked["slot"], "2100-12-31T03:00:00Z");
     assert_eq!(slots().await, 1);
 }
+
+/// `--config` naming a directory says so and that a file was expected, exit 2 (it used to say
+/// "not found"); the control: a path that does not exist is still "not found".
+#[tokio::test]
+async fn op2_a_config_path_naming_a_directory_is_refused_as_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |path: std::path::PathBuf| async move {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_sexton"))
+            .arg("check-config")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        (output.status.code(), stderr)
+    };
+    let (code, stderr) = check(dir.path().to_owned()).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("is a directory") && stderr.contains("expected a TOML file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not found"), "{stderr}");
+
+    let (code, stderr) = check(dir.path().join("missing.toml")).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("not found"), "{stderr}");
+}

@@ -153,6 +153,10 @@ pub struct LogSettings {
 pub enum ConfigError {
     #[error("configuration file {}: not found", .0.display())]
     FileNotFound(PathBuf),
+    #[error("configuration file {}: is a directory; expected a TOML file", .0.display())]
+    Directory(PathBuf),
+    #[error("configuration file {}: not a regular file; expected a TOML file", .0.display())]
+    NotAFile(PathBuf),
     #[error("configuration could not be read: {0}")]
     Unreadable(#[source] Box<figment::Error>),
     #[error("invalid configuration ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, list(.0))]

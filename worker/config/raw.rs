@@ -23,12 +23,16 @@ const ENV_PREFIX: &str = "SEXTON_";
 /// The layers merged, later ones winning: the defaults, `file`, then the environment.
 ///
 /// # Errors
-/// [`ConfigError::FileNotFound`] when `file` is not a file.
+/// [`ConfigError::FileNotFound`] when `file` does not exist, [`ConfigError::Directory`] or
+/// [`ConfigError::NotAFile`] when it is not a regular file.
 pub(super) fn layers(file: Option<&Path>) -> Result<Figment, ConfigError> {
     let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
     if let Some(path) = file {
-        if !path.is_file() {
-            return Err(ConfigError::FileNotFound(path.to_owned()));
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.is_file() => {}
+            Ok(meta) if meta.is_dir() => return Err(ConfigError::Directory(path.to_owned())),
+            Ok(_) => return Err(ConfigError::NotAFile(path.to_owned())),
+            Err(_) => return Err(ConfigError::FileNotFound(path.to_owned())),
         }
         figment = figment.merge(Toml::file_exact(path));
     }
