@@ -205,17 +205,16 @@ fn paths(p: &RawPaths, storage: &StorageSettings, c: &mut Check<'_>) -> Option<P
     })
 }
 
-/// Refuses an attachments or traces root that contains or lies inside the artifacts root.
+/// Refuses a root sexton deletes in (outputs, attachments, sessions, traces) that contains, lies
+/// inside or is the artifacts root, in either direction (AT-1: generated artifacts have no TTL).
 fn apart_from_artifacts(
     roots: &[(&str, Option<Root>, &Raw<String>); 5],
     places: &[Option<Place>],
     c: &mut Check<'_>,
 ) {
     if let Some(artifacts) = &places[2] {
-        for (at, why) in [
-            (4, "(generated artifacts have no TTL)"),
-            (1, "(generated artifacts have no TTL, AT-1)"),
-        ] {
+        let why = "(generated artifacts have no TTL, AT-1)";
+        for at in [0, 1, 3, 4] {
             if let Some(root) = &places[at]
                 && root.overlaps(artifacts)
             {

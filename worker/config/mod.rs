@@ -367,6 +367,53 @@ mod tests {
     }
 
     #[test]
+    fn at1_an_artifacts_root_overlapping_any_root_sexton_deletes_in_is_refused() {
+        let roots = [
+            ("output_root", "paths.output_root"),
+            ("attachments_root", "paths.attachments_root"),
+            ("sessions_root", "paths.sessions_root"),
+            ("traces_root", "paths.traces_root"),
+        ];
+        for (key, setting) in roots {
+            for (root, artifacts) in [
+                ("/srv/r", "/srv/r/gen"),
+                ("/srv/r/gen", "/srv/r"),
+                ("/srv/r", "/srv/r"),
+                ("s3://b/r", "s3://b/r/gen"),
+                ("s3://b/r/gen", "s3://b/r"),
+                ("s3://b", "s3://b/gen"),
+            ] {
+                let err = load(&format!(
+                    "[paths]\n{key} = \"{root}\"\nartifacts_root = \"{artifacts}\"\n"
+                ))
+                .unwrap_err()
+                .to_string();
+                assert!(
+                    err.contains(setting) && err.contains("AT-1"),
+                    "{root} and artifacts {artifacts}: {err}"
+                );
+            }
+            // The control: siblings, a shared name's prefix, another bucket.
+            for (root, artifacts) in [
+                ("/srv/r", "/srv/gen"),
+                ("/srv/r", "/srv/r2"),
+                ("s3://b/r", "s3://b/r2"),
+                ("s3://b/r", "s3://c/r"),
+            ] {
+                let loaded = load(&format!(
+                    "[paths]\n{key} = \"{root}\"\nartifacts_root = \"{artifacts}\"\n"
+                ));
+                if let Err(err) = loaded {
+                    assert!(
+                        !err.to_string().contains("AT-1"),
+                        "{root}, {artifacts}: {err}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn at1_overlapping_attachments_and_artifacts_are_refused() {
         let err = load("[paths]\nattachments_root = \"/srv/a\"\nartifacts_root = \"/srv/a/gen\"\n")
             .unwrap_err();
