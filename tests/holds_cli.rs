@@ -477,3 +477,67 @@ async fn hd5_the_holds_active_gauge_counts_the_active_holds(pool: PgPool) {
     .await;
     worker.stop().await;
 }
+
+/// Releasing a hold says what still covers its scope through the scopes above it (HD-1, HD-2):
+/// a session's agent and account holds, a run's conversation and account holds; the scope is
+/// "held by no other hold" only once none does. The control: holds on another account's scopes
+/// are not named.
+#[sqlx::test]
+async fn hd1_a_release_names_the_holds_that_still_cover_the_scope_through_its_agent_or_account(
+    pool: PgPool,
+) {
+    let cli = Cli::new(&pool).await;
+    let [
+        (_, account),
+        (_, conversation),
+        (_, agent),
+        (_, session),
+        (_, run),
+    ] = one_of_each(&pool, cli.dir.path()).await;
+    let [(_, elsewhere), _, (_, other_agent), ..] = one_of_each(&pool, cli.dir.path()).await;
+    cli.place("account", elsewhere, "OTHER-1").await;
+    cli.place("agent", other_agent, "OTHER-2").await;
+    let on_account = cli.place("account", account, "LIT-1").await;
+    let on_agent = cli.place("agent", agent, "LIT-2").await;
+    let on_conversation = cli.place("conversation", conversation, "LIT-3").await;
+    let on_session = cli.place("session", session, "LIT-4").await;
+    let on_run = cli.place("run", run, "LIT-5").await;
+
+    let said = cli.release(on_session, "legal").await;
+    assert_eq!(said.code, Some(0), "{}", said.stderr);
+    assert!(
+        said.stdout.contains(&format!(
+            "session {session} is still held by 2 other holds: 1 on its agent {agent}, 1 on its \
+             account {account}"
+        )),
+        "{}",
+        said.stdout
+    );
+    let said = cli.release(on_run, "legal").await.stdout;
+    assert!(
+        said.contains(&format!(
+            "run {run} is still held by 2 other holds: 1 on its conversation {conversation}, 1 \
+             on its account {account}"
+        )),
+        "{said}"
+    );
+    let said = cli.release(on_agent, "legal").await.stdout;
+    assert!(
+        said.contains(&format!(
+            "agent {agent} is still held by 1 other hold: 1 on its account {account}"
+        )),
+        "{said}"
+    );
+    let said = cli.release(on_account, "legal").await.stdout;
+    assert!(
+        said.contains(&format!("account {account} is held by no other hold")),
+        "{said}"
+    );
+    let said = cli.release(on_conversation, "legal").await.stdout;
+    assert!(
+        said.contains(&format!(
+            "conversation {conversation} is held by no other hold"
+        )),
+        "{said}"
+    );
+}

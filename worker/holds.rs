@@ -263,34 +263,69 @@ pub async fn active_count(pool: &PgPool) -> Result<i64, Error> {
     )
 }
 
-/// What `holds release` says of a hold it released: the hold, and whether its scope is free
-/// now (only once its last active hold is released, HD-1).
+/// The scopes whose holds cover `scope_id` of `scope` beside its own (HD-2): a session's agent
+/// and account, a run's conversation and account, a conversation's or an agent's account, as
+/// the platform's rows tie them now.
+const COVERING: &str = "
+    WITH covering (scope, scope_id) AS (
+        SELECT $2::text, $1::uuid
+        UNION ALL SELECT 'agent', agent_id FROM sessions WHERE $2 = 'session' AND id = $1
+        UNION ALL SELECT 'account', account_id FROM sessions WHERE $2 = 'session' AND id = $1
+        UNION ALL SELECT 'conversation', conversation_id FROM runs
+            WHERE $2 = 'run' AND id = $1 AND conversation_id IS NOT NULL
+        UNION ALL SELECT 'account', account_id FROM runs WHERE $2 = 'run' AND id = $1
+        UNION ALL SELECT 'account', account_id FROM conversations
+            WHERE $2 = 'conversation' AND id = $1
+        UNION ALL SELECT 'account', account_id FROM agents WHERE $2 = 'agent' AND id = $1
+    )
+    SELECT h.scope, h.scope_id, count(*)
+    FROM sexton.holds h JOIN covering c ON c.scope = h.scope AND c.scope_id = h.scope_id
+    WHERE h.released_at IS NULL AND h.id <> $3
+    GROUP BY h.scope, h.scope_id
+    ORDER BY array_position(ARRAY['session', 'run', 'agent', 'conversation', 'account'], h.scope)";
+
+/// What `holds release` says of a hold it released: the hold, and whether what it held is
+/// free now — only once no active hold covers it any more, its own scope's or one covering it
+/// through its agent, conversation or account (HD-1, HD-2) — naming the holds that still do.
 ///
 /// # Errors
 /// A database error.
 pub async fn released(pool: &PgPool, hold: &Hold) -> Result<String, Error> {
     let p = &hold.placed;
-    let others: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM sexton.holds
-         WHERE scope_id = $1 AND scope = $2 AND released_at IS NULL AND id <> $3",
-    )
-    .bind(p.scope_id)
-    .bind(p.scope.as_str())
-    .bind(p.id)
-    .fetch_one(pool)
-    .await?;
+    let covering: Vec<(String, Uuid, i64)> = sqlx::query_as(COVERING)
+        .bind(p.scope_id)
+        .bind(p.scope.as_str())
+        .bind(p.id)
+        .fetch_all(pool)
+        .await?;
     let scope = format!("{} {}", p.scope, p.scope_id);
+    let plural = |n: i64| if n == 1 { "hold" } else { "holds" };
+    let still = match covering.iter().map(|(_, _, n)| n).sum::<i64>() {
+        0 => format!("{scope} is held by no other hold"),
+        total => {
+            let by: Vec<String> = covering
+                .iter()
+                .map(|(held, id, n)| {
+                    if *held == p.scope.as_str() && *id == p.scope_id {
+                        format!("{n} on the {held} itself")
+                    } else {
+                        format!("{n} on its {held} {id}")
+                    }
+                })
+                .collect();
+            format!(
+                "{scope} is still held by {total} other {}: {} (sexton holds list)",
+                plural(total),
+                by.join(", ")
+            )
+        }
+    };
     Ok(format!(
-        "released hold {} on {scope} (case {}) by {} at {}\n{}\n",
+        "released hold {} on {scope} (case {}) by {} at {}\n{still}\n",
         p.id,
         cell(&p.case_ref),
         hold.released_by.as_deref().map_or_else(String::new, cell),
         hold.released_at.map_or_else(String::new, time),
-        match others {
-            0 => format!("{scope} is held by no other hold"),
-            1 => format!("{scope} is still held by 1 other hold (sexton holds list)"),
-            n => format!("{scope} is still held by {n} other holds (sexton holds list)"),
-        }
     ))
 }
 
