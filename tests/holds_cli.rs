@@ -541,3 +541,145 @@ async fn hd1_a_release_names_the_holds_that_still_cover_the_scope_through_its_ag
         "{said}"
     );
 }
+
+/// `sexton status` at many holds shows their count and the newest ten, then points to
+/// `holds list` for the rest (HD-5); `--json` has the count and the same ten. The control: at
+/// a few holds every one is listed (hd5_status_lists_the_active_holds).
+#[sqlx::test]
+async fn hd5_status_at_many_holds_shows_their_count_and_the_newest_ten(pool: PgPool) {
+    let cli = Cli::new(&pool).await;
+    let [(_, account), ..] = one_of_each(&pool, cli.dir.path()).await;
+    let placed: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO sexton.holds (scope, scope_id, case_ref, reason, placed_by, placed_at)
+         SELECT 'account', $1, 'CASE-' || i, 'kept', 'legal', now() - i * interval '1 minute'
+         FROM generate_series(1, 25) AS i
+         RETURNING id",
+    )
+    .bind(account)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    // Newest first: the first ten placed (1 to 10 minutes ago).
+    let (newest, older) = placed.split_at(10);
+
+    let text = cli.run(&["status"]).await;
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    let text = text.stdout;
+    assert!(
+        text.contains("25 active holds, the newest 10 first"),
+        "{text}"
+    );
+    assert!(
+        text.contains("… and 15 more: sexton holds list shows every one"),
+        "{text}"
+    );
+    for id in newest {
+        assert!(text.contains(&id.to_string()), "{id} listed: {text}");
+    }
+    for id in older {
+        assert!(!text.contains(&id.to_string()), "{id} not listed: {text}");
+    }
+    let listed = text.lines().filter(|l| l.contains(" on account ")).count();
+    assert_eq!(listed, 10, "{text}");
+
+    let ran = cli.run(&["status", "--json"]).await;
+    let status: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(status["holds_active"], 25);
+    assert_eq!(status["holds_error"], Value::Null);
+    let shown: Vec<String> = status["holds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["id"].as_str().unwrap().to_owned())
+        .collect();
+    let expected: Vec<String> = newest.iter().map(Uuid::to_string).collect();
+    assert_eq!(shown, expected);
+    assert_eq!(
+        cli.list(false).await.len(),
+        25,
+        "holds list shows every one"
+    );
+}
+
+/// With the hold table unreadable (renamed away), `sexton status` and `sexton preview` still
+/// show what they can — the passes, the failed jobs, the jobs whose preview needs no hold —
+/// and say the holds could not be read, exit 0; the jobs still remove nothing (HD-3). The
+/// control: with the table back, both show the holds again and no such line.
+#[sqlx::test]
+async fn hd3_status_and_preview_show_what_they_can_when_the_holds_cannot_be_read(pool: PgPool) {
+    let cli = Cli::new(&pool).await;
+    let [(_, account), ..] = one_of_each(&pool, cli.dir.path()).await;
+    cli.place("account", account, "LIT-1").await;
+    // A pass in the ledger, and a job failed for good.
+    let settings = common::settings(cli.dir.path());
+    sexton::tick::tick(&pool, &settings, fixture::pass_start())
+        .await
+        .unwrap();
+    // A payload the handler rejects: failed for good, kept.
+    sqlx::query(
+        "INSERT INTO apalis.jobs (job, id, job_type, status, attempts, max_attempts)
+         VALUES ('{}'::bytea, '01J00000000000000000000000', 'sexton.prune_execution_details',
+                 'Pending', 0, 2)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut worker = common::sexton(&cli.url, cli.dir.path());
+    worker.args(["worker", "--exit-when-idle"]);
+    let status = common::wait(&mut worker.spawn().unwrap(), Duration::from_secs(120)).await;
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "the rejected payload failed for good"
+    );
+
+    sqlx::query("ALTER TABLE sexton.holds RENAME TO holds_away")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let text = cli.run(&["status"]).await;
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    assert!(
+        text.stdout.contains("the holds could not be read"),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains("latest passes"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("failed for good, kept for inspection"),
+        "{}",
+        text.stdout
+    );
+    let json = cli.run(&["status", "--json"]).await;
+    assert_eq!(json.code, Some(0), "{}", json.stderr);
+    let status: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert!(status["holds_error"].is_string(), "{status}");
+    assert_eq!(status["holds_active"], Value::Null);
+    assert!(!status["failed_jobs"].as_array().unwrap().is_empty());
+    let preview = cli.run(&["preview"]).await;
+    assert_eq!(preview.code, Some(0), "{}", preview.stderr);
+    assert!(
+        preview.stdout.contains("the holds could not be read"),
+        "{}",
+        preview.stdout
+    );
+    let preview = cli.run(&["preview", "--json"]).await;
+    assert_eq!(preview.code, Some(0), "{}", preview.stderr);
+    let lines: Vec<Value> = serde_json::from_str(&preview.stdout).unwrap();
+    assert!(lines.iter().any(|l| l["error"].is_string()), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l["error"].is_null()),
+        "the jobs that read no hold are shown: {lines:?}"
+    );
+
+    sqlx::query("ALTER TABLE sexton.holds_away RENAME TO holds")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let text = cli.run(&["status"]).await.stdout;
+    assert!(!text.contains("could not be read"), "{text}");
+    assert!(text.contains("1 active hold"), "{text}");
+    let preview = cli.run(&["preview"]).await;
+    assert_eq!(preview.code, Some(0), "{}", preview.stderr);
+    assert!(!preview.stdout.contains("could not be read"));
+}

@@ -239,16 +239,20 @@ pub async fn list(pool: &PgPool, all: bool) -> Result<Vec<Hold>, Error> {
     .await?)
 }
 
-/// The active holds, newest first, as placed.
+/// The newest `limit` active holds, newest first, as placed (`sexton status` shows a few; the
+/// rest are `holds list`'s).
 ///
 /// # Errors
 /// A database error.
-pub async fn active(pool: &PgPool) -> Result<Vec<Placed>, Error> {
-    Ok(list(pool, false)
-        .await?
-        .into_iter()
-        .map(|hold| hold.placed)
-        .collect())
+pub async fn active(pool: &PgPool, limit: i64) -> Result<Vec<Placed>, Error> {
+    let holds: Vec<Hold> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sexton.holds WHERE released_at IS NULL
+         ORDER BY placed_at DESC, id DESC LIMIT $1"
+    )))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(holds.into_iter().map(|hold| hold.placed).collect())
 }
 
 /// How many holds are active (the `sexton_holds_active` gauge).

@@ -9,7 +9,6 @@
 
 use std::io::Write;
 
-use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use sexton_jobs::job::{AccountRange, Scope};
 use uuid::Uuid;
@@ -31,10 +30,11 @@ pub enum Shown {
 
 /// Writes what every registered job would do now to `out`: for people, each job then its
 /// lines indented (control characters escaped); with `json`, one array of objects, each naming
-/// its `job`.
+/// its `job`. A job whose preview fails while the holds cannot be read gets one line saying so
+/// (`"error"` in JSON), and the others are shown all the same.
 ///
 /// # Errors
-/// A database error of any job's discovery or preview, or a failed write.
+/// A database error of any job's discovery or preview (the holds readable), or a failed write.
 pub async fn write(
     conn: &mut sqlx::PgConnection,
     settings: &Settings,
@@ -55,14 +55,36 @@ pub async fn write(
         if !json {
             writeln!(sink.out, "{}", kind.name())?;
         }
-        preview_kind(conn, settings, now, shown, *kind, &mut sink)
-            .await
-            .with_context(|| format!("the preview of {} failed", kind.name()))?;
+        let previewed = preview_kind(conn, settings, now, shown, *kind, &mut sink).await;
+        let Err(err) = previewed else { continue };
+        // The holds unreadable, what each job would remove cannot be told, but the rest can:
+        // the job's line says so (a pass removes nothing meanwhile, HD-3).
+        let Some(unreadable) = holds_unreadable(conn).await else {
+            return Err(err.context(format!("the preview of {} failed", kind.name())));
+        };
+        let text = format!(
+            "what it would remove cannot be told: the holds could not be read ({unreadable}); \
+             its passes remove nothing while they cannot (HD-3)"
+        );
+        let json = serde_json::json!({
+            "job": kind.name(),
+            "error": format!("{:#}", err.context("the holds could not be read")),
+        });
+        sink.line(&json, &text)?;
     }
     if json {
         sink.out.write_all(b"\n]\n")?;
     }
     Ok(())
+}
+
+/// Why the holds cannot be read, if they cannot (the table renamed, its privilege revoked).
+async fn holds_unreadable(conn: &mut sqlx::PgConnection) -> Option<String> {
+    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sexton.holds WHERE released_at IS NULL")
+        .fetch_one(conn)
+        .await
+        .err()
+        .map(|err| err.to_string())
 }
 
 /// Where the lines go, as they come.

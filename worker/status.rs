@@ -18,6 +18,9 @@ use crate::tick;
 /// How many failed jobs are listed.
 const FAILED_SHOWN: i64 = 50;
 
+/// How many active holds are listed, newest first: the rest are `sexton holds list`'s.
+pub const HOLDS_SHOWN: i64 = 10;
+
 /// Everything `sexton status` reports; `--json` prints it as it is.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -35,8 +38,14 @@ pub struct Status {
     /// Pending file deletions quarantined after their last attempt, per root (ER-3): files
     /// left on disk that an operator must look at.
     pub quarantined_files: std::collections::BTreeMap<String, i64>,
-    /// The active holds, newest first (HD-5): what they cover stays whatever a window says.
+    /// How many holds are active (HD-5); `null` when the holds could not be read.
+    pub holds_active: Option<i64>,
+    /// The newest active holds, newest first, at most [`HOLDS_SHOWN`] (HD-5): what they cover
+    /// stays whatever a window says; `sexton holds list` lists every one.
     pub holds: Vec<holds::Placed>,
+    /// Why the holds could not be read, when they could not (the rest of the status is shown
+    /// all the same; the jobs remove nothing meanwhile, HD-3).
+    pub holds_error: Option<String>,
 }
 
 /// Which passes `status` lists beside its summaries.
@@ -114,6 +123,14 @@ pub async fn read(
     let successes = ledger::last_success(pool).await?;
     let by_queue = queue::counts_by_queue(pool).await?;
     let fan_outs = ledger::latest_fan_outs(pool).await?;
+    let (holds_active, holds, holds_error) = match active_holds(pool).await {
+        Ok((count, newest)) => (Some(count), newest, None),
+        Err(err) => (
+            None,
+            Vec::new(),
+            Some(format!("{:#}", anyhow::Error::new(err))),
+        ),
+    };
     let mut jobs = Vec::new();
     for kind in registry::KINDS {
         if listed.job.as_deref().is_some_and(|job| job != kind.name()) {
@@ -145,7 +162,12 @@ pub async fn read(
                 .iter()
                 .find(|(job, _)| job == kind.name())
                 .map(|(_, slot)| *slot),
-            backlog_seconds: kind.backlog(pool, settings, at).await?,
+            // A backlog measured through the holds is not known while they cannot be read.
+            backlog_seconds: match kind.backlog(pool, settings, at).await {
+                Ok(seconds) => seconds,
+                Err(_) if holds_error.is_some() => None,
+                Err(err) => return Err(err),
+            },
             queue: by_queue.get(kind.queue()).copied().unwrap_or_default(),
             fan_out: fan_outs
                 .iter()
@@ -170,8 +192,18 @@ pub async fn read(
         failed_jobs: queue::failed(pool, FAILED_SHOWN).await?,
         retrying_files: failing.retrying,
         quarantined_files: failing.quarantined,
-        holds: holds::active(pool).await?,
+        holds_active,
+        holds,
+        holds_error,
     })
+}
+
+/// How many holds are active, and the newest of them.
+async fn active_holds(pool: &sqlx::PgPool) -> Result<(i64, Vec<holds::Placed>), holds::Error> {
+    Ok((
+        holds::active_count(pool).await?,
+        holds::active(pool, HOLDS_SHOWN).await?,
+    ))
 }
 
 fn time(at: Option<DateTime<Utc>>) -> String {
@@ -241,17 +273,43 @@ impl Status {
                  sexton.pending_file_deletions (quarantined_at, last_error)"
             );
         }
-        if self.holds.is_empty() {
-            let _ = writeln!(out, "no active hold");
-        } else {
-            let _ = writeln!(
-                out,
-                "{} active hold{}, newest first (what they cover stays; sexton holds list):",
-                self.holds.len(),
-                if self.holds.len() == 1 { "" } else { "s" }
-            );
-            for hold in &self.holds {
-                let _ = writeln!(out, "  {}", holds::line(hold));
+        match (self.holds_active, &self.holds_error) {
+            (_, Some(error)) => {
+                let _ = writeln!(
+                    out,
+                    "the holds could not be read: {error}\n  (no job removes anything while \
+                     they cannot, HD-3; grant sexton's role SELECT on sexton.holds, or run \
+                     `sexton migrate`)"
+                );
+            }
+            (None | Some(0), None) => {
+                let _ = writeln!(out, "no active hold");
+            }
+            (Some(n), None) => {
+                let shown = self.holds.len() as i64;
+                let plural = if n == 1 { "" } else { "s" };
+                let _ = if shown < n {
+                    writeln!(
+                        out,
+                        "{n} active hold{plural}, the newest {shown} first (what they cover stays):"
+                    )
+                } else {
+                    writeln!(
+                        out,
+                        "{n} active hold{plural}, newest first (what they cover stays; sexton \
+                         holds list):"
+                    )
+                };
+                for hold in &self.holds {
+                    let _ = writeln!(out, "  {}", holds::line(hold));
+                }
+                if shown < n {
+                    let _ = writeln!(
+                        out,
+                        "  … and {} more: sexton holds list shows every one",
+                        n - shown
+                    );
+                }
             }
         }
         crate::text::printable(&out)
