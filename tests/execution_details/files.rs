@@ -376,6 +376,49 @@ async fn ex3_a_retained_run_naming_the_file_another_way_keeps_it(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn ex3_a_retained_row_climbing_through_dotdot_keeps_every_file_it_could_name(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let account = fixture::account(&env.pool, Some(30)).await;
+    let conversation = fixture::conversation(&env.pool, account).await;
+    // A `..` resolved through a real directory, one that could climb through a symlink from
+    // anywhere, and an absolute path ending in the file's. (What follows the last `..` is
+    // all that is certain of a loose path: `d/sub/../out.bin` keeps every `out.bin`.)
+    let spellings = [
+        "{a}/{r}/sub/../../{r}/out.bin",
+        "elsewhere/../{a}/{r}/out.bin",
+        "/srv/outputs/{a}/{r}/out.bin",
+    ];
+    let mut shared = Vec::new();
+    for spelling in spellings {
+        let old = env
+            .run(RunSpec::conversation(account, conversation, 40.0))
+            .await;
+        let young = env
+            .run(RunSpec::conversation(account, conversation, 5.0))
+            .await;
+        std::fs::create_dir_all(env.root().join(format!("{account}/{}/sub", old.id))).unwrap();
+        let path = spelling
+            .replace("{a}", &account.to_string())
+            .replace("{r}", &old.id.to_string());
+        set_path(&env.pool, young.id, &path).await;
+        shared.push((old, env.output_file(account, old.id)));
+    }
+    let control = env
+        .run(RunSpec::conversation(account, conversation, 41.0))
+        .await;
+
+    env.pass(account).await;
+    for (old, file) in &shared {
+        assert!(fixture::is_pruned(&env.pool, old.id).await);
+        assert!(file.exists(), "a retained run's file went: {file:?}");
+    }
+    assert!(
+        !env.output_file(account, control.id).exists(),
+        "a file no spelling could name goes"
+    );
+}
+
+#[sqlx::test]
 async fn op3_bytes_reclaimed_counts_what_was_unlinked(pool: PgPool) {
     let env = Env::new(pool).await;
     let account = fixture::account(&env.pool, Some(30)).await;

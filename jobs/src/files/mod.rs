@@ -158,7 +158,9 @@ impl Root {
     /// Which of `paths` a surviving row still references: those stay on disk (EX-3, SS-6).
     /// Each path is looked up in the spelling index on its own (a `LATERAL … LIMIT 1`): as a
     /// semi-join the planner, which prices the spelling function at nothing, hashed every
-    /// output file's spelling instead, 34 ms for 200 paths at seed scale 10 against 5 ms.
+    /// output file's spelling instead, 34 ms for 200 paths at seed scale 10 against 5 ms. A
+    /// surviving row whose path is loose (`..`, or absolute) keeps every file it could name
+    /// (`sexton.may_name`), read through the partial index of such rows.
     async fn referenced(
         self,
         conn: &mut PgConnection,
@@ -169,7 +171,12 @@ impl Root {
                 "SELECT p FROM unnest($1::text[]) p,
                  LATERAL (SELECT 1 FROM output_files o
                           WHERE sexton.path_key(o.relative_path) = sexton.path_key(p)
-                          LIMIT 1) referencing"
+                          LIMIT 1) referencing
+                 UNION
+                 SELECT p FROM unnest($1::text[]) p
+                 WHERE EXISTS (SELECT 1 FROM output_files o
+                               WHERE sexton.is_loose(o.relative_path)
+                                 AND sexton.may_name(o.relative_path, p))"
             }
             Root::Sessions => {
                 "SELECT p FROM unnest($1::text[]) p
@@ -181,7 +188,13 @@ impl Root {
                  LATERAL (SELECT 1 FROM attachments a
                           WHERE sexton.path_key(a.relative_path) = sexton.path_key(p)
                             AND a.bytes_expired_at IS NULL
-                          LIMIT 1) referencing"
+                          LIMIT 1) referencing
+                 UNION
+                 SELECT p FROM unnest($1::text[]) p
+                 WHERE EXISTS (SELECT 1 FROM attachments a
+                               WHERE a.bytes_expired_at IS NULL
+                                 AND sexton.is_loose(a.relative_path)
+                                 AND sexton.may_name(a.relative_path, p))"
             }
             Root::Traces => return Ok(Vec::new()),
         };
