@@ -683,3 +683,55 @@ async fn hd3_status_and_preview_show_what_they_can_when_the_holds_cannot_be_read
     assert_eq!(preview.code, Some(0), "{}", preview.stderr);
     assert!(!preview.stdout.contains("could not be read"));
 }
+
+#[sqlx::test]
+async fn op1_bidi_controls_and_line_breaks_in_a_hold_are_escaped_in_holds_list_and_status(
+    pool: PgPool,
+) {
+    let cli = Cli::new(&pool).await;
+    let [(_, account), _, (_, agent), ..] = one_of_each(&pool, cli.dir.path()).await;
+    let case = "LIT-\u{202e}7-\u{2066}TIL\u{2069}\nFORGED case";
+    let reason = "keep\u{200f} it\nFORGED reason \u{61c}\u{202a}";
+    let ran = cli
+        .run(&[
+            "holds",
+            "place",
+            "--agent",
+            &agent.to_string(),
+            "--case",
+            case,
+            "--reason",
+            reason,
+            "--by",
+            "legal\u{202d}\nFORGED by",
+        ])
+        .await;
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    // Control: a plain hold beside it, shown as it was given.
+    cli.place("account", account, "LIT-8").await;
+
+    for command in [&["holds", "list"][..], &["status"]] {
+        let ran = cli.run(command).await;
+        assert_eq!(ran.code, Some(0), "{command:?}: {}", ran.stderr);
+        let out = &ran.stdout;
+        assert!(
+            !out.chars().any(sexton_jobs::shown::is_bidi_control),
+            "{command:?} wrote a bidi control: {out:?}"
+        );
+        assert!(
+            out.lines().all(|line| !line.starts_with("FORGED")),
+            "{command:?} let a stored line break start a line: {out}"
+        );
+        for shown in [
+            r"LIT-\u{202e}7-\u{2066}TIL\u{2069}\u{a}FORGED case",
+            r"keep\u{200f} it\u{a}FORGED reason \u{61c}\u{202a}",
+            r"legal\u{202d}\u{a}FORGED by",
+            "LIT-8",
+        ] {
+            assert!(
+                out.contains(shown),
+                "{command:?} does not show {shown}: {out}"
+            );
+        }
+    }
+}

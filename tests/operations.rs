@@ -512,6 +512,87 @@ async fn op4_each_hop_is_a_span_with_account_pass_hop_window_and_outcome(pool: P
     assert_eq!(hop["pruned"], 1);
 }
 
+#[sqlx::test]
+async fn op4_a_stored_path_with_a_line_break_forges_no_line_of_the_text_log(pool: PgPool) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = common::settings(dir.path());
+    let account = fixture::account(&pool, Some(30)).await;
+    let conversation = fixture::conversation(&pool, account).await;
+    fixture::run(
+        &pool,
+        &settings.paths.output_root,
+        RunSpec::conversation(account, conversation, 40.0),
+    )
+    .await;
+    // Records the account's hop drains and refuses (they climb out of the root), each logged
+    // with its path: one forging a log line and reordering it, and a plain one (the control).
+    let forging = "../x.out\n2026-11-01T03:00:00.000000Z ERROR sexton: FORGED \u{202e}tuo.x";
+    sqlx::query(
+        "INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
+         SELECT 'outputs', $1, p FROM unnest($2::text[]) p",
+    )
+    .bind(account)
+    .bind([forging, "../plain.out"])
+    .execute(&pool)
+    .await
+    .unwrap();
+    sexton::tick::tick(&pool, &settings, pass_start())
+        .await
+        .unwrap();
+    let url = common::database_url(&pool).await;
+    let output = common::sexton(&url, dir.path())
+        .args(["worker", "--exit-when-idle"])
+        .env("SEXTON_LOG__FORMAT", "text")
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let log = without_colours(&String::from_utf8(output.stderr).unwrap());
+
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("file not deleted"))
+        .collect();
+    assert_eq!(refusals.len(), 2, "both records logged: {log}");
+    assert!(
+        refusals
+            .iter()
+            .any(|line| line.contains("path=../plain.out ")),
+        "the control logged as it is: {log}"
+    );
+    assert!(
+        refusals.iter().any(|line| line.contains(
+            r"path=../x.out\u{a}2026-11-01T03:00:00.000000Z ERROR sexton: FORGED \u{202e}tuo.x"
+        )),
+        "the forging path logged escaped on its refusal's line: {log}"
+    );
+    assert!(
+        log.lines()
+            .filter(|line| line.contains("FORGED"))
+            .all(|line| line.contains("file not deleted")),
+        "a stored line break started a line of its own: {log}"
+    );
+    assert!(
+        !log.chars().any(sexton_jobs::shown::is_bidi_control),
+        "a stored bidi control reached the log: {log:?}"
+    );
+}
+
+/// `log` without the colours the text format paints its field names in (`ESC [ … m`): what
+/// comes from the database is escaped, so every ESC left is the format's own.
+fn without_colours(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut rest = log;
+    while let Some(at) = rest.find('\u{1b}') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        rest = rest.find('m').map_or("", |end| &rest[end + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
 #[test]
 fn op5_alert_rules_pass_promtool_and_the_pod_grace_outlasts_the_shutdown_grace() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -97,7 +97,7 @@ pub enum Error {
     NoHold(Uuid),
     #[error(
         "hold {id} was already released by {who} at {when}; a hold is released once",
-        who = text::printable(.by),
+        who = text::one_line(.by),
         when = time(*.at)
     )]
     Released {
@@ -395,7 +395,7 @@ pub fn table(holds: &[Hold]) -> String {
 
 /// Text from the database on one line of a table: shown, never obeyed, line breaks included.
 fn cell(stored: &str) -> String {
-    text::printable(stored).replace('\n', "\\n")
+    text::one_line(stored)
 }
 
 /// One active hold as `status` lists it.

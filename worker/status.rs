@@ -255,7 +255,9 @@ impl Status {
                     job.attempts,
                     job.max_attempts,
                     time(Some(job.run_at)),
-                    job.last_error.as_deref().unwrap_or("(no error recorded)"),
+                    job.last_error
+                        .as_deref()
+                        .map_or_else(|| "(no error recorded)".to_owned(), crate::text::one_line),
                 );
             }
         }
@@ -374,7 +376,7 @@ fn render_job(out: &mut String, job: &JobStatus) {
 /// One listed pass's lines of [`Status::render`].
 fn render_pass(out: &mut String, pass: &Pass) {
     let who = match (&pass.account_name, pass.account_id) {
-        (Some(name), Some(id)) => format!("account {name} ({id})"),
+        (Some(name), Some(id)) => format!("account {} ({id})", crate::text::one_line(name)),
         (None, Some(id)) => format!("account {id} (deleted)"),
         _ => "global".to_owned(),
     };
@@ -400,7 +402,7 @@ fn render_pass(out: &mut String, pass: &Pass) {
         pass.file_errors,
     );
     if let Some(error) = &pass.last_error {
-        let _ = writeln!(out, "    last error: {error}");
+        let _ = writeln!(out, "    last error: {}", crate::text::one_line(error));
     }
     if pass.throttles > 0 {
         let _ = writeln!(

@@ -21,4 +21,5 @@ pub mod queue_retention;
 pub mod record_expiry;
 pub mod session_retention;
 pub mod settings;
+pub mod shown;
 pub mod trace_cleanup;

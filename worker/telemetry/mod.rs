@@ -1,6 +1,7 @@
 //! Telemetry: logs (OP-4), structured tracing to stderr as text for people or JSON for
 //! pipelines; and metrics (OP-3).
 
+mod fields;
 pub mod metrics;
 
 use std::path::Path;
@@ -42,7 +43,7 @@ pub fn init(settings: &LogSettings, file: Option<&Path>) -> std::io::Result<()> 
             .flatten_event(true)
             .with_current_span(true)
             .init(),
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => builder.fmt_fields(fields::Escaped).init(),
     }
     Ok(())
 }

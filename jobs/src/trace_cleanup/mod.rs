@@ -44,6 +44,7 @@ use crate::files::{FileCounts, PathSettings, Root, Store, each_at_once};
 use crate::job::{Cadence, Env, HopOutcome, Inspect, Job, Look, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
+use crate::shown::Shown;
 
 mod clean;
 mod lease;
@@ -393,7 +394,7 @@ impl Job for TraceCleanup {
         let mut lease = match Lease::take(env.conn, &root, &holder).await {
             Ok(lease) => lease,
             Err(Error::LeaseHeld { holder }) => {
-                tracing::info!(%holder, "another trace cleaner holds the lease; nothing deleted");
+                tracing::info!(holder = %Shown(&holder), "another trace cleaner holds the lease; nothing deleted");
                 report.outcome = "lease_held";
                 return Ok(());
             }

@@ -145,7 +145,7 @@ impl Removal<'_> {
                 (Ok(_), Ok(Some(_))) => self.report.keep("changed"),
                 (Ok(_), Ok(None)) => self.report.keep("vanished"),
                 (Err(why), _) | (_, Err(why)) => {
-                    tracing::warn!(path = %file.path, error = %why, "trace not deleted");
+                    tracing::warn!(path = %Shown(&file.path), error = %why, "trace not deleted");
                     self.report.keep("error");
                 }
             }
@@ -158,7 +158,7 @@ impl Removal<'_> {
                     self.report.deleted_bytes += size;
                 }
                 Err(why) => {
-                    tracing::warn!(path = %file.path, error = %why, "trace not deleted");
+                    tracing::warn!(path = %Shown(&file.path), error = %why, "trace not deleted");
                     self.report.keep("error");
                 }
             }

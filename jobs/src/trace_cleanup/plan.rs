@@ -344,7 +344,7 @@ impl Removal<'_> {
                 }
                 Err(rustix::io::Errno::NOENT) => self.report.keep("vanished"),
                 Err(err) => {
-                    tracing::warn!(path = %file.path, error = %err, "trace not deleted");
+                    tracing::warn!(path = %Shown(&file.path), error = %err, "trace not deleted");
                     self.report.keep("error");
                 }
             }
