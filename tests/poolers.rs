@@ -1,7 +1,8 @@
 //! ER-5: sexton through a real PgBouncer (Debian's `pgbouncer`, installed by scripts/test.sh) in
 //! front of the test's database: in session mode a pass prunes exactly what it prunes on a
 //! direct connection; in transaction or statement mode every command that opens the database
-//! refuses at once, naming transaction pooling and the fix, and writes nothing.
+//! refuses at once, naming transaction pooling and the fix, and writes nothing; a session pool
+//! too small for sexton's is named with the size it needs.
 
 use std::time::Duration;
 
@@ -24,6 +25,12 @@ impl Bouncer {
     /// Starts one in `pool_mode` (session, transaction or statement), with a pool wide enough
     /// for a worker's `database.max_connections` and the tests' own connections.
     async fn start(pool_mode: &str) -> Bouncer {
+        Self::start_sized(pool_mode, 60).await
+    }
+
+    /// Starts one in `pool_mode` whose pool holds `pool_size` server connections per database
+    /// and user.
+    async fn start_sized(pool_mode: &str, pool_size: u32) -> Bouncer {
         let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for the tests");
         let Parts {
             user,
@@ -46,7 +53,7 @@ impl Bouncer {
             format!(
                 "[databases]\n* = host={host} port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
                  listen_port = {port}\nunix_socket_dir =\nauth_type = plain\nauth_file = {}\n\
-                 pool_mode = {pool_mode}\ndefault_pool_size = 60\nmax_client_conn = 300\n\
+                 pool_mode = {pool_mode}\ndefault_pool_size = {pool_size}\nmax_client_conn = 300\n\
                  ignore_startup_parameters = extra_float_digits,options\n",
                 server_port,
                 auth.display()
@@ -220,4 +227,53 @@ async fn er5_transaction_and_statement_pooling_are_refused_by_every_command_with
     assert_eq!(jobs, 0);
     assert!(!fixture::is_pruned(&pool, due.id).await);
     assert!(fixture::has_detail(&pool, due.id).await);
+}
+
+#[sqlx::test]
+async fn er5_a_session_pool_smaller_than_sextons_is_named_with_the_size_it_needs_and_the_setting(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = common::database_url(&pool).await;
+    // sexton's pool: the default database.max_connections, and the writable check's connection.
+    let needed = sexton::registry::load_settings(None)
+        .unwrap()
+        .database
+        .max_connections
+        + 1;
+    let small = Bouncer::start_sized("session", 2).await;
+    // Control: a pool as wide as sexton's, through the same kind of pooler.
+    let wide = Bouncer::start_sized("session", needed).await;
+    for command in [
+        &["worker"][..],
+        &["worker", "--exit-when-idle"],
+        &["status"],
+    ] {
+        let run = |bouncer: &Bouncer| {
+            let mut cmd = common::sexton(&bouncer.url(&url), dir.path());
+            cmd.args(command)
+                .env("SEXTON_DATABASE__ACQUIRE_TIMEOUT_MS", "2000");
+            Proc::spawn(cmd).finish(Duration::from_secs(60))
+        };
+        let (status, lines) = run(&small).await;
+        assert_eq!(status.code(), Some(2), "{command:?}: {lines:?}");
+        let said = |needle: &str| lines.iter().any(|l| l.contains(needle));
+        assert!(
+            said("through PgBouncer, whose pool gave sexton no connection")
+                && said("pool timed out")
+                && said(&format!("database.max_connections + 1 = {needed}"))
+                && said(&format!(
+                    "default_pool_size (or pool_size on the database's line) to at least {needed}"
+                ))
+                && said("max_client_conn"),
+            "{command:?} names the pooler, the size it needs and the setting: {lines:?}"
+        );
+        assert!(!said("invalid configuration"), "{lines:?}");
+
+        if command == ["status"] {
+            let (status, lines) = run(&wide).await;
+            assert_eq!(status.code(), Some(0), "through a wide pool: {lines:?}");
+        }
+    }
 }

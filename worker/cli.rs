@@ -146,7 +146,11 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
                 .is_some_and(holds::Error::is_usage)
             || matches!(
                 e.downcast_ref::<db::DbError>(),
-                Some(db::DbError::BadUrl(_) | db::DbError::TransactionPooling { .. })
+                Some(
+                    db::DbError::BadUrl(_)
+                        | db::DbError::TransactionPooling { .. }
+                        | db::DbError::PoolTooSmall { .. }
+                )
             )
     });
     if bad_configuration { 2 } else { 1 }

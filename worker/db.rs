@@ -12,6 +12,7 @@ use sqlx::{Connection as _, PgConnection, PgPool, Row as _};
 
 use crate::config::DatabaseSettings;
 
+pub mod pooler;
 pub mod session;
 
 /// sexton's own migrations: the reference schema and the objects its jobs need.
@@ -42,6 +43,23 @@ pub enum DbError {
         target: String,
         seen: session::Pooling,
         max_connections: u32,
+    },
+    #[error(
+        "{target} is reached through {pooler}, whose pool gave sexton no \
+         connection within database.acquire_timeout_ms = {acquire_timeout_ms}: \
+         each sexton process holds up to database.max_connections + 1 = {needed} server \
+         connections (its pool of {max_connections} and the writable check's own connection); \
+         {fix}, or lower database.max_connections",
+        needed = .max_connections + 1,
+        fix = .pooler.fix(.max_connections + 1)
+    )]
+    PoolTooSmall {
+        target: String,
+        pooler: pooler::Pooler,
+        max_connections: u32,
+        acquire_timeout_ms: u128,
+        #[source]
+        source: sqlx::Error,
     },
     #[error(
         "could not tell whether the connections to {target} are sessions of their own (a probe \
@@ -141,7 +159,10 @@ pub async fn connect(settings: &DatabaseSettings, access: Access) -> Result<PgPo
         },
         None => DbError::Connect { target, source },
     };
-    let state = probe.map_err(|source| failed(target.clone(), source))?;
+    let state = match probe {
+        Ok(state) => state,
+        Err(source) => return Err(failed(target, source)),
+    };
     // The startup packet carries the timeouts too, but a pooler drops it (PgBouncer's
     // ignore_startup_parameters = options): each pooled session sets them again.
     let set = std::sync::Arc::new(
@@ -163,9 +184,15 @@ pub async fn connect(settings: &DatabaseSettings, access: Access) -> Result<PgPo
                     .map(drop)
             })
         })
-        .connect_with(options)
-        .await
-        .map_err(|source| failed(target.clone(), source))?;
+        .connect_with(options.clone())
+        .await;
+    let pool = match pool {
+        Ok(pool) => pool,
+        Err(source @ sqlx::Error::PoolTimedOut) => {
+            return Err(pool_timed_out(settings, &options, target, source).await);
+        }
+        Err(source) => return Err(failed(target, source)),
+    };
     let checked = tokio::time::timeout(settings.acquire_timeout, session::probe(&pool))
         .await
         .unwrap_or(Err(sqlx::Error::PoolTimedOut));
@@ -179,6 +206,10 @@ pub async fn connect(settings: &DatabaseSettings, access: Access) -> Result<PgPo
                 max_connections: settings.max_connections,
             });
         }
+        Err(source @ sqlx::Error::PoolTimedOut) => {
+            pool.close().await;
+            return Err(pool_timed_out(settings, &options, target, source).await);
+        }
         Err(source) => {
             pool.close().await;
             return Err(DbError::SessionProbe { target, source });
@@ -191,6 +222,27 @@ pub async fn connect(settings: &DatabaseSettings, access: Access) -> Result<PgPo
         return Err(DbError::ReadOnly { target, state });
     }
     Ok(pool)
+}
+
+/// Why the pool gave no connection in time at start, right after a connection of its own was
+/// made: a pooler's pool too small for sexton's, named with the size it needs (ER-5), if a
+/// pooler can be told; the pool's own error otherwise.
+async fn pool_timed_out(
+    settings: &DatabaseSettings,
+    options: &PgConnectOptions,
+    target: String,
+    source: sqlx::Error,
+) -> DbError {
+    match pooler::find(options, settings.acquire_timeout).await {
+        Some(pooler) => DbError::PoolTooSmall {
+            target,
+            pooler,
+            max_connections: settings.max_connections,
+            acquire_timeout_ms: settings.acquire_timeout.as_millis(),
+            source,
+        },
+        None => DbError::SessionProbe { target, source },
+    }
 }
 
 /// When this process started: what connection ages are measured against.
@@ -370,6 +422,7 @@ pub async fn connect_with_retry(
             Err(
                 err @ (DbError::BadUrl(_)
                 | DbError::TransactionPooling { .. }
+                | DbError::PoolTooSmall { .. }
                 | DbError::ReadOnly { .. }),
             ) => return Err(err),
             Err(err) if attempt >= settings.connect_attempts => return Err(err),
