@@ -52,5 +52,7 @@ mod seed;
 mod sessions;
 // FL-5 for every row-owning kind: a stopping worker takes nothing and hands its pass over.
 mod shutdown;
+// ER-2, OS-1: the object store down at start.
+mod store_faults;
 // TR-1 … TR-4: trace cleanup.
 mod traces;

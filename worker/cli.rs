@@ -267,7 +267,8 @@ fn not_blank(value: &str) -> Result<String, String> {
 pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::CheckConfig => {
-            settings.check_roots().await?;
+            settings.check_dirs()?;
+            settings.reach_stores().await?;
             println!("configuration is valid");
             println!("{settings:#?}");
             Ok(())
@@ -279,7 +280,8 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Worker { exit_when_idle } => {
-            settings.check_roots().await?;
+            // Its object stores are reached in the worker, retried as the database is (ER-2).
+            settings.check_dirs()?;
             let mode = if exit_when_idle {
                 worker::Mode::UntilIdle
             } else {

@@ -405,8 +405,17 @@ impl Writable {
     }
 }
 
-/// Like [`connect`], retrying with a doubling wait (500 ms up to 10 s) for
-/// `database.connect_attempts` tries, so that a fleet started before its database waits (ER-2).
+/// The waits between a worker's attempts at start to reach what it needs (the database, its
+/// object stores): doubling from 500 ms up to 10 s, `database.connect_attempts` tries in all
+/// (ER-2).
+pub fn start_backoff() -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(Duration::from_millis(500)), |delay| {
+        Some((*delay * 2).min(Duration::from_secs(10)))
+    })
+}
+
+/// Like [`connect`], retrying with [`start_backoff`] for `database.connect_attempts` tries, so
+/// that a fleet started before its database waits (ER-2).
 ///
 /// # Errors
 /// The last [`DbError`] once every attempt failed.
@@ -414,7 +423,7 @@ pub async fn connect_with_retry(
     settings: &DatabaseSettings,
     access: Access,
 ) -> Result<PgPool, DbError> {
-    let mut delay = std::time::Duration::from_millis(500);
+    let mut delays = start_backoff();
     let mut attempt = 1;
     loop {
         match connect(settings, access).await {
@@ -428,8 +437,7 @@ pub async fn connect_with_retry(
             Err(err) if attempt >= settings.connect_attempts => return Err(err),
             Err(err) => {
                 tracing::warn!(event = crate::event::DATABASE_UNREACHABLE, attempt, of = settings.connect_attempts, error = %err, "database unreachable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(10));
+                tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(10))).await;
                 attempt += 1;
             }
         }

@@ -101,7 +101,8 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
     let settings = demo_settings(settings, &root);
     let pool = db::connect(&settings.database, db::Access::Write).await?;
     let now = seed_empty(&pool, &settings, scale, &root).await?;
-    settings.check_roots().await?;
+    settings.check_dirs()?;
+    settings.reach_stores().await?;
     let held = hold_one(&pool).await?;
 
     let before = snapshot(&pool, &settings.paths).await?;

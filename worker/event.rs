@@ -27,6 +27,9 @@ pub const DATABASE_WRITABLE: &str = "database_writable";
 /// The database could not be reached at start; another attempt follows (ER-2).
 pub const DATABASE_UNREACHABLE: &str = "database_unreachable";
 
+/// An object-store root's store did not answer at start; another attempt follows (ER-2, OS-1).
+pub const OBJECT_STORE_UNREACHABLE: &str = "object_store_unreachable";
+
 /// A queue consumer failed and is restarted after a pause (ER-2); logged once per interval.
 pub const CONSUMER_RESTARTING: &str = "consumer_restarting";
 

@@ -102,7 +102,8 @@ pub async fn prune(
 ) -> anyhow::Result<Outcome> {
     let ages = ages_from_env()?;
     if confirm {
-        settings.check_roots().await?;
+        settings.check_dirs()?;
+        settings.reach_stores().await?;
     }
     let pool = db::connect(
         &settings.database,

@@ -73,7 +73,8 @@ pub async fn clean(settings: &Settings, confirm: bool, json: bool) -> anyhow::Re
         }])
         .into());
     }
-    settings.check_roots().await?;
+    settings.check_dirs()?;
+    settings.reach_stores().await?;
     let root = settings.paths.store(Root::Traces);
     // A confirmed run on an object root writes its lease row.
     let access = match (&root, confirm) {

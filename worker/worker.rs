@@ -227,6 +227,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<Ran> {
         Mode::UntilIdle => None,
     };
 
+    reach_stores(&settings).await?;
     let pool = db::connect_with_retry(&settings.database, db::Access::Read).await?;
     health.connected(&pool);
     // Everything this replica times goes by the database's clock, not its host's (FL-2).
@@ -287,6 +288,35 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<Ran> {
     outcome.map(|()| Ran {
         failed_for_good: ctx.failed_for_good.load(Ordering::SeqCst),
     })
+}
+
+/// Reaches every object-store root, retrying as the database is retried at start (ER-2): a
+/// store that does not answer yet is an outage, not a setting. /readyz says not ready
+/// meanwhile (nothing is connected yet).
+///
+/// # Errors
+/// The roots the store still did not answer for after `database.connect_attempts` tries.
+async fn reach_stores(settings: &Settings) -> Result<(), crate::config::Unreachable> {
+    let attempts = settings.database.connect_attempts;
+    let mut delays = db::start_backoff();
+    let mut attempt = 1;
+    loop {
+        match settings.reach_stores().await {
+            Ok(()) => return Ok(()),
+            Err(err) if attempt >= attempts => return Err(err),
+            Err(err) => {
+                tracing::warn!(
+                    event = crate::event::OBJECT_STORE_UNREACHABLE,
+                    attempt,
+                    of = attempts,
+                    error = %err,
+                    "object store unreachable; retrying"
+                );
+                tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(10))).await;
+                attempt += 1;
+            }
+        }
+    }
 }
 
 /// How a run until idle ends on a node that takes no writes.

@@ -192,16 +192,11 @@ impl Settings {
         }
     }
 
-    /// Refuses file roots that do not exist or are not directories, and object-store roots the
-    /// store does not answer for (OP-2, ER-3, OS-1): under a missing root every file would look
-    /// "already deleted". For the commands that remove files, and `check-config`.
-    ///
-    /// # Errors
-    /// [`ConfigError::Invalid`] naming every such root.
-    pub async fn check_roots(&self) -> Result<(), ConfigError> {
+    /// The file roots with the settings that name them, and the kind of files each holds
+    /// (artifacts: none sexton removes).
+    fn roots(&self) -> [(&'static str, Option<Root>, &Path); 5] {
         let p = &self.paths;
-        let mut problems = Vec::new();
-        for (setting, root, path) in [
+        [
             ("paths.output_root", Some(Root::Outputs), &p.output_root),
             (
                 "paths.attachments_root",
@@ -215,25 +210,29 @@ impl Settings {
                 &p.sessions_root,
             ),
             ("paths.traces_root", Some(Root::Traces), &p.traces_root),
-        ] {
-            let why = match root.map(|root| p.store(root)) {
-                Some(Store::Object(objects)) => match objects.reach().await {
-                    Ok(()) => continue,
-                    Err(why) => format!(
-                        "expected a bucket and prefix the store answers for, got {objects} ({why})"
-                    ),
-                },
-                _ => match std::fs::metadata(path) {
-                    Ok(meta) if meta.is_dir() => continue,
-                    Ok(_) => {
-                        format!("expected an existing directory, got {path:?} (not a directory)")
-                    }
-                    Err(err) => format!("expected an existing directory, got {path:?} ({err})"),
-                },
+        ]
+    }
+
+    /// Refuses directory roots that do not exist or are not directories (OP-2, ER-3): under a
+    /// missing root every file would look "already deleted". For the commands that remove
+    /// files, and `check-config`. Object-store roots are [`Settings::reach_stores`]'.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming every such root.
+    pub fn check_dirs(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        for (setting, root, path) in self.roots() {
+            if let Some(Store::Object(_)) = root.map(|root| self.paths.store(root)) {
+                continue;
+            }
+            let message = match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => continue,
+                Ok(_) => format!("expected an existing directory, got {path:?} (not a directory)"),
+                Err(err) => format!("expected an existing directory, got {path:?} ({err})"),
             };
             problems.push(Problem {
                 setting: setting.to_owned(),
-                message: why,
+                message,
             });
         }
         if problems.is_empty() {
@@ -242,7 +241,55 @@ impl Settings {
             Err(ConfigError::Invalid(problems))
         }
     }
+
+    /// Reaches every object-store root once (OS-1): one listing of at most a key each, within
+    /// `database.acquire_timeout_ms`. A store that does not answer is an outage, not a setting:
+    /// a worker retries it at start as it retries the database (ER-2), a one-shot command fails
+    /// (exit 1) naming the root.
+    ///
+    /// # Errors
+    /// [`Unreachable`] naming every root the store did not answer for, and why.
+    pub async fn reach_stores(&self) -> Result<(), Unreachable> {
+        let mut unreached = Vec::new();
+        for (setting, root, _) in self.roots() {
+            let Some(Store::Object(objects)) = root.map(|root| self.paths.store(root)) else {
+                continue;
+            };
+            // The store's client retries a refused connection for minutes: an attempt is bounded
+            // as one at the database is.
+            let limit = self.database.acquire_timeout;
+            let why = match tokio::time::timeout(limit, objects.reach()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(why)) => why,
+                Err(_) => format!(
+                    "no answer within database.acquire_timeout_ms = {}",
+                    limit.as_millis()
+                ),
+            };
+            unreached.push(Problem {
+                setting: setting.to_owned(),
+                message: format!("{objects}: {why}"),
+            });
+        }
+        if unreached.is_empty() {
+            Ok(())
+        } else {
+            Err(Unreachable(unreached))
+        }
+    }
 }
+
+/// Object-store roots whose store did not answer (OS-1): an outage (exit 1), not an invalid
+/// setting.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the object store did not answer for {} root{} (an outage, not a setting: check that the \
+     store is up and reachable from here, and its credentials):\n{}",
+    .0.len(),
+    if .0.len() == 1 { "" } else { "s" },
+    list(.0)
+)]
+pub struct Unreachable(pub Vec<Problem>);
 
 /// Parses a five-field cron expression (minute hour day month weekday) into a schedule.
 pub fn parse_cron(expr: &str) -> Option<cron::Schedule> {
@@ -328,7 +375,7 @@ mod tests {
             traces_root: dir.path().join("traces"),
             objects: Vec::new(),
         };
-        let text = settings.check_roots().await.unwrap_err().to_string();
+        let text = settings.check_dirs().unwrap_err().to_string();
         assert!(text.contains("paths.output_root"), "{text}");
         assert!(
             text.contains("paths.sessions_root") && text.contains("not a directory"),
@@ -337,7 +384,7 @@ mod tests {
         assert!(!text.contains("paths.traces_root"), "{text}");
         settings.paths.output_root = dir.path().join("outputs");
         settings.paths.sessions_root = dir.path().join("sessions");
-        assert!(settings.check_roots().await.is_ok());
+        assert!(settings.check_dirs().is_ok());
     }
 
     #[test]
