@@ -10,19 +10,22 @@ use std::time::{Duration, SystemTime};
 
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
+use object_store::RetryConfig;
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use sexton::event;
-use sexton_jobs::files::object::MAX_BATCH;
+use sexton_jobs::files::object::{MAX_BATCH, ObjectRoot};
 use sexton_jobs::files::{self, Root, Store};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec};
 use crate::common::process::{Proc, fleet_worker, poll_until};
+use crate::common::proxy::{Action, Proxy};
 use crate::common::{self, backend};
 
 /// The S3 client, with each delete call's keys counted and the keys containing `refuse`
@@ -481,4 +484,91 @@ async fn os4_ex8_a_worker_killed_mid_drain_forgets_no_record_and_deletes_nothing
         "a file a surviving run references was deleted"
     );
     assert_eq!(waiting(&pool).await, []);
+}
+
+/// The root `prefix` of the bucket `dir` is, reached through `proxy` by a client that does not
+/// retry (a request the proxy drops or cuts fails at once, as the last of a client's retries
+/// would).
+fn through(proxy: &Proxy, dir: &std::path::Path, prefix: &str) -> ObjectRoot {
+    let bucket = dir.file_name().unwrap().to_str().unwrap();
+    let store = AmazonS3Builder::new()
+        .with_bucket_name(bucket)
+        .with_endpoint(proxy.endpoint())
+        .with_region("us-east-1")
+        .with_virtual_hosted_style_request(false)
+        .with_allow_http(true)
+        .with_access_key_id(backend::ACCESS_KEY)
+        .with_secret_access_key(backend::SECRET_KEY)
+        .with_retry(RetryConfig {
+            max_retries: 0,
+            ..RetryConfig::default()
+        })
+        .build()
+        .unwrap();
+    ObjectRoot::with_store(bucket, prefix, Arc::new(store))
+}
+
+/// Writes `bytes` to `path` (a rewrite of its object), last modified at `at`.
+fn rewrite(path: &std::path::Path, bytes: &[u8], at: SystemTime) {
+    std::fs::write(path, bytes).unwrap();
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_times(std::fs::FileTimes::new().set_modified(at))
+        .unwrap();
+}
+
+/// Outputs of `account` recorded for removal, each with its hour-old object in `dir`'s bucket.
+async fn recorded_outputs(
+    pool: &PgPool,
+    dir: &std::path::Path,
+    account: Uuid,
+    n: usize,
+) -> Vec<std::path::PathBuf> {
+    let paths: Vec<String> = (0..n).map(|n| format!("{account}/run/{n}.out")).collect();
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    let objects = paths
+        .iter()
+        .map(|path| {
+            let object = dir.join("outputs").join(path);
+            std::fs::create_dir_all(object.parent().unwrap()).unwrap();
+            rewrite(&object, b"12345", hour_ago);
+            object
+        })
+        .collect();
+    record(pool, Root::Outputs, account, &paths).await;
+    objects
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os4_a_delete_call_whose_answer_is_lost_counts_each_key_it_removed(pool: PgPool) {
+    common::migrate(&pool).await;
+    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
+    let proxy = Proxy::start(&endpoint).await;
+    let dir = backend::tempdir();
+    let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
+    let account = fixture::account(&pool, Some(30)).await;
+    let objects = recorded_outputs(&pool, dir.path(), account, 3).await;
+
+    // The DeleteObjects call reaches the store, which removes every key; its answer is lost.
+    proxy.rule(Some("POST"), Action::Cut, 1);
+    let mut conn = pool.acquire().await.unwrap();
+    let counts = files::drain(&mut conn, Root::Outputs, &store, Some(account))
+        .await
+        .unwrap();
+
+    proxy.hit_at_least(1).await;
+    assert_eq!(proxy.hit(), 1, "the delete call's answer was cut");
+    assert!(objects.iter().all(|object| !object.exists()));
+    assert_eq!(
+        (counts.deleted, counts.bytes, counts.errors),
+        (3, 15, 0),
+        "what the call removed counts"
+    );
+    assert_eq!(waiting(&pool).await, []);
+    // The control: with every answer forwarded, the next drain finds nothing left to count.
+    proxy.release();
+    let again = files::drain(&mut conn, Root::Outputs, &store, Some(account))
+        .await
+        .unwrap();
+    assert_eq!(again, files::FileCounts::default());
 }

@@ -8,6 +8,7 @@ pub mod fixture;
 pub mod hops;
 pub mod process;
 pub mod prometheus;
+pub mod proxy;
 pub mod run;
 
 use std::path::Path;

@@ -262,7 +262,15 @@ impl ObjectRoot {
     }
 
     /// Deletes `keys` in calls of at most [`MAX_BATCH`] keys each; each key's outcome, in
-    /// order (a key already gone is deleted). A call that fails as a whole fails each of its keys.
+    /// order (a key already gone is deleted). A key whose delete failed — one of a call that
+    /// failed as a whole (its answer lost: the store may have removed any of its keys), or one
+    /// the store answered for with an error — is read again (HEAD) at once: found gone, it was
+    /// removed and counts so (OS-4); still there, or not readable, its failure stands and its
+    /// record is retried.
+    ///
+    /// `object_store` 0.14 has no conditional delete (no `If-Match` on DeleteObject, no ETag per
+    /// key in DeleteObjects): what is deleted is what a HEAD just before saw (OS-2), and an
+    /// object rewritten between that HEAD and the delete is the one window left.
     pub async fn delete(&self, keys: &[Key]) -> Vec<Result<(), String>> {
         let mut outcomes = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(MAX_BATCH) {
@@ -279,6 +287,20 @@ impl ObjectRoot {
                     |e| e.to_string(),
                 );
                 outcomes.extend(chunk.iter().map(|_| Err(why.clone())));
+            }
+        }
+        let failed: Vec<(usize, Key)> = (0..keys.len())
+            .filter(|n| outcomes[*n].is_err())
+            .map(|n| (n, keys[n].clone()))
+            .collect();
+        let gone: Vec<(usize, bool)> = futures::stream::iter(failed)
+            .map(|(n, key)| async move { (n, matches!(self.meta(&key).await, Ok(None))) })
+            .buffered(super::AT_ONCE)
+            .collect()
+            .await;
+        for (n, gone) in gone {
+            if gone {
+                outcomes[n] = Ok(());
             }
         }
         outcomes
