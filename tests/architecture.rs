@@ -110,6 +110,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "clock",
             "context",
             "db",
+            "doctor",
             "event",
             "holds",
             "http",

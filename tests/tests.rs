@@ -8,6 +8,8 @@ mod common;
 mod crash;
 // ER-2, ER-6: the database down, restarted, refusing the worker's role, or read-only.
 mod database_faults;
+// OP-7: `sexton doctor`, each finding caused for real.
+mod doctor;
 // Figures and lists the docs and deploy files repeat, held to the registry.
 mod drift;
 // EX-1 … EX-9: PruneExecutionDetails, one module per group of its rules.

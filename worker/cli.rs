@@ -10,7 +10,8 @@ use clap::{ArgGroup, Parser, Subcommand};
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
 use crate::{
-    clock, db, demo, explain, holds, preview, registry, sessions, status, tick, traces, worker,
+    clock, db, demo, doctor, explain, holds, preview, registry, sessions, status, tick, traces,
+    worker,
 };
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
@@ -30,6 +31,13 @@ pub enum Command {
     Migrate,
     /// Validate the configuration and print it; exit 2 if anything is invalid.
     CheckConfig,
+    /// Check a deployment before its first night (OP-7): one line per check, each finding with
+    /// what to do; exit 0 with none, 1 with findings, 2 when it cannot check.
+    Doctor {
+        /// Print one JSON object: {"checks": [{check, ok, detail, fix}]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run as a fleet member: schedule and queue consumers.
     Worker {
         /// Exit once no job is pending or running (tests, demos, one-shot runs): 0, or 1 if a
@@ -140,6 +148,10 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     let bad_configuration = err.chain().any(|e| {
         e.downcast_ref::<crate::config::ConfigError>().is_some()
             || e.downcast_ref::<explain::UsageError>().is_some()
+            || matches!(
+                e.downcast_ref::<doctor::Error>(),
+                Some(doctor::Error::CannotCheck(_))
+            )
             || e.downcast_ref::<tick::TickError>()
                 .is_some_and(tick::TickError::is_usage)
             || e.downcast_ref::<holds::Error>()
@@ -272,6 +284,10 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             println!("configuration is valid");
             println!("{settings:#?}");
             Ok(())
+        }
+        Command::Doctor { json } => {
+            let checks = doctor::run(&settings).await?;
+            Ok(doctor::report(&checks, json)?)
         }
         Command::Migrate => {
             let pool = db::connect(&settings.database, db::Access::Write).await?;

@@ -3,7 +3,8 @@
 //!
 //! Dependencies run one way, in layers (checked by `tests/architecture.rs`); a module uses its
 //! own layer's modules (without a cycle) or lower ones':
-//! 1. configuration, and what needs nothing above it: config, clock, context, db, event (the
+//! 1. configuration, and what needs nothing above it: config, clock, context, db, doctor (a
+//!    deployment checked before its first night), event (the
 //!    names of logged events), holds (placed, released and listed), http, ledger, schedule (the
 //!    slot arithmetic), restarts (the consumers' restart pacing), seed, telemetry, text, wakeups;
 //! 2. the queue and one hop off it: queue, hop;
@@ -19,6 +20,7 @@ pub mod config;
 pub mod context;
 pub mod db;
 pub mod demo;
+pub mod doctor;
 pub mod event;
 pub mod explain;
 pub mod gauges;

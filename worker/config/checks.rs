@@ -16,8 +16,8 @@ use super::raw::{
     self, RawDatabase, RawHttp, RawLog, RawPaths, RawQueue, RawSchedule, RawSettings, RawStorage,
 };
 use super::{
-    DatabaseSettings, HttpSettings, JobSettings, LogFormat, LogSettings, PathSettings, PoolBudget,
-    QueueSettings, ScheduleSettings, Section, Settings, parse_cron,
+    DatabaseSettings, FleetSettings, HttpSettings, JobSettings, LogFormat, LogSettings,
+    PathSettings, PoolBudget, QueueSettings, ScheduleSettings, Section, Settings, parse_cron,
 };
 
 /// sexton's own settings, checked; `None` when any is invalid (each problem in `problems`).
@@ -29,6 +29,14 @@ pub(super) fn settings(raw: &RawSettings, problems: &mut Vec<Problem>) -> Option
     let (schedule, catch_up) = schedule(&raw.schedule, &mut c);
     let queue = queue(&raw.queue, catch_up, &mut c);
     let http = http(&raw.http, &mut c);
+    let fleet = c
+        .int(
+            "fleet.replicas",
+            &raw.fleet.replicas,
+            1..=1000,
+            "a whole number of worker processes from 1 to 1000",
+        )
+        .map(|replicas| FleetSettings { replicas });
     let log = log(&raw.log, &mut c);
     Some(Settings {
         database: database?,
@@ -36,6 +44,7 @@ pub(super) fn settings(raw: &RawSettings, problems: &mut Vec<Problem>) -> Option
         schedule: schedule?,
         queue: queue?,
         http: http?,
+        fleet: fleet?,
         log: log?,
         jobs: JobSettings::default(),
         health: sexton_jobs::health::HealthSettings::OFF,

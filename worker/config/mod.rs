@@ -36,6 +36,7 @@ pub struct Settings {
     pub schedule: ScheduleSettings,
     pub queue: QueueSettings,
     pub http: HttpSettings,
+    pub fleet: FleetSettings,
     pub log: LogSettings,
     /// Each job kind's own section, parsed by the job.
     pub jobs: JobSettings,
@@ -95,6 +96,13 @@ impl JobSettings {
     pub fn set<T: AnySettings>(&mut self, job: &'static str, settings: T) {
         self.0.insert(job, Arc::new(settings));
     }
+}
+
+/// The fleet as a whole (`[fleet]`).
+#[derive(Debug, Clone)]
+pub struct FleetSettings {
+    /// Worker processes running against the database.
+    pub replicas: u32,
 }
 
 #[derive(Debug, Clone)]

@@ -106,7 +106,13 @@ pub(super) struct RawSettings {
     pub schedule: RawSchedule,
     pub queue: RawQueue,
     pub http: RawHttp,
+    pub fleet: RawFleet,
     pub log: RawLog,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawFleet {
+    pub replicas: Raw<i64>,
 }
 
 #[derive(Debug, Deserialize)]

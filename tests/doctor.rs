@@ -1,0 +1,190 @@
+//! `sexton doctor` (OP-7): each finding caused for real on the test's database — an index
+//! dropped, an index made invalid, a privilege revoked, a read-only default, more replicas than
+//! the server has connections for — names itself and exits 1; a clean deployment exits 0; a
+//! database it cannot reach exits 2.
+
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::common;
+
+/// `sexton doctor --json` on `url`, with `env`: its exit code and its checks.
+async fn doctor(url: &str, env: &[(&str, &str)]) -> (i32, Vec<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::sexton(url, dir.path())
+        .args(["doctor", "--json"])
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .unwrap();
+    let code = output.status.code().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let checks = serde_json::from_str::<Value>(&stdout)
+        .ok()
+        .and_then(|v| v["checks"].as_array().cloned())
+        .unwrap_or_default();
+    (code, checks)
+}
+
+/// The findings among `checks`: (check, detail).
+fn findings(checks: &[Value]) -> Vec<(String, String)> {
+    checks
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .map(|c| {
+            (
+                c["check"].as_str().unwrap().to_owned(),
+                c["detail"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[sqlx::test]
+async fn op7_a_clean_deployment_passes_every_check(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    let (code, checks) = doctor(&url, &[]).await;
+    assert_eq!(findings(&checks), Vec::<(String, String)>::new());
+    assert_eq!(code, 0);
+    let names: Vec<&str> = checks
+        .iter()
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "database",
+            "pooler",
+            "indexes",
+            "privileges",
+            "root outputs",
+            "root attachments",
+            "root sessions",
+            "root traces",
+            "clock",
+            "timeouts",
+            "pool"
+        ]
+    );
+}
+
+#[sqlx::test]
+async fn op7_a_dropped_and_an_invalid_index_are_findings(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    sqlx::raw_sql(
+        "DROP INDEX output_files_loose;
+         UPDATE pg_index SET indisvalid = false
+         WHERE indexrelid = 'sexton.holds_active'::regclass;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (code, checks) = doctor(&url, &[]).await;
+    let found = findings(&checks);
+    assert_eq!(code, 1, "{checks:?}");
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(found[0].0, "index holds_active");
+    assert!(found[0].1.contains("INVALID"));
+    assert_eq!(found[1].0, "index output_files_loose");
+    assert!(found[1].1.contains("missing"));
+    let fix = checks
+        .iter()
+        .find(|c| c["check"] == "index holds_active")
+        .unwrap()["fix"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        fix.contains("REINDEX INDEX CONCURRENTLY holds_active"),
+        "{fix}"
+    );
+}
+
+#[sqlx::test]
+async fn op7_a_privilege_revoked_names_the_grant(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    let role = format!("doctor_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN PASSWORD 'doctor';
+         GRANT USAGE ON SCHEMA public, sexton TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public, sexton TO {role};
+         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA sexton TO {role};
+         REVOKE DELETE ON handoffs FROM {role};"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let after_scheme = url.find("://").unwrap() + 3;
+    let at = url[after_scheme..].find('@').unwrap() + after_scheme;
+    let as_role = format!("{}{role}:doctor{}", &url[..after_scheme], &url[at..]);
+
+    let (code, checks) = doctor(&as_role, &[]).await;
+    let found = findings(&checks);
+    assert_eq!(code, 1, "{checks:?}");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "privileges");
+    assert!(found[0].1.contains("DELETE ON handoffs"), "{found:?}");
+    // The control: granted again, nothing is missing.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "GRANT DELETE ON handoffs TO {role}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (code, checks) = doctor(&as_role, &[]).await;
+    assert_eq!((code, findings(&checks)), (0, Vec::new()));
+}
+
+#[sqlx::test]
+async fn op7_a_read_only_default_and_too_many_replicas_are_findings(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    let (code, checks) = doctor(&url, &[("SEXTON_FLEET__REPLICAS", "1000")]).await;
+    let found = findings(&checks);
+    assert_eq!(code, 1);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "pool");
+    assert!(
+        found[0].1.starts_with("1000 replicas × 18 connections"),
+        "{found:?}"
+    );
+
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE \"{database}\" SET default_transaction_read_only = on"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (code, checks) = doctor(&url, &[]).await;
+    let found = findings(&checks);
+    assert_eq!(code, 1);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "database");
+    assert!(
+        found[0].1.contains("default_transaction_read_only"),
+        "{found:?}"
+    );
+}
+
+#[sqlx::test]
+async fn op7_a_database_it_cannot_reach_exits_2(pool: PgPool) {
+    let url = common::database_url(&pool).await;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let after_scheme = url.find("://").unwrap() + 3;
+    let at = url[after_scheme..].find('@').unwrap() + after_scheme;
+    let host_end = url[at..].find('/').map_or(url.len(), |i| at + i);
+    let unreachable = format!("{}@127.0.0.1:{closed}{}", &url[..at], &url[host_end..]);
+    let (code, checks) = doctor(&unreachable, &[("SEXTON_DATABASE__CONNECT_ATTEMPTS", "1")]).await;
+    assert_eq!(code, 2);
+    assert!(checks.is_empty());
+}
