@@ -22,7 +22,7 @@ use crate::text;
 pub enum Error {
     /// It could not check at all (exit 2).
     #[error("cannot check the deployment: {0}")]
-    CannotCheck(#[source] DbError),
+    CannotCheck(#[source] Box<DbError>),
     /// It checked, and found this many things to fix (exit 1); the lines say which.
     #[error("{0} finding(s): see the lines above")]
     Findings(usize),
@@ -129,7 +129,7 @@ pub async fn run(settings: &Settings) -> Result<Vec<Check>, Error> {
             ));
             return Ok(checks);
         }
-        Err(err) => return Err(Error::CannotCheck(err)),
+        Err(err) => return Err(Error::CannotCheck(Box::new(err))),
     };
     checks.push(writable(&pool).await?);
     checks.push(Check::ok(
