@@ -1,4 +1,4 @@
-//! Rules of object storage alone (SPEC §10: OS-3, OS-4), against the real S3-compatible server
+//! Rules of object storage alone (SPEC §10: OS-2, OS-3, OS-4), against the real S3-compatible server
 //! of the test script's object pass (`SEXTON_TEST_S3`, tests/common/backend.rs): the deletes
 //! counted by a wrapper around the client, per-key failures made by it. Every file rule that
 //! holds on both backends is proven by its own test, run in both passes; these need the server,
@@ -18,15 +18,17 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use sexton::event;
+use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
 use sexton_jobs::files::object::{MAX_BATCH, ObjectRoot};
 use sexton_jobs::files::{self, Root, Store};
+use sexton_jobs::job::Job as _;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::common::fixture::{self, RunSpec};
+use crate::common::fixture::{self, RunSpec, days_before_pass};
 use crate::common::process::{Proc, fleet_worker, poll_until};
 use crate::common::proxy::{Action, Proxy};
-use crate::common::{self, backend};
+use crate::common::{self, backend, run};
 
 /// The S3 client, with each delete call's keys counted and the keys containing `refuse`
 /// failed (the others passed on, the answers in the keys' order, as the S3 client gives them).
@@ -438,7 +440,13 @@ async fn os4_ex8_a_worker_killed_mid_drain_forgets_no_record_and_deletes_nothing
         .map(|path| {
             let file = dir.join("outputs").join(path);
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-            std::fs::write(&file, b"12345").unwrap();
+            // Written an hour before their runs were pruned (OS-2: an object written in its
+            // record's own instant may be a new one, and stays).
+            rewrite(
+                &file,
+                b"12345",
+                SystemTime::now() - Duration::from_secs(3600),
+            );
             file
         })
         .collect();
@@ -516,6 +524,209 @@ fn rewrite(path: &std::path::Path, bytes: &[u8], at: SystemTime) {
         .unwrap();
 }
 
+/// Records `path` of the outputs root for `account` as recorded at `at`.
+async fn record_at(pool: &PgPool, account: Uuid, path: &str, at: chrono::DateTime<chrono::Utc>) {
+    sqlx::query(
+        "INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path, created_at)
+         VALUES ('outputs', $1, $2, $3)",
+    )
+    .bind(account)
+    .bind(path)
+    .bind(at)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os2_an_output_object_rewritten_in_the_second_of_its_record_is_never_deleted(pool: PgPool) {
+    common::migrate(&pool).await;
+    let bucket = Bucket::new(Root::Outputs);
+    let account = fixture::account(&pool, Some(30)).await;
+    let (rewritten, old, just_before) = (
+        format!("{account}/run/rewritten.out"),
+        format!("{account}/run/old.out"),
+        format!("{account}/run/just-before.out"),
+    );
+    let rewritten_object = bucket.object("outputs", &rewritten);
+    let old_object = bucket.object("outputs", &old);
+    let just_before_object = bucket.object("outputs", &just_before);
+    // The rows were removed at .300 of a second; the platform put a new object under the same
+    // key at .800 of that second. Its `LastModified` (a whole second) reads earlier than the
+    // record, and says nothing about which came first.
+    let second = chrono::Utc::now().timestamp() - 60;
+    let at = |millis: u32| chrono::DateTime::from_timestamp(second, millis * 1_000_000).unwrap();
+    for path in [&rewritten, &old, &just_before] {
+        record_at(&pool, account, path, at(300)).await;
+    }
+    rewrite(&rewritten_object, b"new bytes", SystemTime::from(at(800)));
+    // Written in the same second, before the record: a store whose listing gives milliseconds
+    // (s3s-fs) tells it apart.
+    rewrite(&just_before_object, b"12345", SystemTime::from(at(100)));
+
+    let mut conn = pool.acquire().await.unwrap();
+    let counts = files::drain(&mut conn, Root::Outputs, &bucket.store, Some(account))
+        .await
+        .unwrap();
+
+    assert_eq!(
+        std::fs::read(&rewritten_object).unwrap(),
+        b"new bytes",
+        "an object written in its record's second was deleted"
+    );
+    assert!(!old_object.exists(), "the control: an hour-old object goes");
+    assert!(
+        !just_before_object.exists(),
+        "an object listed as written before its record goes"
+    );
+    assert_eq!((counts.deleted, counts.errors), (2, 0));
+    assert_eq!(
+        waiting(&pool).await,
+        [],
+        "the new object's record is forgotten"
+    );
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os2_an_output_object_rewritten_after_its_failed_delete_is_judged_by_its_etag(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let bucket = Bucket::new(Root::Outputs);
+    let account = fixture::account(&pool, Some(30)).await;
+    let paths = [
+        format!("{account}/run/refused-rewritten.out"),
+        format!("{account}/run/refused-same.out"),
+    ];
+    let objects: Vec<_> = paths.iter().map(|p| bucket.object("outputs", p)).collect();
+    record(&pool, Root::Outputs, account, &paths).await;
+    *bucket.refuse.lock().unwrap() = Some("refused".to_owned());
+    let mut conn = pool.acquire().await.unwrap();
+    let first = files::drain(&mut conn, Root::Outputs, &bucket.store, Some(account))
+        .await
+        .unwrap();
+    assert_eq!((first.deleted, first.errors), (0, 2));
+    let judged: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT etag FROM sexton.pending_file_deletions ORDER BY relative_path")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(
+        judged.iter().all(Option::is_some),
+        "the ETag each delete was judged by is kept: {judged:?}"
+    );
+
+    // Rewritten before the next drain, its `LastModified` an hour back (a store's clock behind
+    // the database's): only the ETag tells.
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    rewrite(&objects[0], b"new bytes", hour_ago);
+    *bucket.refuse.lock().unwrap() = None;
+    let second = files::drain(&mut conn, Root::Outputs, &bucket.store, Some(account))
+        .await
+        .unwrap();
+
+    assert_eq!(
+        std::fs::read(&objects[0]).unwrap(),
+        b"new bytes",
+        "an object rewritten since it was judged was deleted"
+    );
+    assert!(
+        !objects[1].exists(),
+        "the control: the unchanged object goes"
+    );
+    assert_eq!((second.deleted, second.errors), (1, 0));
+    assert_eq!(waiting(&pool).await, []);
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os2_at1_an_attachment_rewritten_between_its_judgement_and_its_record_keeps_its_new_bytes(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
+    let proxy = Proxy::start(&endpoint).await;
+    let dir = backend::tempdir();
+    let mut paths = run::roots(dir.path());
+    paths.objects.retain(|(root, _)| *root != Root::Attachments);
+    paths.objects.push((
+        Root::Attachments,
+        Arc::new(through(&proxy, dir.path(), "attachments")),
+    ));
+    let account = fixture::account(&pool, Some(90)).await;
+    let mut rows = Vec::new();
+    let mut objects = Vec::new();
+    for name in ["a/rewritten.bin", "a/old.bin"] {
+        let object = paths.attachments_root.join(name);
+        std::fs::create_dir_all(object.parent().unwrap()).unwrap();
+        rewrite(
+            &object,
+            b"attachment bytes",
+            SystemTime::from(days_before_pass(400.0)),
+        );
+        objects.push(object);
+        let id: Uuid = sqlx::query_scalar(
+            "INSERT INTO attachments (account_id, relative_path, bytes, created_at)
+             VALUES ($1, $2, 16, $3) RETURNING id",
+        )
+        .bind(account)
+        .bind(name)
+        .bind(days_before_pass(400.0))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        rows.push(id);
+    }
+
+    // The judgement's HEADs answered (old bytes: expired) and held on their way back; the
+    // platform rewrites one attachment meanwhile, before the record is written.
+    proxy.rule(Some("HEAD"), Action::Hold, 2);
+    let pass = tokio::spawn({
+        let (pool, paths) = (pool.clone(), paths.clone());
+        async move {
+            let settings = AttachmentSettings {
+                max_age_days: 30,
+                window_size: 100,
+                budget: Duration::from_secs(600),
+            };
+            let first = AttachmentExpiry::first(Some(account), fixture::pass_start());
+            run::pass::<AttachmentExpiry>(&pool, &paths, &settings, first).await
+        }
+    });
+    proxy.hit_at_least(2).await;
+    rewrite(
+        &objects[0],
+        b"new attachment bytes",
+        SystemTime::now() - Duration::from_secs(5),
+    );
+    proxy.release();
+    let reports = pass.await.unwrap();
+
+    assert_eq!(proxy.hit(), 2, "both judgements were held");
+    assert_eq!(
+        std::fs::read(&objects[0]).unwrap(),
+        b"new attachment bytes",
+        "bytes written after the judgement were deleted"
+    );
+    assert!(!objects[1].exists(), "the control: the judged bytes go");
+    let expired: Vec<(Uuid, bool)> = sqlx::query_as(
+        "SELECT id, bytes_expired_at IS NOT NULL FROM attachments WHERE id = ANY($1)",
+    )
+    .bind(&rows)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        expired.contains(&(rows[0], false)),
+        "the rewritten attachment names live bytes again: {expired:?}"
+    );
+    assert!(expired.contains(&(rows[1], true)), "{expired:?}");
+    assert_eq!(reports.iter().map(|r| r.files.deleted).sum::<u64>(), 1);
+    assert_eq!(waiting(&pool).await, []);
+}
+
 /// Outputs of `account` recorded for removal, each with its hour-old object in `dir`'s bucket.
 async fn recorded_outputs(
     pool: &PgPool,
@@ -536,6 +747,93 @@ async fn recorded_outputs(
         .collect();
     record(pool, Root::Outputs, account, &paths).await;
     objects
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os2_a_store_unreachable_for_more_drains_than_attempts_quarantines_nothing_and_its_objects_go_after(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
+    let proxy = Proxy::start(&endpoint).await;
+    let dir = backend::tempdir();
+    let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
+    let account = fixture::account(&pool, Some(30)).await;
+    let objects = recorded_outputs(&pool, dir.path(), account, 3).await;
+
+    // Two nights down: every request dropped with its connection.
+    proxy.rule(None, Action::Drop, usize::MAX);
+    let mut conn = pool.acquire().await.unwrap();
+    let drains = files::MAX_ATTEMPTS as usize + 2;
+    for _ in 0..drains {
+        let outcome = files::drain(&mut conn, Root::Outputs, &store, Some(account)).await;
+        assert!(
+            matches!(outcome, Err(files::DrainError::Store { .. })),
+            "{outcome:?}"
+        );
+    }
+    assert!(proxy.hit() >= drains, "each drain asked the store");
+    let left = waiting(&pool).await;
+    assert_eq!(left.len(), 3);
+    assert!(
+        left.iter()
+            .all(|(_, attempts, _, quarantined)| *attempts == 0 && !quarantined),
+        "an outage counted against a record: {left:?}"
+    );
+    assert!(objects.iter().all(|object| object.exists()));
+
+    // The store answers again: everything goes.
+    proxy.release();
+    let counts = files::drain(&mut conn, Root::Outputs, &store, Some(account))
+        .await
+        .unwrap();
+    assert_eq!((counts.deleted, counts.errors), (3, 0));
+    assert!(objects.iter().all(|object| !object.exists()));
+    assert_eq!(waiting(&pool).await, []);
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os2_a_store_lost_in_the_middle_of_each_drain_quarantines_nothing_and_its_objects_go_after(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
+    let proxy = Proxy::start(&endpoint).await;
+    let dir = backend::tempdir();
+    let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
+    let account = fixture::account(&pool, Some(30)).await;
+    let objects = recorded_outputs(&pool, dir.path(), account, 3).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let drains = files::MAX_ATTEMPTS as usize + 2;
+    for n in 1..=drains {
+        // The store answers the drain's first request (whether it can be reached), then is
+        // gone: its HEADs, and the second look at whether it answers, are dropped.
+        proxy.rule_after(1, None, Action::Drop, usize::MAX);
+        let outcome = files::drain(&mut conn, Root::Outputs, &store, Some(account)).await;
+        assert!(
+            matches!(outcome, Err(files::DrainError::Store { .. })),
+            "{outcome:?}"
+        );
+        assert!(proxy.hit() >= 2 * n, "the store went away mid-drain");
+    }
+    let left = waiting(&pool).await;
+    assert!(
+        left.iter()
+            .all(|(_, attempts, _, quarantined)| *attempts == 0 && !quarantined),
+        "an outage counted against a record: {left:?}"
+    );
+    assert!(objects.iter().all(|object| object.exists()));
+
+    proxy.release();
+    let counts = files::drain(&mut conn, Root::Outputs, &store, Some(account))
+        .await
+        .unwrap();
+    assert_eq!((counts.deleted, counts.errors), (3, 0));
+    assert!(objects.iter().all(|object| !object.exists()));
+    assert_eq!(waiting(&pool).await, []);
 }
 
 #[sqlx::test]

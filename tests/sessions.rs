@@ -1142,8 +1142,17 @@ async fn ss6_er3_a_removal_that_never_reports_back_is_quarantined_after_its_last
     for attempts in [files::MAX_ATTEMPTS, files::MAX_ATTEMPTS - 1] {
         let gone = Uuid::new_v4();
         std::fs::create_dir_all(env.frames(gone).join("archive")).unwrap();
-        // A frame in it, so that the directory is something on an object store too.
-        std::fs::write(env.frames(gone).join("archive/0.frame"), b"x").unwrap();
+        // A frame in it, so that the directory is something on an object store too; written
+        // before its session went (OS-2: an object of its record's own instant may be new).
+        let frame = env.frames(gone).join("archive/0.frame");
+        std::fs::write(&frame, b"x").unwrap();
+        let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&frame)
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(hour_ago))
+            .unwrap();
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path, attempts)
              VALUES ('sessions', $1, $2, $3) RETURNING id",

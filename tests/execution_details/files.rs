@@ -130,6 +130,15 @@ async fn recorded_files(env: &Env, account: Uuid, n: usize) -> Vec<std::path::Pa
         let path = env.root().join(&relative);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, b"bytes").unwrap();
+        // Written an hour before its record, as a file is before its rows go: an object written
+        // in its record's own instant may be a new one, and stays (OS-2).
+        let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(hour_ago))
+            .unwrap();
         sqlx::query(
             "INSERT INTO sexton.pending_file_deletions (account_id, relative_path) VALUES ($1, $2)",
         )

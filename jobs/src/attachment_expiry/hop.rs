@@ -5,7 +5,9 @@ use super::*;
 
 /// What a row's file is, as far as expiry goes.
 pub(super) enum Verdict {
-    Expired,
+    /// With the ETag the store gave the object judged (OS-2: what was judged is what the drain
+    /// compares before it deletes).
+    Expired(Option<String>),
     Young,
     Kept(&'static str),
 }
@@ -30,7 +32,7 @@ pub(super) async fn judge_all(
 
 fn verdict(entry: Result<Option<Entry>, Unseen>, cutoff: DateTime<Utc>) -> Verdict {
     match entry {
-        Ok(Some(Entry::File { modified })) if modified < cutoff => Verdict::Expired,
+        Ok(Some(Entry::File { modified, etag })) if modified < cutoff => Verdict::Expired(etag),
         Ok(Some(Entry::File { .. })) => Verdict::Young,
         Ok(Some(Entry::Symlink)) | Err(Unseen::OutsideRoot) => Verdict::Kept("outside_root"),
         Ok(Some(Entry::Other)) => Verdict::Kept("not_regular"),
@@ -159,14 +161,15 @@ impl Window for Live {
         chunk: &[(Uuid, String)],
         report: &mut Report<Args>,
     ) -> Result<Taken, Error> {
-        let (mut expired, mut judged) = (Vec::new(), Vec::new());
+        let (mut expired, mut judged, mut etags) = (Vec::new(), Vec::new(), Vec::new());
         let paths: Vec<&str> = chunk.iter().map(|(_, path)| path.as_str()).collect();
         let verdicts = judge_all(&self.root, &paths, self.cutoff).await;
         for ((id, path), verdict) in chunk.iter().zip(verdicts) {
             match verdict {
-                Verdict::Expired => {
+                Verdict::Expired(etag) => {
                     expired.push(*id);
                     judged.push(path.clone());
+                    etags.push(etag);
                 }
                 Verdict::Young => {}
                 Verdict::Kept(reason) => retain(report, reason),
@@ -181,6 +184,7 @@ impl Window for Live {
             .bind(&expired)
             .bind(&judged)
             .bind(self.account_id)
+            .bind(&etags)
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -208,7 +212,8 @@ pub(super) fn count(counts: &mut [(&'static str, u64)], reason: &'static str) {
 
 /// Marks the attachments `$1` of account `$3` expired — each only if still live and still
 /// naming the path `$2` it was judged by, so that a row repointed at a fresh file meanwhile is
-/// left for the next pass — and records their files for removal, in one statement and so one
-/// short transaction; a row an application holds is skipped, and an account a hold covers
+/// left for the next pass — and records their files for removal with the ETag `$4` each
+/// object had when it was judged (NULL on a local root), so that the drain deletes only the
+/// bytes that were judged (OS-2), in one statement and so one short transaction; a row an application holds is skipped, and an account a hold covers
 /// marks nothing (HD-3). Returns whether a hold covers the account, and the rows marked.
 pub(super) const MARK_EXPIRED: &str = include_str!("mark_expired.sql");

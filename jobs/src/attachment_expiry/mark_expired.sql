@@ -1,7 +1,7 @@
 WITH judged AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[]) AS j (id, relative_path)),
+    SELECT * FROM unnest($1::uuid[], $2::text[], $4::text[]) AS j (id, relative_path, etag)),
 locked AS (
-    SELECT a.id FROM attachments a JOIN judged j ON j.id = a.id
+    SELECT a.id, j.etag FROM attachments a JOIN judged j ON j.id = a.id
     WHERE a.account_id = $3 AND a.bytes_expired_at IS NULL
       AND a.relative_path = j.relative_path
     ORDER BY a.id
@@ -11,8 +11,8 @@ held AS (
 marked AS (
     UPDATE attachments a SET bytes_expired_at = now()
     FROM locked WHERE a.id = locked.id AND NOT (SELECT held FROM held)
-    RETURNING a.id, a.relative_path),
+    RETURNING a.id, a.relative_path, locked.etag),
 recorded AS (
-    INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-    SELECT 'attachments', $3, relative_path FROM marked)
+    INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path, etag)
+    SELECT 'attachments', $3, relative_path, etag FROM marked)
 SELECT (SELECT held FROM held) AS held, ARRAY(SELECT id FROM marked) AS marked

@@ -87,10 +87,10 @@ impl Inspect for AttachmentExpiry {
                 };
                 let preview = &mut previews[at];
                 match verdict {
-                    Verdict::Expired if held.contains(account) => {
+                    Verdict::Expired(_) if held.contains(account) => {
                         count(&mut preview.kept, LEGAL_HOLD);
                     }
-                    Verdict::Expired => preview.expired += 1,
+                    Verdict::Expired(_) => preview.expired += 1,
                     Verdict::Young => {}
                     Verdict::Kept(reason) => count(&mut preview.kept, reason),
                 }
@@ -133,7 +133,7 @@ async fn explain_attachment(
     };
     let root = Opened::open(&paths.store(Root::Attachments))?;
     let mtime = match root.entry(&path).await {
-        Ok(Some(Entry::File { modified })) => Some(modified),
+        Ok(Some(Entry::File { modified, .. })) => Some(modified),
         _ => None,
     };
     let mut explanation = Explanation {
@@ -191,7 +191,7 @@ async fn verdict(
     cutoff: DateTime<Utc>,
 ) -> (ExplainVerdict, ExplainReason) {
     let reason = match judge(root, path, cutoff).await {
-        Verdict::Expired => {
+        Verdict::Expired(_) => {
             let reason = ExplainReason::new(
                 "AT-1",
                 "expired",

@@ -18,7 +18,10 @@ use super::*;
 /// its path is gone, refused (outside the root, not of the root's kind) or still referenced; a
 /// removal that failed otherwise is tried again by later drains, [`MAX_ATTEMPTS`] times in all,
 /// and then quarantined — as is a record claimed that often whose removal never reported back
-/// (its process died during it), without trying it again. The
+/// (its process died during it), without trying it again. A store that cannot be reached is
+/// an outage, not a failed removal (OS-2): the claim's attempt is handed back, nothing is
+/// quarantined, and the drain ends with [`DrainError::Store`]; the records wait for a drain
+/// that finds the store answering. The
 /// caller guarantees that no other drain of the same root and scope runs at the same time
 /// (the scope lock). Dropped midway (its hop failed or was cancelled), a drain also stops its
 /// removals, which run on threads of their own, after those in progress: up to [`AT_ONCE`],
@@ -75,7 +78,7 @@ pub(super) async fn drain_until(
                               WHERE p.root = $1 AND p.account_id = $2 AND p.id > $3
                                 AND p.quarantined_at IS NULL AND NOT EXISTS ({HELD})
                               ORDER BY p.id LIMIT $4)
-                 RETURNING id, relative_path, attempts, created_at"
+                 RETURNING id, relative_path, attempts, created_at, etag"
             )))
             .persistent(false)
             .bind(root.as_str())
@@ -94,11 +97,17 @@ pub(super) async fn drain_until(
         // Fewer than asked for: nothing more was waiting when this claim looked, and asking
         // again would find only what was committed since (the next drain's).
         let caught_up = batch.len() < BATCH as usize;
-        if let Store::Object(objects) = store {
-            objects.reach().await.map_err(|why| DrainError::Store {
+        if let Store::Object(objects) = store
+            && let Err(why) = objects.reach().await
+        {
+            // An outage, not a failed removal (OS-2): the claim's attempt is handed back, and
+            // the records wait, none quarantined, for a drain that finds the store answering.
+            let ids: Vec<i64> = batch.iter().map(|claimed| claimed.id).collect();
+            unclaim(conn, &ids).await?;
+            return Err(DrainError::Store {
                 root: objects.to_string(),
                 why,
-            })?;
+            });
         }
         // The last hold check and the removals in one transaction through the hold gate
         // (HD-3): a hold placed since the claim keeps its files, unclaimed, and one placed
@@ -125,7 +134,13 @@ pub(super) async fn drain_until(
         };
         gated.commit().await?;
         counts.add(removed.counts);
-        conclude(conn, &removed).await?;
+        conclude(conn, root, &removed).await?;
+        if let (Some(why), Store::Object(objects)) = (removed.unreachable, store) {
+            return Err(DrainError::Store {
+                root: objects.to_string(),
+                why,
+            });
+        }
         if caught_up || stop.load(Ordering::Relaxed) {
             return Ok((counts, after));
         }
@@ -154,6 +169,20 @@ async fn unheld(conn: &mut PgConnection, batch: Vec<Claimed>) -> Result<Vec<Clai
         .into_iter()
         .filter(|claimed| !held.contains(&claimed.id))
         .collect())
+}
+
+/// Hands back the attempt the claim counted against each of `ids`: the store could not be
+/// reached, so no removal was attempted (OS-2).
+async fn unclaim(conn: &mut PgConnection, ids: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE sexton.pending_file_deletions SET attempts = greatest(attempts - 1, 0)
+         WHERE id = ANY($1)",
+    )
+    .persistent(false)
+    .bind(ids)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Raises its flag when dropped.
@@ -305,6 +334,8 @@ pub(super) struct Claimed {
     /// When the transaction that removed its owners recorded it.
     #[sqlx(rename = "created_at")]
     pub recorded_at: chrono::DateTime<chrono::Utc>,
+    /// The ETag of the object as it was judged (OS-2); `None` when nothing was judged yet.
+    pub etag: Option<String>,
 }
 
 /// What became of one claimed batch's records.
@@ -317,16 +348,69 @@ pub(super) struct Removed {
     pub quarantine: Vec<(i64, String)>,
     /// Failed, to be tried again: why, for people.
     pub failed: Vec<(i64, String)>,
+    /// The ETag a drain judged a record's object by, kept with the record when its delete
+    /// failed: the next drain deletes the object only while it is still that one (OS-2).
+    pub judged: Vec<(i64, String)>,
+    /// Its object was rewritten since it was judged: forgotten and the new bytes kept; an
+    /// attachment row marked expired by the record is live again (OS-2).
+    pub rewritten: Vec<i64>,
+    /// Not removed because the store could not be reached: the claim's attempt handed back,
+    /// nothing counted against the record (OS-2).
+    pub outage: Vec<i64>,
+    /// Why the store could not be reached, when it could not: the drain stops there.
+    pub unreachable: Option<String>,
 }
 
-/// Writes down what became of a batch's records (see [`drain`]).
+/// Writes down what became of a batch's records of `root` (see [`drain`]).
 pub(super) async fn conclude(
     conn: &mut PgConnection,
+    root: Root,
     removed: &Removed,
 ) -> Result<(), sqlx::Error> {
+    if root == Root::Attachments && !removed.rewritten.is_empty() {
+        // The attachment's bytes were replaced after they were judged: the new bytes stay, and
+        // the rows the record marked expired (in the same transaction, so at the same `now()`)
+        // name live bytes again, judged by their own time on the next pass.
+        sqlx::query(
+            "UPDATE attachments a SET bytes_expired_at = NULL
+             FROM sexton.pending_file_deletions p
+             WHERE p.id = ANY($1) AND a.account_id = p.account_id
+               AND a.relative_path = p.relative_path AND a.bytes_expired_at = p.created_at",
+        )
+        .persistent(false)
+        .bind(&removed.rewritten)
+        .execute(&mut *conn)
+        .await?;
+    }
+    let forget: Vec<i64> = removed
+        .forget
+        .iter()
+        .chain(&removed.rewritten)
+        .copied()
+        .collect();
+    if !removed.judged.is_empty() {
+        let (ids, etags): (Vec<i64>, Vec<&str>) = removed
+            .judged
+            .iter()
+            .map(|(id, etag)| (*id, etag.as_str()))
+            .unzip();
+        sqlx::query(
+            "UPDATE sexton.pending_file_deletions p SET etag = e.etag
+             FROM unnest($1::bigint[], $2::text[]) AS e (id, etag)
+             WHERE p.id = e.id AND p.etag IS NULL",
+        )
+        .persistent(false)
+        .bind(&ids)
+        .bind(&etags)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !removed.outage.is_empty() {
+        unclaim(conn, &removed.outage).await?;
+    }
     sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
         .persistent(false)
-        .bind(&removed.forget)
+        .bind(&forget)
         .execute(&mut *conn)
         .await?;
     for (records, quarantine) in [(&removed.quarantine, true), (&removed.failed, false)] {
@@ -402,7 +486,7 @@ impl Removed {
             "claimed {} times without a result: each removal ended its process",
             claimed.attempts - 1
         );
-        tracing::error!(root = root.as_str(), path = %crate::shown::Shown(&claimed.path), attempts = claimed.attempts, "file quarantined: {why}");
+        tracing::error!(root = root.as_str(), path = %claimed.path, attempts = claimed.attempts, "file quarantined: {why}");
         self.quarantine.push((claimed.id, why));
         true
     }
@@ -412,7 +496,7 @@ impl Removed {
     pub(super) fn refused(&mut self, root: Root, claimed: &Claimed, why: &str) {
         self.counts.errors += 1;
         tracing::warn!(
-            root = root.as_str(), path = %crate::shown::Shown(&claimed.path), error = %why, attempts = claimed.attempts,
+            root = root.as_str(), path = %claimed.path, error = %why, attempts = claimed.attempts,
             refused = true, quarantined = false, "file not deleted"
         );
         self.forget.push(claimed.id);
@@ -424,7 +508,7 @@ impl Removed {
         self.counts.errors += 1;
         let last = claimed.attempts >= MAX_ATTEMPTS;
         tracing::warn!(
-            root = root.as_str(), path = %crate::shown::Shown(&claimed.path), error = %why, attempts = claimed.attempts,
+            root = root.as_str(), path = %claimed.path, error = %why, attempts = claimed.attempts,
             refused = false, quarantined = last, "file not deleted"
         );
         if last {

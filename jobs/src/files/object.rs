@@ -1,12 +1,14 @@
 //! Roots in an S3-compatible object store (SPEC §10): `s3://BUCKET/PREFIX`, reached through
 //! `object_store`'s S3 client. A stored relative path maps to exactly one key under the prefix
 //! (OS-3: a spelling that could mean another key is refused, never normalised); a drain reads
-//! each object (HEAD) just before deleting it, deletes in batches of at most [`MAX_BATCH`] keys
-//! and keeps the record of every key whose delete failed (OS-4).
+//! each object (HEAD) just before deleting it and compares it with what was judged (OS-2),
+//! deletes in batches of at most [`MAX_BATCH`] keys and keeps the record of every key whose
+//! delete failed (OS-4).
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
@@ -63,6 +65,9 @@ pub struct ObjectRoot {
     /// Without a leading or trailing `/`; empty for a whole bucket.
     prefix: String,
     store: Arc<dyn ObjectStore>,
+    /// The finest unit, in nanoseconds, of the times the store's listings were seen to give
+    /// (see [`listed_unit`](Self::listed_unit)); a second until a finer one is seen.
+    listing_unit: Arc<AtomicU32>,
 }
 
 impl fmt::Debug for ObjectRoot {
@@ -138,6 +143,7 @@ impl ObjectRoot {
             bucket: bucket.to_owned(),
             prefix: prefix.trim_matches('/').to_owned(),
             store,
+            listing_unit: Arc::new(AtomicU32::new(SECOND)),
         }
     }
 
@@ -147,6 +153,7 @@ impl ObjectRoot {
             bucket: self.bucket.clone(),
             prefix: self.prefix.clone(),
             store: wrap(self.store.clone()),
+            listing_unit: self.listing_unit.clone(),
         }
     }
 
@@ -180,6 +187,7 @@ impl ObjectRoot {
             Ok(meta) => Ok(Some(Object {
                 last_modified: meta.last_modified,
                 size: meta.size,
+                etag: meta.e_tag,
             })),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(err) => Err(Refusal::Store(err.to_string())),
@@ -197,6 +205,55 @@ impl ObjectRoot {
             .collect())
     }
 
+    /// The times the store's listing gives the objects at `keys`: some stores list a finer time
+    /// than a HEAD's whole second. One listing per directory, from just before its first key
+    /// to its last; a key the listing does not give (gone, or the listing failed) is missing.
+    async fn listed_times(&self, keys: &[&Key]) -> HashMap<Key, DateTime<Utc>> {
+        let mut directories: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for key in keys {
+            let text = key.as_ref();
+            let parent = text.rsplit_once('/').map_or("", |(parent, _)| parent);
+            directories.entry(parent).or_default().push(text);
+        }
+        let mut times = HashMap::new();
+        for (parent, mut wanted) in directories {
+            wanted.sort_unstable();
+            let (first, last) = (wanted[0], wanted[wanted.len() - 1]);
+            let parent = Key::parse(parent).ok().filter(|_| !parent.is_empty());
+            // The listing starts after the first key without its last character: the keys are
+            // among the first it gives, unless many others sort in between.
+            let offset = first
+                .char_indices()
+                .last()
+                .and_then(|(at, _)| Key::parse(&first[..at]).ok())
+                .or_else(|| parent.clone())
+                .unwrap_or_default();
+            let mut listing = self.store.list_with_offset(parent.as_ref(), &offset);
+            while let Some(Ok(meta)) = listing.next().await {
+                let location = meta.location.as_ref();
+                if location > last {
+                    break;
+                }
+                if wanted.binary_search(&location).is_ok() {
+                    times.insert(meta.location, meta.last_modified);
+                }
+            }
+        }
+        times
+    }
+
+    /// The unit of times a listing of this store gives, `times` among them: the finest seen in
+    /// any of its listings so far. A time's digits show at most how fine a store's times are
+    /// (`.123` a millisecond, `.120` perhaps a hundredth), and a store gives all its listed
+    /// times in one unit: a listed `.000` from a store seen to list milliseconds is a whole
+    /// millisecond, not a second. A HEAD's time is always a whole second, whatever the store.
+    fn listed_unit(&self, times: impl Iterator<Item = DateTime<Utc>>) -> u32 {
+        let finest = times.map(unit_of).min().unwrap_or(SECOND);
+        self.listing_unit
+            .fetch_min(finest, Ordering::Relaxed)
+            .min(finest)
+    }
+
     /// Every object under `relative/` (a session's directory, SS-6), with its size and time.
     async fn under(&self, relative: &str) -> Result<Vec<(Key, Object)>, Refusal> {
         let key = self.key(relative).map_err(Refusal::Refused)?;
@@ -206,6 +263,7 @@ impl ObjectRoot {
                 let object = Object {
                     last_modified: meta.last_modified,
                     size: meta.size,
+                    etag: meta.e_tag,
                 };
                 (meta.location, object)
             })
@@ -307,9 +365,26 @@ impl ObjectRoot {
     }
 
     /// Removes the objects of one claimed `batch` except those `referenced` (see
-    /// [`drain`](super::drain)): each object re-read just before its delete, kept when it was
-    /// written after its record (a new object the platform put under the same key), the deletes
-    /// batched; a record is forgotten once each of its objects is gone.
+    /// [`drain`](super::drain)), each re-read (HEAD) just before its delete and the deletes
+    /// batched; a record is forgotten once each of its objects is gone (OS-2):
+    ///
+    /// - A record that kept the ETag its object was judged by (attachment expiry's HEAD, or an
+    ///   earlier drain's whose delete failed) deletes the object only while its ETag is still
+    ///   that one. Another ETag: the object was rewritten since it was judged — new bytes,
+    ///   which stay; the record is forgotten (and an attachment it marked expired is live
+    ///   again, see [`conclude`](super::drain::conclude)).
+    /// - Otherwise (a file whose rows were just removed, a session's directory) an object is
+    ///   deleted only when its `LastModified` proves it was written before the record
+    ///   ([`written_before`]; for a file whose HEAD gives whole seconds, the store's listing is
+    ///   asked for a finer time). An object that may have been written after its record — in
+    ///   the record's own second, where the store gives no finer time, or later — may be new
+    ///   and stays (a new object the platform put under the same key), and the record is
+    ///   forgotten: nothing then names the object, and if no row comes to own it, derivative
+    ///   cleanup (DC-1) finds it after its grace. The ETag the HEAD saw is kept with a record
+    ///   whose delete then fails.
+    ///
+    /// A store that stops answering during the batch is an outage: the records its failures
+    /// touched are handed back unattempted and [`Removed::unreachable`] says why.
     pub(super) async fn remove_batch(
         &self,
         root: Root,
@@ -318,8 +393,11 @@ impl ObjectRoot {
         stop: &AtomicBool,
     ) -> Removed {
         let mut removed = Removed::default();
-        // Per record: its keys and their sizes.
-        let mut planned: Vec<(&Claimed, Vec<(Key, u64)>)> = Vec::new();
+        // Failures of the store, concluded once it is known whether it still answers.
+        let mut failures: Vec<(&Claimed, String)> = Vec::new();
+        let mut planned: Vec<Planned<'_>> = Vec::new();
+        // Files whose HEAD did not prove them older than their record.
+        let mut unsure: Vec<(&Claimed, Key, Object)> = Vec::new();
         for claimed in batch {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -336,26 +414,77 @@ impl ObjectRoot {
             } else {
                 self.head_key(&claimed.path).await
             };
-            match found {
-                Ok(objects) => {
-                    let (young, old): (Vec<_>, Vec<_>) = objects
-                        .into_iter()
-                        .partition(|(_, object)| object.last_modified > claimed.recorded_at);
-                    for (key, _) in &young {
-                        tracing::warn!(root = root.as_str(), key = %key, "object not deleted: written after its record (a new object under the same key)");
-                    }
-                    planned.push((claimed, old.into_iter().map(|(k, o)| (k, o.size)).collect()));
+            let objects = match found {
+                Ok(objects) => objects,
+                Err(Refusal::Refused(why)) => {
+                    removed.refused(root, claimed, &why);
+                    continue;
                 }
-                Err(Refusal::Refused(why)) => removed.refused(root, claimed, &why),
-                Err(Refusal::Store(why)) => removed.failed_attempt(root, claimed, why),
+                Err(Refusal::Store(why)) => {
+                    failures.push((claimed, why));
+                    continue;
+                }
+            };
+            if let Some(judged) = &claimed.etag {
+                match objects.into_iter().next() {
+                    None => removed.forget.push(claimed.id),
+                    Some((key, object)) if object.etag.as_ref() == Some(judged) => {
+                        planned.push((claimed, vec![(key, object.size)], None));
+                    }
+                    Some((key, object)) => {
+                        tracing::warn!(
+                            root = root.as_str(), key = %key, judged = %judged,
+                            etag = object.etag.as_deref().unwrap_or(""),
+                            "object not deleted: rewritten since it was judged (a new ETag)"
+                        );
+                        removed.rewritten.push(claimed.id);
+                    }
+                }
+                continue;
+            }
+            if !root.holds_directories() {
+                match objects.into_iter().next() {
+                    None => removed.forget.push(claimed.id),
+                    Some((key, object))
+                        if written_before(object.last_modified, SECOND, claimed.recorded_at) =>
+                    {
+                        planned.push((claimed, vec![(key, object.size)], object.etag));
+                    }
+                    Some((key, object)) => unsure.push((claimed, key, object)),
+                }
+                continue;
+            }
+            let unit = self.listed_unit(objects.iter().map(|(_, object)| object.last_modified));
+            let (old, young): (Vec<_>, Vec<_>) = objects.into_iter().partition(|(_, object)| {
+                written_before(object.last_modified, unit, claimed.recorded_at)
+            });
+            for (key, _) in &young {
+                may_be_new(root, key);
+            }
+            let keys = old.into_iter().map(|(k, o)| (k, o.size)).collect();
+            planned.push((claimed, keys, None));
+        }
+        // A HEAD's whole second left these unsure: the store's listing may tell finer.
+        let keys: Vec<&Key> = unsure.iter().map(|(_, key, _)| key).collect();
+        let listed = self.listed_times(&keys).await;
+        let unit = self.listed_unit(listed.values().copied());
+        for (claimed, key, object) in unsure {
+            if listed
+                .get(&key)
+                .is_some_and(|listed| written_before(*listed, unit, claimed.recorded_at))
+            {
+                planned.push((claimed, vec![(key, object.size)], object.etag));
+            } else {
+                may_be_new(root, &key);
+                removed.forget.push(claimed.id);
             }
         }
         let keys: Vec<Key> = planned
             .iter()
-            .flat_map(|(_, keys)| keys.iter().map(|(key, _)| key.clone()))
+            .flat_map(|(_, keys, _)| keys.iter().map(|(key, _)| key.clone()))
             .collect();
         let mut outcomes = self.delete(&keys).await.into_iter();
-        for (claimed, keys) in planned {
+        for (claimed, keys, etag) in planned {
             let mut failed = None;
             for (_, size) in keys {
                 match outcomes
@@ -372,8 +501,26 @@ impl ObjectRoot {
             }
             match failed {
                 None => removed.forget.push(claimed.id),
-                Some(why) => removed.failed_attempt(root, claimed, why),
+                Some(why) => {
+                    if let Some(etag) = etag {
+                        removed.judged.push((claimed.id, etag));
+                    }
+                    failures.push((claimed, why));
+                }
             }
+        }
+        if !failures.is_empty()
+            && let Err(why) = self.reach().await
+        {
+            tracing::warn!(root = root.as_str(), error = %why, records = failures.len(), "objects not deleted: the store cannot be reached");
+            removed
+                .outage
+                .extend(failures.iter().map(|(claimed, _)| claimed.id));
+            removed.unreachable = Some(why);
+            return removed;
+        }
+        for (claimed, why) in failures {
+            removed.failed_attempt(root, claimed, why);
         }
         removed
     }
@@ -420,11 +567,49 @@ pub fn key_of(prefix: &str, relative: &str) -> Result<Key, String> {
     Key::parse(&key).map_err(|err| format!("path {relative:?} names no key: {err}"))
 }
 
-/// An object's time and size, as the store reports them (OS-2: `LastModified` is its mtime).
-#[derive(Debug, Clone, Copy)]
+/// A record whose objects are to be deleted: its keys with their sizes, and the ETag its one
+/// object was judged by (kept with the record if the delete fails).
+type Planned<'c> = (&'c Claimed, Vec<(Key, u64)>, Option<String>);
+
+/// An object left in place because it may have been written after its record (OS-2).
+fn may_be_new(root: Root, key: &Key) {
+    tracing::warn!(
+        root = root.as_str(), key = %key,
+        "object not deleted: it may have been written after its record (a new object under the same key)"
+    );
+}
+
+/// A second, in nanoseconds.
+const SECOND: u32 = 1_000_000_000;
+
+/// The coarsest unit `time` can be a whole number of (a second, a tenth, …, a nanosecond): at
+/// most how fine the store that gave it keeps its times.
+fn unit_of(time: DateTime<Utc>) -> u32 {
+    let nanos = time.timestamp_subsec_nanos();
+    let mut unit = SECOND;
+    while !nanos.is_multiple_of(unit) {
+        unit /= 10;
+    }
+    unit
+}
+
+/// Whether an object the store says was last modified at `modified`, a time it gives in whole
+/// `unit`s of nanoseconds (truncated, as stores do: a HEAD's whole second; some stores' listings
+/// give milliseconds), was written before `recorded` (OS-2): it was written at most one unit
+/// after `modified`. A time in a whole second is never taken for finer than the unit it came
+/// in, so an object of its record's own second may always be the newer.
+pub fn written_before(modified: DateTime<Utc>, unit: u32, recorded: DateTime<Utc>) -> bool {
+    modified + chrono::Duration::nanoseconds(i64::from(unit.min(SECOND))) <= recorded
+}
+
+/// An object's time, size and ETag, as the store reports them (OS-2: `LastModified` is its
+/// mtime).
+#[derive(Debug, Clone)]
 pub struct Object {
     pub last_modified: DateTime<Utc>,
     pub size: u64,
+    /// `None` from a store that gives none.
+    pub etag: Option<String>,
 }
 
 /// Why an object could not be looked at.
@@ -467,6 +652,44 @@ mod tests {
             key_of("p", "a/x y%20.out").unwrap().as_ref(),
             "p/a/x y%20.out"
         );
+    }
+
+    #[test]
+    fn os2_a_time_proves_an_object_older_only_by_the_unit_it_is_given_in() {
+        let at = |text: &str| text.parse::<DateTime<Utc>>().unwrap();
+        let recorded = at("2026-12-01T03:00:07.300Z");
+        // A HEAD's whole second: the record's own second proves nothing, the one before does.
+        assert!(!written_before(
+            at("2026-12-01T03:00:07Z"),
+            SECOND,
+            recorded
+        ));
+        assert!(written_before(at("2026-12-01T03:00:06Z"), SECOND, recorded));
+        // A listing's milliseconds: before the record by a unit, or not.
+        let ms = 1_000_000;
+        assert!(written_before(at("2026-12-01T03:00:07.123Z"), ms, recorded));
+        assert!(written_before(at("2026-12-01T03:00:07.299Z"), ms, recorded));
+        assert!(!written_before(
+            at("2026-12-01T03:00:07.300Z"),
+            ms,
+            recorded
+        ));
+        assert!(!written_before(
+            at("2026-12-01T03:00:07.800Z"),
+            ms,
+            recorded
+        ));
+        assert!(written_before(at("2026-12-01T03:00:07Z"), ms, recorded));
+        assert!(!written_before(at("2026-12-01T03:00:08Z"), ms, recorded));
+        // What a time's digits say of its unit.
+        assert_eq!(unit_of(at("2026-12-01T03:00:07Z")), SECOND);
+        assert_eq!(unit_of(at("2026-12-01T03:00:07.200Z")), 100_000_000);
+        assert_eq!(unit_of(at("2026-12-01T03:00:07.123Z")), ms);
+        assert!(written_before(
+            at("2026-12-01T03:00:07.200Z"),
+            100_000_000,
+            recorded
+        ));
     }
 
     #[test]

@@ -27,10 +27,14 @@ pub enum Opened {
 }
 
 /// What is at a path under a root.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
-    /// A regular file or an object, last modified then.
-    File { modified: DateTime<Utc> },
+    /// A regular file or an object, last modified then; an object's ETag, where the store
+    /// gives one (what a judgement saw, kept with its record: OS-2).
+    File {
+        modified: DateTime<Utc>,
+        etag: Option<String>,
+    },
     /// A symlink (never followed).
     Symlink,
     /// Anything else: a directory, a device, a socket.
@@ -101,6 +105,7 @@ fn local_entry(root: &OwnedFd, relative: &str) -> Result<Option<Entry>, Unseen> 
             FileType::RegularFile => Entry::File {
                 modified: DateTime::from_timestamp(stat.st_mtime, 0)
                     .unwrap_or(DateTime::<Utc>::MAX_UTC),
+                etag: None,
             },
             FileType::Symlink => Entry::Symlink,
             _ => Entry::Other,
@@ -115,6 +120,7 @@ async fn object_entry(objects: &ObjectRoot, relative: &str) -> Result<Option<Ent
     match objects.head(relative).await {
         Ok(found) => Ok(found.map(|object| Entry::File {
             modified: object.last_modified,
+            etag: object.etag,
         })),
         Err(object::Refusal::Refused(_)) => Err(Unseen::OutsideRoot),
         Err(object::Refusal::Store(_)) => Err(Unseen::Unreadable),
