@@ -486,7 +486,7 @@ impl Removed {
             "claimed {} times without a result: each removal ended its process",
             claimed.attempts - 1
         );
-        tracing::error!(root = root.as_str(), path = %claimed.path, attempts = claimed.attempts, "file quarantined: {why}");
+        tracing::error!(root = root.as_str(), path = %crate::shown::Shown(&claimed.path), attempts = claimed.attempts, "file quarantined: {why}");
         self.quarantine.push((claimed.id, why));
         true
     }
@@ -496,7 +496,7 @@ impl Removed {
     pub(super) fn refused(&mut self, root: Root, claimed: &Claimed, why: &str) {
         self.counts.errors += 1;
         tracing::warn!(
-            root = root.as_str(), path = %claimed.path, error = %why, attempts = claimed.attempts,
+            root = root.as_str(), path = %crate::shown::Shown(&claimed.path), error = %why, attempts = claimed.attempts,
             refused = true, quarantined = false, "file not deleted"
         );
         self.forget.push(claimed.id);
@@ -508,7 +508,7 @@ impl Removed {
         self.counts.errors += 1;
         let last = claimed.attempts >= MAX_ATTEMPTS;
         tracing::warn!(
-            root = root.as_str(), path = %claimed.path, error = %why, attempts = claimed.attempts,
+            root = root.as_str(), path = %crate::shown::Shown(&claimed.path), error = %why, attempts = claimed.attempts,
             refused = false, quarantined = last, "file not deleted"
         );
         if last {
