@@ -433,7 +433,8 @@ impl ObjectRoot {
                     }
                     Some((key, object)) => {
                         tracing::warn!(
-                            root = root.as_str(), key = %key, judged = %judged,
+                            root = root.as_str(), key = %crate::shown::Shown(key.as_ref()),
+                            judged = %crate::shown::Shown(judged),
                             etag = object.etag.as_deref().unwrap_or(""),
                             "object not deleted: rewritten since it was judged (a new ETag)"
                         );
@@ -574,7 +575,7 @@ type Planned<'c> = (&'c Claimed, Vec<(Key, u64)>, Option<String>);
 /// An object left in place because it may have been written after its record (OS-2).
 fn may_be_new(root: Root, key: &Key) {
     tracing::warn!(
-        root = root.as_str(), key = %key,
+        root = root.as_str(), key = %crate::shown::Shown(key.as_ref()),
         "object not deleted: it may have been written after its record (a new object under the same key)"
     );
 }
