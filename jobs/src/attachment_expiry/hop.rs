@@ -1,7 +1,18 @@
 //! One hop over an account's live attachments: each chunk's files judged by their mtime under
 //! the root, the expired rows marked and their files recorded in one statement.
 
-use super::*;
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::cutoff::{self, days_before};
+use crate::explain::LEGAL_HOLD;
+use crate::files::{Entry, Opened, Root, Unseen};
+use crate::job::{Env, HopOutcome, Report};
+use crate::owner_loop::{Bounds, Candidates, Chunks, Files, Hop, Taken, Window, Windowed};
+use crate::payload::V1;
+
+use super::{Args, AttachmentSettings, CHUNK, Error, RETAIN_REASONS};
 
 /// What a row's file is, as far as expiry goes.
 pub(super) enum Verdict {

@@ -20,11 +20,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::cutoff::{self, days_before};
-use crate::explain::{Explanation, LEGAL_HOLD, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{self, Entry, Opened, PathSettings, Root, Unseen};
-use crate::job::{AccountRange, Env, HopOutcome, Inspect, Job, Look, Position, Report};
-use crate::owner_loop::{Bounds, Candidates, Chunks, Files, Hop, Taken, Window, Windowed};
+use crate::explain::LEGAL_HOLD;
+use crate::files::{self, PathSettings, Root};
+use crate::job::{AccountRange, Env, Job, Position, Report};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 

@@ -1,7 +1,18 @@
 //! What attachment expiry reads without deleting: `sexton explain attachment` and
 //! `sexton preview`.
 
-use super::*;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::cutoff::days_before;
+use crate::explain::{Explanation, LEGAL_HOLD, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::files::{Entry, Opened, Root};
+use crate::job::{Inspect, Job, Look};
+
+use super::{
+    AttachmentExpiry, AttachmentSettings, Error, RETAIN_REASONS, Verdict, count, judge, judge_all,
+};
 
 /// The mtime decides (AT-1): measuring a backlog would mean a stat per live attachment at every
 /// refresh of the gauge, so the kind reports none.

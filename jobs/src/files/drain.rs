@@ -9,7 +9,19 @@
 //! something (an `ANALYZE`) invalidates it: at 300 k records, 578 ms for a batch's
 //! `id = ANY($1)` against 0.4 ms planned anew.
 
-use super::*;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sqlx::{Connection as _, PgConnection};
+use tracing::Instrument as _;
+use uuid::Uuid;
+
+use super::{
+    BATCH, BESIDE_AFTER, DrainError, FileCounts, MAX_ATTEMPTS, Root, Store, each_at_once,
+    open_root, remove_under,
+};
 
 /// Removes the paths recorded under `root` (found at `root_path`) for `scope` (an account, or
 /// `None` for a global job). Before anything is unlinked, a synchronous commit that writes

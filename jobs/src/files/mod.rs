@@ -12,20 +12,12 @@
 //! its parent (`unlinkat`): no `..`, absolute path or symlink — file or directory — can lead
 //! out of the root, whatever is swapped in on the way.
 
-use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use chrono::{DateTime, Utc};
-use futures::StreamExt as _;
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use serde::Serialize;
-use sqlx::{Connection as _, PgConnection};
-use tracing::Instrument as _;
-use uuid::Uuid;
+use sqlx::PgConnection;
 
 mod drain;
 pub mod object;
@@ -256,6 +248,10 @@ pub async fn failing<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Failing, sqlx:
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::OwnedFd;
+
+    use rustix::fs::{Mode, OFlags};
+
     use super::*;
 
     fn root() -> (tempfile::TempDir, OwnedFd) {

@@ -2,7 +2,17 @@
 //! job reads of one file there: every job that judges or removes files goes through it (the
 //! drain, attachment expiry, session removal, `explain`).
 
-use super::*;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
+use rustix::fs::FileType;
+
+use super::object::ObjectRoot;
+use super::{DrainError, object, open_root, stat_under};
 
 /// Where a root's files are.
 #[derive(Debug, Clone, PartialEq, Eq)]

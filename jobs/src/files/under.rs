@@ -2,7 +2,14 @@
 //! following a symlink (`openat` with `O_NOFOLLOW`, `unlinkat`): nothing outside the root is
 //! ever stat'ed or removed.
 
-use super::*;
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+
+use super::FileCounts;
 
 /// Opens a root directory (the root itself may be a symlink: the operator configured it).
 pub fn open_root(root: &Path) -> io::Result<OwnedFd> {

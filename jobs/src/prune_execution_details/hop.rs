@@ -2,7 +2,27 @@
 //! of owners in one transaction under the platform's lock order (EX-6), re-checked under those
 //! locks (EX-1, EX-2, EX-5).
 
-use super::*;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::cutoff::{EARLIEST, days_before};
+use crate::files::Root;
+use crate::health::Health;
+use crate::owner_loop::{
+    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Taken, Window, Windowed, busy_or,
+};
+use crate::payload::V1;
+
+use super::sql::{PRUNE_LOCKED, PRUNE_WAITING, WINDOW};
+use super::{
+    Args, Cursor, Error, HopOutcome, HopReport, HopSettings, Locked, RetainReason, WRITTEN,
+    pruned_runner_effects,
+};
 
 /// Runs one hop, with two connections of `pool` (see [`hop`]). When `stop` is raised
 /// (shutdown, FL-5) the hop finishes the owner in hand, takes no more, and hands the rest of

@@ -11,26 +11,18 @@
 //! the window was full or its time budget ran out.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
-use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::clock::Clock;
-use crate::cutoff::{EARLIEST, days_before};
-use crate::estimate::Backlog;
-use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{self, PathSettings, Root, Store};
-use crate::health::{Health, Indicator};
+use crate::health::Indicator;
 pub use crate::job::HopOutcome;
-use crate::job::{AccountRange, Env, Inspect, Job, Look, Position, Report};
-use crate::owner_loop::{
-    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Progress, Taken, Window, Windowed, busy_or,
-};
+use crate::job::{AccountRange, Env, Job, Position, Report};
+use crate::owner_loop::Progress;
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -39,7 +31,7 @@ mod read;
 mod sql;
 pub use hop::*;
 pub use read::*;
-use sql::*;
+use sql::{BLOCKERS, PRUNE_WAITING};
 
 /// `runner_effects` of a pruned run and its variant (EX-3).
 pub fn pruned_runner_effects() -> serde_json::Value {
@@ -441,6 +433,7 @@ impl Job for PruneExecutionDetails {
 
 #[cfg(test)]
 mod tests {
+    use super::sql::{BACKLOG, BACKLOG_SCAN, PREVIEW, PRUNE_LOCKED, WINDOW};
     use super::*;
 
     #[test]

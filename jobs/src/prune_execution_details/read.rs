@@ -1,7 +1,22 @@
 //! What execution-detail pruning reads without deleting: the backlog (OP-3), the accounts a
 //! slot's fan-out starts (FL-8), `sexton preview` and `sexton explain run`.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::cutoff::{EARLIEST, days_before};
+use crate::estimate::Backlog;
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::job::{AccountRange, Inspect, Job, Look};
+
+use super::sql::{AGE, BACKLOG, BACKLOG_SCAN, BLOCKERS, DUE, EXPLAIN, PREVIEW};
+use super::{
+    DETAIL_TABLES, Error, HopSettings, Locked, PruneExecutionDetails, RetainReason, Verdict,
+};
 
 /// The accounts of `range` whose pass for `slot` has something to do (FL-8): an owner past the
 /// cutoff the account's current window gives (held back or not: what holds it is looked at

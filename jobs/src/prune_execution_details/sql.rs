@@ -2,7 +2,11 @@
 //! the age of a run (EX-2), what holds an owner back (EX-5), the re-check under lock. The
 //! rendered text is in `jobs/tests/golden/prune_execution_details/`.
 
-use super::*;
+use std::sync::LazyLock;
+
+use crate::files;
+
+use super::{DETAIL_TABLES, RetainReason};
 
 /// The age of a run for execution retention, as the window index spells it (EX-2).
 pub(super) const AGE: &str = "(CASE WHEN kind = 'conversation' THEN completed_at \

@@ -1,7 +1,19 @@
 //! One hop over a kind's expired rows: batch after batch through the owner loop, each batch
 //! read, locked, re-checked and deleted by one statement.
 
-use super::*;
+use std::marker::PhantomData;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::cutoff::{self, EARLIEST, days_before};
+use crate::health::Health;
+use crate::job::Report;
+use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
+use crate::payload::V1;
+
+use super::{Args, Error, ExpirySettings, HopOutcome, RETAIN_REASONS, Record, sql};
 
 /// What one batch read and did.
 #[derive(sqlx::FromRow)]

@@ -1,7 +1,7 @@
 //! The four kinds of short-lived record (TTL-1 … TTL-4): each its table, its age column, its
 //! ids and what else keeps a row (a pin); the statements are rendered from these ([`super::sql`]).
 
-use super::*;
+use super::{ExpirySettings, Record};
 
 /// TTL-1: handoffs, 14 days after `created_at`.
 pub struct Handoffs;

@@ -14,20 +14,15 @@
 //! `brain_memories` (TTL-5).
 
 use std::marker::PhantomData;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::cutoff::{self, EARLIEST, days_before};
-use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::PathSettings;
-use crate::health::Health;
 pub use crate::job::HopOutcome;
-use crate::job::{Cadence, Env, Inspect, Job, Look, Position, Report, Scope};
-use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
+use crate::job::{Cadence, Env, Job, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 

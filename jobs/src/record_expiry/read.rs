@@ -1,7 +1,16 @@
 //! What a record kind reads without deleting: the backlog (OP-3), `sexton preview` and
 //! `sexton explain`.
 
-use super::*;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::{EARLIEST, days_before};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::job::{Inspect, Look};
+
+use super::{Error, Expire, ExpirySettings, Record, sql};
 
 impl<R: Record> Inspect for Expire<R> {
     const SUBJECTS: &'static [&'static str] = &[R::SUBJECT];

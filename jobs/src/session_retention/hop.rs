@@ -2,7 +2,26 @@
 //! kind, a few sessions per transaction with their agents share-locked and the verdict
 //! re-checked under the locks (SS-5), each session's whole history with it (SS-6).
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::cutoff::EARLIEST;
+use crate::files::{FileCounts, Root};
+use crate::health::Health;
+use crate::owner_loop::{
+    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Taken, Window, Windowed,
+};
+use crate::payload::V1;
+
+use super::sql::{DELETE_SESSIONS, WINDOW};
+use super::{
+    Ages, Args, Cursor, Cutoffs, Error, HopOutcome, HopReport, HopSettings, INVALID_POLICY, Policy,
+    PolicyRow, RETAIN_REASONS, SessionKind, TABLES, WRITTEN,
+};
 
 impl HopReport {
     pub(super) fn new() -> Self {

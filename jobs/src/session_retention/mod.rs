@@ -18,25 +18,19 @@
 //! independently of all this.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::cutoff::{EARLIEST, days_before};
-use crate::estimate::Backlog;
-use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::{self, FileCounts, PathSettings, Root, Store};
-use crate::health::{Health, Indicator};
+use crate::cutoff::days_before;
+use crate::files::{FileCounts, PathSettings, Root, Store};
+use crate::health::Indicator;
 pub use crate::job::HopOutcome;
-use crate::job::{AccountRange, Env, Inspect, Job, Look, Position, Report};
-use crate::owner_loop::{
-    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Progress, Taken, Window, Windowed,
-};
+use crate::job::{AccountRange, Env, Job, Position, Report};
+use crate::owner_loop::Progress;
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 
@@ -45,7 +39,6 @@ mod read;
 mod sql;
 pub use hop::*;
 pub use read::*;
-use sql::*;
 pub use sql::{delete_statement, window_statement};
 
 /// A session kind, in the order a pass visits them.

@@ -2,7 +2,23 @@
 //! (FL-8), the backlog (OP-3), `sexton sessions prune --dry-run`'s targets, `sexton preview`
 //! and `sexton explain session`.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::cutoff::{EARLIEST, days_before};
+use crate::estimate::Backlog;
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::job::{AccountRange, Inspect, Job, Look};
+
+use super::sql::{BACKLOG, BACKLOG_SCAN, DUE, PREVIEW};
+use super::{
+    Ages, Cutoffs, Error, HopSettings, INVALID_POLICY, PolicyRow, SessionKind, SessionRetention,
+    TABLES,
+};
 
 /// The accounts of `range` whose nightly pass for `slot` has something to do (FL-8): with an
 /// enabled persisted policy, a session of some kind past that kind's cutoff (protected or not:

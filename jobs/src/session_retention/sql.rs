@@ -1,7 +1,9 @@
 //! The statements of session retention. Every one of them judges a session by
 //! `sexton.session_verdict`, the one SQL function of SS-2 … SS-4.
 
-use super::*;
+use std::sync::LazyLock;
+
+use crate::files::{self, Root};
 
 /// The window of one kind: `$1` the account, `$2` the kind, `$3` its cutoff, `$4`/`$5` the
 /// cursor (last activity, id), `$6` the room left in the hop; each session with its verdict.

@@ -1,7 +1,30 @@
 //! A cleaning pass: the walk, the plan, the live sessions' traces kept, the removals; and
 //! `sexton explain trace`.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::cutoff::days_before;
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::files::object::ObjectRoot;
+use crate::files::{Root, Store};
+use crate::job::{Inspect, Job, Look};
+
+use super::objects::Objects;
+use super::plan::{Histogram, Pass, Plan, QuotaLine, finer_shift};
+use super::walk::{Tree, Walk, first_line, line_of, signature, time_ns};
+use super::{
+    Error, FIRST_LINE_LIMIT, Lease, Limits, Observer, Planned, Preview, Quiet, Reason,
+    TraceCleanup, TraceReport, TraceSettings,
+};
 
 /// Why each of `traces` (agent, session) stays whatever the limits, in their order: `legal_hold`
 /// when a hold covers its session, its agent or their account (HD-2), `live_session` when its

@@ -2,7 +2,18 @@
 //! exclusive `flock(2)` on a file in a directory root, a row in `sexton.trace_leases` with its
 //! holder and expiry, renewed while the cleaner runs, where the root is an object store (OS-2).
 
-use super::*;
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use chrono::{DateTime, Utc};
+use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::files::Store;
+
+use super::{Error, LEASE_FILE};
 
 /// How long a row lease lasts unless renewed.
 const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(120);

@@ -22,26 +22,17 @@
 //! bounded number of buckets, then the one bucket where the quota line falls is sorted exactly
 //! in a second walk, and a third walk deletes.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::ffi::{CStr, CString, OsStr};
-use std::io::{self, Read as _, Write as _};
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt as _;
+use std::collections::BTreeMap;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
-use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags};
 use serde::{Deserialize, Serialize};
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::cutoff::{self, days_before};
-use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::files::object::ObjectRoot;
-use crate::files::{FileCounts, PathSettings, Root, Store, each_at_once};
-use crate::job::{Cadence, Env, HopOutcome, Inspect, Job, Look, Position, Report, Scope};
+use crate::cutoff;
+use crate::files::{FileCounts, PathSettings, Root};
+use crate::job::{Cadence, Env, HopOutcome, Job, Position, Report, Scope};
 use crate::payload::V1;
 use crate::settings::{Check, Raw};
 use crate::shown::Shown;
@@ -53,9 +44,7 @@ mod plan;
 mod walk;
 pub use clean::*;
 pub use lease::*;
-use objects::Objects;
-use plan::*;
-use walk::*;
+use walk::Seen;
 
 /// The lease file's name, directly under the traces root.
 pub const LEASE_FILE: &str = ".sexton-traces.lease";

@@ -4,11 +4,18 @@
 //! read again (HEAD) just before the batched delete, and one whose ETag, size or time changed
 //! is re-evaluated by the next run, never deleted blind.
 
+use std::sync::Arc;
+
 use futures::stream::BoxStream;
 use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::ObjectMeta;
 
-use super::*;
+use crate::files::object::ObjectRoot;
+use crate::shown::Shown;
+
+use super::plan::Removal;
+use super::walk::{Candidate, Entry, Listing, Seen, Step, line_of, signature, time_ns};
+use super::{Error, FIRST_LINE_LIMIT, Planned};
 
 /// Objects whose signatures are read at once: a GET each, overlapping.
 const READ_AHEAD: usize = 16;

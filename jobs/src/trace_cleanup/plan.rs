@@ -1,7 +1,21 @@
 //! The quota planner (TR-4): which traces go, oldest first, so that the root fits its byte
 //! quota — from a histogram of ages, narrowed until the boundary fits in memory.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{AtFlags, FileType};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::shown::Shown;
+
+use super::walk::{Candidate, Entry, Listing, Step, Walk, allocated, as_path, seen, to_time};
+use super::{BATCH, BUCKETS, Error, Lease, Observer, Planned, Reason, TraceReport, kept};
 
 impl Planned {
     /// The path relative to the traces root, exactly as it is on disk (its names need not be

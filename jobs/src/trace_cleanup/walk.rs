@@ -1,7 +1,23 @@
 //! The walk of a traces root: directories read one component at a time from the root's
 //! descriptor, each trace's first line read for its signature (TR-2).
 
-use super::*;
+use std::collections::VecDeque;
+use std::ffi::{CStr, CString, OsStr};
+use std::io::{self, Read as _};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use crate::files::each_at_once;
+use crate::files::object::ObjectRoot;
+
+use super::{Error, FIRST_LINE_LIMIT, FORMAT, LEASE_FILE, LISTED, MAX_DEPTH};
 
 /// Bytes of a path as a [`Path`], whatever they are.
 pub(super) fn as_path(bytes: &[u8]) -> &Path {
