@@ -277,3 +277,35 @@ async fn er5_a_session_pool_smaller_than_sextons_is_named_with_the_size_it_needs
         }
     }
 }
+
+#[sqlx::test]
+async fn op7_doctor_names_transaction_pooling_as_a_finding_and_passes_a_session_pooler(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = common::database_url(&pool).await;
+    for (mode, code) in [("transaction", 1), ("session", 0)] {
+        let bouncer = Bouncer::start(mode).await;
+        let output = common::sexton(&bouncer.url(&url), dir.path())
+            .args(["doctor", "--json"])
+            .output()
+            .await
+            .unwrap();
+        let checks: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let findings: Vec<&str> = checks["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["ok"] == false)
+            .map(|c| c["check"].as_str().unwrap())
+            .collect();
+        assert_eq!(output.status.code(), Some(code), "{mode}: {checks}");
+        let expected: &[&str] = if mode == "transaction" {
+            &["pooler"]
+        } else {
+            &[]
+        };
+        assert_eq!(findings, expected, "{mode}: {checks}");
+    }
+}
