@@ -188,3 +188,71 @@ async fn op7_a_database_it_cannot_reach_exits_2(pool: PgPool) {
     assert_eq!(code, 2);
     assert!(checks.is_empty());
 }
+
+#[sqlx::test]
+async fn op7_a_root_the_workers_user_cannot_write_in_is_a_finding(pool: PgPool) {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    common::migrate(&pool).await;
+    let url = common::database_url(&pool).await;
+    // A directory every user can reach, holding a copy of the binary and the roots: all but
+    // `outputs` writable by anyone, `outputs` by its owner (root) alone.
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |path: &std::path::Path, bits| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(bits)).unwrap();
+    };
+    mode(dir.path(), 0o755);
+    let binary = dir.path().join("sexton");
+    std::fs::copy(env!("CARGO_BIN_EXE_sexton"), &binary).unwrap();
+    mode(&binary, 0o755);
+    for root in ["outputs", "attachments", "artifacts", "sessions", "traces"] {
+        std::fs::create_dir(dir.path().join(root)).unwrap();
+        mode(
+            &dir.path().join(root),
+            if root == "outputs" { 0o555 } else { 0o777 },
+        );
+    }
+    // Root may write anywhere: as root, the check runs as `nobody`, as the worker would under
+    // its own user.
+    let root_user = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap();
+    let mut cmd = if root_user {
+        let mut cmd = tokio::process::Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&binary);
+        cmd
+    } else {
+        tokio::process::Command::new(&binary)
+    };
+    let output = cmd
+        .args(["doctor", "--json"])
+        .env("DATABASE_URL", &url)
+        .envs(common::backend::env(dir.path()))
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let checks: Value = serde_json::from_str(&stdout).unwrap_or_else(|_| {
+        panic!(
+            "doctor printed no JSON: {stdout} {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let found = findings(checks["checks"].as_array().unwrap());
+    if common::backend::env(dir.path())
+        .iter()
+        .any(|(_, v)| v.starts_with("s3://"))
+    {
+        // Object-store roots are listed, not written: no finding there.
+        assert_eq!(found, Vec::<(String, String)>::new());
+        return;
+    }
+    assert_eq!(output.status.code(), Some(1), "{checks}");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "root outputs");
+    assert!(
+        found[0].1.contains("cannot create and remove a file"),
+        "{found:?}"
+    );
+}
