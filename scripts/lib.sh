@@ -85,6 +85,17 @@ ensure_pgbouncer() {
   fi
 }
 
+# Chromium, headless, for the status page's browser test (OP-6): Debian's package chromium.
+ensure_chromium() {
+  if ! command -v chromium >/dev/null 2>&1; then
+    echo "installing Chromium (Debian package chromium)..." >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  fi
+}
+
 # s3s-fs, a real S3-compatible server that keeps each object as a file (OS-5): built from
 # crates.io (about 1.5 minutes; 0.14.1 is the last release this toolchain builds).
 ensure_s3s_fs() {

@@ -10,6 +10,7 @@ ensure_prometheus
 ensure_faketime
 ensure_hadolint
 ensure_pgbouncer
+ensure_chromium
 ensure_s3s_fs
 promtool check rules deploy/prometheus/alerts.yml
 (cd deploy/prometheus && promtool test rules alerts_test.yml)

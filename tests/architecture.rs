@@ -128,7 +128,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "what runs over the kinds",
         &[
-            "tick", "status", "explain", "gauges", "preview", "sessions", "traces",
+            "tick",
+            "status",
+            "status_page",
+            "explain",
+            "gauges",
+            "preview",
+            "sessions",
+            "traces",
         ],
     ),
     ("the runtime", &["worker"]),

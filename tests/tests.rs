@@ -48,6 +48,8 @@ mod queue;
 mod registry;
 // SPEC §1: migrations and the data contract.
 mod schema;
+// OP-6: the status page in a real headless browser, its JSON, and bad requests.
+mod status_page;
 // `sexton seed`: deterministic data, real files.
 mod seed;
 // SS-1 … SS-6: SessionRetention.

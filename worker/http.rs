@@ -1,6 +1,10 @@
 //! The worker's HTTP endpoints (OP-3): `/metrics` in Prometheus text, `/healthz` (the process
 //! is alive) and `/readyz` (connected to a database that takes writes and consuming the queue,
-//! with no consumer failing in the last 30 seconds).
+//! with no consumer failing in the last 30 seconds), beside the pages the runtime adds (the
+//! status page, OP-6). Every connection is bounded: a request head larger than 16 KiB is
+//! refused, one not sent within 15 seconds closes its connection, and at most 256 connections
+//! are served at once (more wait to be accepted), so that a slow or hostile client cannot
+//! tie up the process.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +49,11 @@ impl Health {
         self.read_only.store(read_only, Ordering::Relaxed);
     }
 
+    /// The database's pool, once connected.
+    pub fn pool(&self) -> Option<&PgPool> {
+        self.pool.get()
+    }
+
     /// A queue consumer failed (it is restarted after a pause).
     pub fn consumer_failed(&self) {
         *self
@@ -81,7 +90,18 @@ struct AppState {
     health: Arc<Health>,
 }
 
-/// Serves the endpoints on `listener` until `shutdown` resolves.
+/// The longest a client may take to send a request's head (each one, on a kept-alive
+/// connection); a slower one is disconnected.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The largest request head read; a larger one is answered 431 and its connection closed.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// How many connections are served at once; more wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 256;
+
+/// Serves the endpoints, and `pages` beside them, on `listener` until `shutdown` resolves; then
+/// lets the requests under way finish.
 ///
 /// # Errors
 /// An I/O error of the listener.
@@ -89,16 +109,60 @@ pub async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
     health: Arc<Health>,
+    pages: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, health });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+        .with_state(AppState { metrics, health })
+        .merge(pages);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let (closing, closed) = tokio::sync::watch::channel(());
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let slot = tokio::select! {
+            () = &mut shutdown => break,
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+        };
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors, a connection reset before it was accepted: the
+                // listener itself is fine.
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not accept an HTTP connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut closed = closed.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(MAX_HEAD_BYTES);
+            let connection =
+                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = closed.changed() => connection.as_mut().graceful_shutdown(),
+            }
+            let _ = connection.await;
+        });
+        while connections.try_join_next().is_some() {}
+    }
+    drop(closing);
+    while connections.join_next().await.is_some() {}
+    Ok(())
 }
 
 async fn render_metrics(State(state): State<AppState>) -> String {

@@ -326,14 +326,8 @@ pub struct Pass {
     pub last_throttled_by: Option<String>,
 }
 
-/// The latest pass of every job and scope.
-///
-/// # Errors
-/// A database error.
-pub async fn latest(pool: &PgPool) -> Result<Vec<Pass>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT DISTINCT ON (p.job, p.scope)
-                p.job, NULLIF(p.scope, '00000000-0000-0000-0000-000000000000') AS account_id,
+/// The columns of a [`Pass`], from `sexton.passes p` joined to `accounts a`.
+const PASS: &str = "p.job, NULLIF(p.scope, '00000000-0000-0000-0000-000000000000') AS account_id,
                 a.name AS account_name, p.slot, p.started_at, p.finished_at,
                 CASE WHEN p.finished_at IS NOT NULL THEN 'finished'
                      WHEN p.outcome = 'failed' THEN 'failed'
@@ -341,10 +335,91 @@ pub async fn latest(pool: &PgPool) -> Result<Vec<Pass>, sqlx::Error> {
                      ELSE 'running' END AS state,
                 p.outcome, p.hops, p.candidates, p.pruned, p.retained, p.rows_deleted,
                 p.files_deleted, p.bytes_reclaimed, p.file_errors, p.last_error,
-                p.throttles, p.last_throttled_at, p.last_throttled_by
+                p.throttles, p.last_throttled_at, p.last_throttled_by";
+
+/// The latest pass of every job and scope: a row per account that had a pass within the
+/// ledger's age (`sexton status --all`).
+///
+/// # Errors
+/// A database error.
+pub async fn latest(pool: &PgPool) -> Result<Vec<Pass>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT DISTINCT ON (p.job, p.scope) {PASS}
          FROM sexton.passes p LEFT JOIN accounts a ON a.id = p.scope
-         ORDER BY p.job, p.scope, p.slot DESC",
+         ORDER BY p.job, p.scope, p.slot DESC"
+    )))
+    .fetch_all(pool)
+    .await
+}
+
+/// One account's latest pass of every job (`sexton status --account`), read through the
+/// ledger's key.
+///
+/// # Errors
+/// A database error.
+pub async fn latest_of(pool: &PgPool, account: Uuid) -> Result<Vec<Pass>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT DISTINCT ON (p.job) {PASS}
+         FROM sexton.passes p LEFT JOIN accounts a ON a.id = p.scope
+         WHERE p.scope = $1
+         ORDER BY p.job, p.slot DESC"
+    )))
+    .bind(account)
+    .fetch_all(pool)
+    .await
+}
+
+/// The passes that did not finish and are their scope's latest, newest slot first, at most
+/// `limit` per job: read through `passes_unfinished`, however many accounts finished theirs.
+///
+/// # Errors
+/// A database error.
+pub async fn unfinished(
+    pool: &PgPool,
+    jobs: &[&str],
+    limit: i64,
+) -> Result<Vec<Pass>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {PASS}
+         FROM unnest($1::text[]) AS j (job)
+         CROSS JOIN LATERAL (
+             SELECT * FROM sexton.passes u
+             WHERE u.job = j.job AND u.finished_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM sexton.passes n
+                               WHERE n.job = u.job AND n.scope = u.scope AND n.slot > u.slot)
+             ORDER BY u.slot DESC LIMIT $2) p
+         LEFT JOIN accounts a ON a.id = p.scope"
+    )))
+    .bind(jobs)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// The passes of one job's slot that did not finish, by state (`pending`, `running`,
+/// `failed`), counting at most `cap` of them: read through `passes_unfinished`.
+///
+/// # Errors
+/// A database error.
+pub async fn unfinished_states(
+    pool: &PgPool,
+    job: &str,
+    slot: DateTime<Utc>,
+    cap: i64,
+) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT state, count(*) FROM (
+             SELECT CASE WHEN outcome = 'failed' THEN 'failed'
+                         WHEN hops = 0 THEN 'pending'
+                         ELSE 'running' END AS state
+             FROM sexton.passes
+             WHERE job = $1 AND slot = $2 AND finished_at IS NULL
+             LIMIT $3) u
+         GROUP BY state",
     )
+    .bind(job)
+    .bind(slot)
+    .bind(cap)
     .fetch_all(pool)
     .await
 }

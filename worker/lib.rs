@@ -9,8 +9,9 @@
 //!    slot arithmetic), restarts (the consumers' restart pacing), seed, telemetry, text, wakeups;
 //! 2. the queue and one hop off it: queue, hop;
 //! 3. the job kinds: registry;
-//! 4. what runs over the kinds: tick (slots and their fan-out), status, explain, gauges (kept
-//!    current between scrapes), preview, sessions, traces;
+//! 4. what runs over the kinds: tick (slots and their fan-out), status, status_page (`/status`
+//!    and `/status.json`), explain, gauges (kept current between scrapes), preview, sessions,
+//!    traces;
 //! 5. the runtime: worker;
 //! 6. the CLI: demo, cli.
 
@@ -36,6 +37,7 @@ pub mod schedule;
 pub mod seed;
 pub mod sessions;
 pub mod status;
+pub mod status_page;
 pub mod telemetry;
 pub mod text;
 pub mod tick;

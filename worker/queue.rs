@@ -275,3 +275,44 @@ pub async fn failed(pool: &PgPool, limit: i64) -> Result<Vec<FailedJob>, QueueEr
     .fetch_all(pool)
     .await?)
 }
+
+/// One worker process of the fleet as the queue's heartbeats show it: its consumers (one per
+/// queue, each registered by apalis under `<process>.<job>`) and the newest heartbeat of them.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct FleetWorker {
+    /// The process's name (`[queue] worker_name` or host and process id, and a suffix drawn at
+    /// its start).
+    pub name: String,
+    /// Its consumers registered (a consumer restarted after a failure counts again).
+    pub consumers: i64,
+    pub last_heartbeat: chrono::DateTime<chrono::Utc>,
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The worker processes of sexton's queues, the most recently heard from first, at most
+/// `limit`; and how many there are.
+///
+/// # Errors
+/// [`QueueError::Read`] on a database error.
+pub async fn workers(pool: &PgPool, limit: i64) -> Result<(i64, Vec<FleetWorker>), QueueError> {
+    // A consumer registers as `<process>.<job>`, and again as `<process>.<job>.r<n>` after its
+    // n-th restart: the process is what is left without them.
+    let processes = "SELECT regexp_replace(id, '\\.[a-z_]+(\\.r[0-9]+)?$', '') AS name,
+                            count(*) AS consumers, max(last_seen) AS last_heartbeat,
+                            min(started_at) AS started_at
+                     FROM apalis.workers WHERE worker_type LIKE $1 GROUP BY 1";
+    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM ({processes}) w"
+    )))
+    .bind(SEXTON_QUEUES)
+    .fetch_one(pool)
+    .await?;
+    let shown = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{processes} ORDER BY last_heartbeat DESC, name LIMIT $2"
+    )))
+    .bind(SEXTON_QUEUES)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok((total, shown))
+}

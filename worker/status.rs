@@ -1,6 +1,9 @@
 //! `sexton status` (OP-1): what an operator reads at 9 am after the nightly pass — per job and
 //! account the last pass from the ledger, each job's backlog and queue, the jobs failed for
-//! good with their last error, and the active holds (HD-5).
+//! good with their last error, the active holds (HD-5) and the fleet's workers. What it reads
+//! by default is bounded whatever the number of accounts — the latest fan-out of each job, the
+//! passes that did not finish (through their partial index, capped), capped lists — so that
+//! the status page serves the same read (OP-6); only `--all` reads every account's pass.
 
 use std::fmt::Write as _;
 
@@ -17,6 +20,15 @@ use crate::tick;
 
 /// How many failed jobs are listed.
 const FAILED_SHOWN: i64 = 50;
+
+/// How many unfinished passes are listed per job (`--all` and `--account` list theirs whole).
+pub const PASSES_SHOWN: i64 = 50;
+
+/// How many unfinished passes of a job's latest slot are counted by state at most.
+pub const PASSES_COUNTED: i64 = 10_000;
+
+/// How many worker processes are listed, the most recently heard from first.
+pub const WORKERS_SHOWN: i64 = 50;
 
 /// How many active holds are listed, newest first: the rest are `sexton holds list`'s.
 pub const HOLDS_SHOWN: i64 = 10;
@@ -46,6 +58,10 @@ pub struct Status {
     /// Why the holds could not be read, when they could not (the rest of the status is shown
     /// all the same; the jobs remove nothing meanwhile, HD-3).
     pub holds_error: Option<String>,
+    /// How many worker processes have registered consumers of sexton's queues.
+    pub workers_total: i64,
+    /// The worker processes, the most recently heard from first, at most [`WORKERS_SHOWN`].
+    pub workers: Vec<queue::FleetWorker>,
 }
 
 /// Which passes `status` lists beside its summaries.
@@ -68,13 +84,22 @@ impl Listed {
     }
 }
 
-/// A job's latest passes by state (`pending`, `running`, `failed`, `finished`).
+/// A job's passes of its latest slot by state (`pending`, `running`, `failed`, `finished`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PassStates {
     pub pending: u64,
     pub running: u64,
     pub failed: u64,
+    /// The passes the latest fan-out started, less those that did not finish.
     pub finished: u64,
+    /// The slot's unfinished passes were counted up to [`PASSES_COUNTED`]: there are more.
+    pub capped: bool,
+}
+
+impl PassStates {
+    fn total(&self) -> u64 {
+        self.pending + self.running + self.failed + self.finished
+    }
 }
 
 /// One job kind.
@@ -91,9 +116,11 @@ pub struct JobStatus {
     /// The latest slot's fan-out: accounts looked at, passes started, accounts with nothing
     /// due (FL-8); `null` before the first.
     pub fan_out: Option<FanOutSummary>,
-    /// Every account's latest pass (or the one global pass), counted by state.
+    /// The passes of the latest slot (one per account it started, or the one global pass),
+    /// counted by state.
     pub pass_states: PassStates,
-    /// The latest passes listed (see [`Listed`]): by default those that did not finish.
+    /// The latest passes listed (see [`Listed`]): by default those that did not finish, at
+    /// most [`PASSES_SHOWN`] of the newest slots.
     pub passes: Vec<Pass>,
 }
 
@@ -119,10 +146,16 @@ pub async fn read(
     at: DateTime<Utc>,
     listed: &Listed,
 ) -> anyhow::Result<Status> {
-    let latest = ledger::latest(pool).await?;
+    let names: Vec<&str> = registry::KINDS.iter().map(|kind| kind.name()).collect();
+    let latest = match listed.account {
+        Some(account) => ledger::latest_of(pool, account).await?,
+        None if listed.all => ledger::latest(pool).await?,
+        None => ledger::unfinished(pool, &names, PASSES_SHOWN).await?,
+    };
     let successes = ledger::last_success(pool).await?;
     let by_queue = queue::counts_by_queue(pool).await?;
     let fan_outs = ledger::latest_fan_outs(pool).await?;
+    let (workers_total, workers) = queue::workers(pool, WORKERS_SHOWN).await?;
     let (holds_active, holds, holds_error) = match active_holds(pool).await {
         Ok((count, newest)) => (Some(count), newest, None),
         Err(err) => (
@@ -136,14 +169,22 @@ pub async fn read(
         if listed.job.as_deref().is_some_and(|job| job != kind.name()) {
             continue;
         }
+        let fan_out = fan_outs.iter().find(|f| f.job == kind.name());
         let mut pass_states = PassStates::default();
-        for pass in latest.iter().filter(|p| p.job == kind.name()) {
-            *match pass.state.as_str() {
-                "pending" => &mut pass_states.pending,
-                "running" => &mut pass_states.running,
-                "failed" => &mut pass_states.failed,
-                _ => &mut pass_states.finished,
-            } += 1;
+        if let Some(f) = fan_out {
+            let mut unfinished = 0;
+            for (state, n) in
+                ledger::unfinished_states(pool, kind.name(), f.slot, PASSES_COUNTED).await?
+            {
+                unfinished += n;
+                *match state.as_str() {
+                    "pending" => &mut pass_states.pending,
+                    "running" => &mut pass_states.running,
+                    _ => &mut pass_states.failed,
+                } += u64::try_from(n).unwrap_or_default();
+            }
+            pass_states.capped = unfinished >= PASSES_COUNTED;
+            pass_states.finished = u64::try_from(f.started - unfinished).unwrap_or_default();
         }
         let mut passes: Vec<Pass> = latest
             .iter()
@@ -169,16 +210,13 @@ pub async fn read(
                 Err(err) => return Err(err),
             },
             queue: by_queue.get(kind.queue()).copied().unwrap_or_default(),
-            fan_out: fan_outs
-                .iter()
-                .find(|f| f.job == kind.name())
-                .map(|f| FanOutSummary {
-                    slot: f.slot,
-                    complete: f.finished_at.is_some(),
-                    accounts: f.accounts,
-                    passes_started: f.started,
-                    nothing_due: (f.accounts - f.started).max(0),
-                }),
+            fan_out: fan_out.map(|f| FanOutSummary {
+                slot: f.slot,
+                complete: f.finished_at.is_some(),
+                accounts: f.accounts,
+                passes_started: f.started,
+                nothing_due: (f.accounts - f.started).max(0),
+            }),
             pass_states,
             passes,
         });
@@ -188,13 +226,23 @@ pub async fn read(
         at,
         jobs,
         nightly: by_queue.get(tick::NIGHTLY).copied().unwrap_or_default(),
-        queue: queue::counts(pool).await?,
+        // Every sexton queue's counts, added up rather than counted again.
+        queue: by_queue
+            .values()
+            .fold(QueueCounts::default(), |all, q| QueueCounts {
+                pending: all.pending + q.pending,
+                running: all.running + q.running,
+                done: all.done + q.done,
+                failed: all.failed + q.failed,
+            }),
         failed_jobs: queue::failed(pool, FAILED_SHOWN).await?,
         retrying_files: failing.retrying,
         quarantined_files: failing.quarantined,
         holds_active,
         holds,
         holds_error,
+        workers_total,
+        workers,
     })
 }
 
@@ -314,7 +362,38 @@ impl Status {
                 }
             }
         }
+        render_workers(&mut out, self);
         crate::text::printable(&out)
+    }
+}
+
+/// The fleet's workers' lines of [`Status::render`].
+fn render_workers(out: &mut String, status: &Status) {
+    if status.workers.is_empty() {
+        let _ = writeln!(out, "no worker has registered with the queue");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{} worker processes, the most recently heard from first:",
+        status.workers_total
+    );
+    for worker in &status.workers {
+        let _ = writeln!(
+            out,
+            "  {}: {} consumers, last heartbeat {}, started {}",
+            crate::text::one_line(&worker.name),
+            worker.consumers,
+            time(Some(worker.last_heartbeat)),
+            time(worker.started_at),
+        );
+    }
+    if status.workers_total > status.workers.len() as i64 {
+        let _ = writeln!(
+            out,
+            "  … and {} more (apalis.workers)",
+            status.workers_total - status.workers.len() as i64
+        );
     }
 }
 
@@ -351,17 +430,18 @@ fn render_job(out: &mut String, job: &JobStatus) {
         );
     }
     let s = &job.pass_states;
-    if s.pending + s.running + s.failed + s.finished == 0 {
+    if s.total() == 0 {
         let _ = writeln!(out, "  no pass yet");
     } else {
         let _ = writeln!(
             out,
-            "  latest passes: {} finished, {} running, {} pending, {} failed{}",
+            "  latest passes: {} finished, {} running, {} pending, {} failed{}{}",
             s.finished,
             s.running,
             s.pending,
             s.failed,
-            if job.passes.len() as u64 == s.finished + s.running + s.pending + s.failed {
+            if s.capped { " (counted so far)" } else { "" },
+            if job.passes.len() as u64 == s.total() {
                 ""
             } else {
                 " (sexton status --all lists every one)"

@@ -472,7 +472,7 @@ async fn stop(ctx: JobContext, mode: Mode) -> std::io::Result<()> {
 /// # Errors
 /// The address cannot be bound.
 async fn serve_http(
-    settings: &Settings,
+    settings: &Arc<Settings>,
     health: &Arc<Health>,
 ) -> anyhow::Result<(
     tokio::sync::oneshot::Sender<()>,
@@ -482,12 +482,17 @@ async fn serve_http(
     let listener = TcpListener::bind(settings.http.listen)
         .await
         .with_context(|| format!("http.listen: cannot listen on {}", settings.http.listen))?;
-    tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    tracing::info!(
+        address = %listener.local_addr()?,
+        status_page = settings.http.status_page,
+        "serving /metrics, /healthz, /readyz, /status"
+    );
     let handle = metrics::install();
     let kinds: Vec<_> = registry::KINDS.iter().map(|kind| kind.labels()).collect();
     let consumers: Vec<_> = Consumer::all().map(Consumer::job).collect();
     metrics::export_from_start(&kinds, &consumers);
-    let serve = http::serve(listener, handle, health.clone(), async {
+    let pages = crate::status_page::routes(health.clone(), settings.clone());
+    let serve = http::serve(listener, handle, health.clone(), pages, async {
         let _ = stopped.await;
     });
     Ok((stop, tokio::spawn(serve)))

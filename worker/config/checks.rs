@@ -422,9 +422,11 @@ fn http(h: &RawHttp, c: &mut Check<'_>) -> Option<HttpSettings> {
         |s| s.parse().ok(),
     );
     let refresh_interval = c.millis("http.refresh_interval_ms", &h.refresh_interval_ms);
+    let status_page = c.flag("http.status_page", &h.status_page);
     Some(HttpSettings {
         listen: listen?,
         refresh_interval: refresh_interval?,
+        status_page: status_page?,
     })
 }
 

@@ -109,6 +109,8 @@ pub struct FleetSettings {
 pub struct HttpSettings {
     pub listen: std::net::SocketAddr,
     pub refresh_interval: Duration,
+    /// Whether `/status` and `/status.json` are served (OP-6).
+    pub status_page: bool,
 }
 
 #[derive(Debug, Clone)]

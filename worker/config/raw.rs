@@ -119,6 +119,7 @@ pub(super) struct RawFleet {
 pub(super) struct RawHttp {
     pub listen: Raw<String>,
     pub refresh_interval_ms: Raw<i64>,
+    pub status_page: Raw<bool>,
 }
 
 #[derive(Debug, Deserialize)]
