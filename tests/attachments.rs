@@ -234,7 +234,7 @@ async fn at1_many_attachments_go_in_bounded_hops_and_zero_disables(pool: PgPool)
         })
         .await;
     assert_eq!(disabled.len(), 1);
-    assert_eq!(disabled[0].outcome, "disabled");
+    assert_eq!(disabled[0].outcome.as_str(), "disabled");
     assert!(!w.expired(ids[0]).await);
 
     let reports = w

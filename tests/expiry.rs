@@ -183,7 +183,7 @@ async fn boundary_holds<R: Record>(pool: PgPool, days: f64) {
     );
     assert!(exists(&pool, R::TABLE, &short).await);
     assert_eq!(pruned(&reports), 2);
-    assert_eq!(reports.last().unwrap().outcome, "finished");
+    assert_eq!(reports.last().unwrap().outcome.as_str(), "finished");
 }
 
 #[sqlx::test]
@@ -287,7 +287,7 @@ async fn ttl5_a_configured_age_applies_and_a_disabled_kind_keeps_everything(pool
     assert!(exists(&pool, "handoffs", &two_days).await);
     assert!(exists(&pool, "dream_preloads", &ancient_preload).await);
     assert_eq!(disabled.len(), 1);
-    assert_eq!(disabled[0].outcome, "disabled");
+    assert_eq!(disabled[0].outcome.as_str(), "disabled");
     assert_eq!(disabled[0].candidates, 0);
 
     // The same preload goes once the kind is enabled again: the disabled pass was the reason.
@@ -357,7 +357,7 @@ async fn ttl5_infinite_times_are_never_candidates_and_the_pass_ends(pool: PgPool
     for id in &infinite {
         assert!(exists(&pool, "handoffs", id).await);
     }
-    assert_eq!(reports.last().unwrap().outcome, "finished");
+    assert_eq!(reports.last().unwrap().outcome.as_str(), "finished");
 }
 
 #[sqlx::test]

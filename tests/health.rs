@@ -115,7 +115,7 @@ async fn hl1_a_lagging_replication_slot_throttles_hops_until_it_is_dropped(pool:
     let mut throttles = 0;
     for _ in 0..3 {
         let report = run::hop_with::<Ped>(&pool, &paths, &lagging, &settings, &args).await;
-        assert_eq!(report.outcome, "throttled");
+        assert_eq!(report.outcome.as_str(), "throttled");
         assert_eq!(report.throttled, Some(Indicator::ReplicationLag));
         assert_eq!(report.pruned, 0, "nothing is taken while the replica lags");
         throttles += 1;
@@ -137,7 +137,7 @@ async fn hl1_a_lagging_replication_slot_throttles_hops_until_it_is_dropped(pool:
 
     assert_eq!(throttles, 3);
     assert!(rest.iter().all(|r| r.throttled.is_none()));
-    assert_eq!(rest.last().unwrap().outcome, "finished");
+    assert_eq!(rest.last().unwrap().outcome.as_str(), "finished");
     assert_eq!(pruned(&pool, account).await, 20, "the pass completes");
 }
 
@@ -181,7 +181,7 @@ async fn hl2_a_vacuum_running_on_runs_pauses_hops_while_it_runs(pool: PgPool) {
 
     let args = Args::first(account, pass_start());
     let paused = run::hop_with::<Ped>(&pool, &paths, &pausing, &settings, &args).await;
-    assert_eq!(paused.outcome, "throttled");
+    assert_eq!(paused.outcome.as_str(), "throttled");
     assert_eq!(paused.throttled, Some(Indicator::Vacuum));
     assert_eq!(paused.pruned, 0);
     // The indicator turned off: the same vacuum is ignored.

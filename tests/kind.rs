@@ -185,7 +185,7 @@ impl Job for Probe {
         };
         let mut notes = Windowed::new(notes, Chunks::Fixed(1));
         let end = hop.run(&mut notes, args.after, report).await?;
-        report.outcome = end.outcome().as_str();
+        report.outcome = end.outcome();
         report.next = end.next().map(|after| Args {
             after,
             hop: args.hop + 1,

@@ -34,7 +34,7 @@ async fn hands_over<J: Job>(pool: &PgPool, dir: &Path, account: Option<Uuid>, re
     let first = J::first(account, pass_start());
     let health = Health::off();
     let stopped = run::hop_stopping::<J>(pool, &settings.paths, &health, job, &first, true).await;
-    assert_eq!(stopped.outcome, "continued", "{}", J::NAME);
+    assert_eq!(stopped.outcome.as_str(), "continued", "{}", J::NAME);
     assert_eq!((stopped.candidates, stopped.pruned), (0, 0), "{}", J::NAME);
     assert_eq!(
         count().await,

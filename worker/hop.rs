@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use futures::FutureExt as _;
-use sexton_jobs::job::{Env, Job, Position, Report};
+use sexton_jobs::job::{Env, HopOutcome, Job, Position, Report};
 use sqlx::PgConnection;
 use sqlx::pool::PoolConnection;
 use tracing::Instrument as _;
@@ -174,7 +174,7 @@ pub async fn run<J: Job>(ctx: &JobContext, args: J::Args) -> Result<(), JobFailu
         )),
     };
     let _entered = span.enter();
-    span.record("outcome", "failed");
+    span.record("outcome", HopOutcome::Failed.as_str());
     metrics::hop_failed(J::NAME, started.elapsed().as_secs_f64());
     let error = format!("{:#}", anyhow_of(&failure));
     if let Err(err) = ledger::record_failure(
@@ -318,15 +318,15 @@ async fn hand_over<J: Job>(
     match &pushed {
         Ok(()) => {
             metrics::hop(J::NAME, J::RETAIN_REASONS, report, seconds);
-            span.record("outcome", report.outcome);
+            span.record("outcome", report.outcome.as_str());
         }
         Err(_) => {
             let counted = Report {
-                outcome: "failed",
+                outcome: HopOutcome::Failed,
                 ..report.clone()
             };
             metrics::hop(J::NAME, J::RETAIN_REASONS, &counted, seconds);
-            span.record("outcome", "failed");
+            span.record("outcome", HopOutcome::Failed.as_str());
         }
     }
     log_hop_done(report, seconds, locked_at, unlocked_at);

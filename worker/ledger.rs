@@ -165,7 +165,7 @@ pub async fn record_hop<A>(
     .bind(scope)
     .bind(slot)
     .bind(report.next.is_none())
-    .bind(report.outcome)
+    .bind(report.outcome.as_str())
     .bind(i64::from(hop))
     .bind(report.candidates as i64)
     .bind(report.pruned as i64)

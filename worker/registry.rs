@@ -39,7 +39,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &Registered::<Expire<ConversationEvents>>::counting(&[ConversationEvents::TABLE]),
     &Registered::<QueueRetention>::counting(&queue_retention::TABLES),
     &Registered::<AttachmentExpiry>::counting(&[]),
-    &Registered::<TraceCleanup>::counting(&[]).ending(&["lease_held"]),
+    &Registered::<TraceCleanup>::counting(&[]).ending(&[HopOutcome::LeaseHeld]),
 ];
 
 /// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every
@@ -130,8 +130,9 @@ pub struct Registered<J> {
     job: PhantomData<J>,
     /// The tables its hops count deleted rows of.
     tables: &'static [&'static str],
-    /// The outcomes of its own its hops can end with, beside [`HopOutcome`]'s and `failed`.
-    outcomes: &'static [&'static str],
+    /// The outcomes of its own its hops can end with, beside [`HopOutcome::ALL`] and
+    /// [`HopOutcome::Failed`].
+    outcomes: &'static [HopOutcome],
 }
 
 impl<J> Registered<J> {
@@ -145,7 +146,7 @@ impl<J> Registered<J> {
     }
 
     /// With hop outcomes of its own beside [`HopOutcome`]'s.
-    pub const fn ending(self, outcomes: &'static [&'static str]) -> Self {
+    pub const fn ending(self, outcomes: &'static [HopOutcome]) -> Self {
         Self { outcomes, ..self }
     }
 }
@@ -185,13 +186,14 @@ impl<J: Inspect> Kind for Registered<J> {
 
     fn labels(&self) -> KindLabels {
         let outcomes = HopOutcome::ALL.iter().map(|o| o.as_str());
+        let own = self.outcomes.iter().map(|o| o.as_str());
         KindLabels {
             kind: J::NAME,
             reasons: J::RETAIN_REASONS,
             tables: self.tables,
             outcomes: outcomes
-                .chain(self.outcomes.iter().copied())
-                .chain(["failed"])
+                .chain(own)
+                .chain([HopOutcome::Failed.as_str()])
                 .collect(),
         }
     }

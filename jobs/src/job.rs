@@ -162,10 +162,15 @@ pub enum HopOutcome {
     /// The database is unhealthy (replication lag, a vacuum on a table the job writes): the
     /// hop took no more owners and the next one waits `[health] backoff_ms`.
     Throttled,
+    /// Another process holds the job's lease (the trace cleaner, TR-3): this hop did nothing.
+    LeaseHeld,
+    /// The hop failed (the worker's verdict, never a job's): it is retried or failed for good.
+    Failed,
 }
 
 impl HopOutcome {
-    /// Every outcome, in the order metrics list them.
+    /// The outcomes every kind's hops can end with, in the order metrics list them; a kind
+    /// may end with [`HopOutcome::LeaseHeld`] too, and the worker counts [`HopOutcome::Failed`].
     pub const ALL: [HopOutcome; 5] = [
         HopOutcome::Continued,
         HopOutcome::Finished,
@@ -182,6 +187,8 @@ impl HopOutcome {
             HopOutcome::Disabled => "disabled",
             HopOutcome::AccountGone => "account_gone",
             HopOutcome::Throttled => "throttled",
+            HopOutcome::LeaseHeld => "lease_held",
+            HopOutcome::Failed => "failed",
         }
     }
 }
@@ -190,7 +197,7 @@ impl HopOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report<A> {
     /// How the hop ended: a low-cardinality label (`continued`, `finished`, `disabled`, …).
-    pub outcome: &'static str,
+    pub outcome: HopOutcome,
     /// The bounded number of candidates the hop read at most.
     pub window: u32,
     /// Candidates the hop looked at.
@@ -214,7 +221,7 @@ impl<A> Report<A> {
     /// A hop that did nothing yet: finished, every count 0 (each of `reasons` listed).
     pub fn new(reasons: &[&'static str]) -> Self {
         Self {
-            outcome: HopOutcome::Finished.as_str(),
+            outcome: HopOutcome::Finished,
             window: 0,
             candidates: 0,
             pruned: 0,

@@ -93,7 +93,7 @@ pub async fn hop(
         before: reference - settings.retention,
     };
     let end = hop.run(&mut finished, None, report).await?;
-    report.outcome = end.outcome().as_str();
+    report.outcome = end.outcome();
     if end.next().is_some() {
         report.next = Some(Args {
             version: V1,

@@ -179,7 +179,8 @@ pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
 /// One hop of `kind`, whose owners may be retained for `reasons`.
 pub fn hop<A>(kind: &'static str, reasons: &[&'static str], report: &Report<A>, seconds: f64) {
     committed(kind, reasons, report);
-    counter!("sexton_hops_total", "kind" => kind, "outcome" => report.outcome).increment(1);
+    counter!("sexton_hops_total", "kind" => kind, "outcome" => report.outcome.as_str())
+        .increment(1);
     histogram!("sexton_hop_duration_seconds", "kind" => kind).record(seconds);
 }
 

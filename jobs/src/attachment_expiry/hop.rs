@@ -83,11 +83,11 @@ pub async fn hop(
             .fetch_one(&mut *hop.conn)
             .await?;
     if !exists {
-        report.outcome = HopOutcome::AccountGone.as_str();
+        report.outcome = HopOutcome::AccountGone;
         return Ok(());
     }
     if settings.max_age_days == 0 {
-        report.outcome = HopOutcome::Disabled.as_str();
+        report.outcome = HopOutcome::Disabled;
         return Ok(());
     }
     let current = days_before(
@@ -111,7 +111,7 @@ pub async fn hop(
         Chunks::Fixed(CHUNK),
     );
     let end = hop.run(&mut live, args.after, report).await?;
-    report.outcome = end.outcome().as_str();
+    report.outcome = end.outcome();
     report.next = end.next().map(|after| Args {
         version: V1,
         account_id: args.account_id,

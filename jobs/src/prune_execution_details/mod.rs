@@ -240,7 +240,7 @@ impl HopReport {
     /// In the terms every job shares.
     fn shared(&self, window: u32) -> Report<Args> {
         Report {
-            outcome: self.outcome.as_str(),
+            outcome: self.outcome,
             window,
             candidates: self.candidates.into(),
             pruned: self.pruned.into(),

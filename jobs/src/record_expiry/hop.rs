@@ -49,7 +49,7 @@ pub async fn hop<R: Record>(
     let hop = Hop::start(conn, health, stop, bounds, None, report).await?;
     let days = R::days(settings);
     if days == 0 {
-        report.outcome = HopOutcome::Disabled.as_str();
+        report.outcome = HopOutcome::Disabled;
         return Ok(());
     }
     let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
@@ -70,7 +70,7 @@ pub async fn hop<R: Record>(
         kind: PhantomData,
     };
     let end = hop.run(&mut batches, args.after.clone(), report).await?;
-    report.outcome = end.outcome().as_str();
+    report.outcome = end.outcome();
     report.next = end.next().map(|after| Args {
         version: V1,
         pass_started_at: args.pass_started_at,

@@ -386,7 +386,7 @@ impl Job for SessionRetention {
         let mut done = HopReport::new();
         let result = hop_into(env.conn, env.health, settings, args, env.stop, &mut done).await;
         *report = Report {
-            outcome: done.outcome.as_str(),
+            outcome: done.outcome,
             window: settings.window_size,
             candidates: done.candidates,
             pruned: done.deleted,

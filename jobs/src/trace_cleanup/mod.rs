@@ -360,7 +360,7 @@ impl Job for TraceCleanup {
     ) -> Result<(), Error> {
         let root = env.paths.store(Root::Traces);
         *report = Report {
-            outcome: HopOutcome::Finished.as_str(),
+            outcome: HopOutcome::Finished,
             window: 0,
             candidates: 0,
             pruned: 0,
@@ -372,7 +372,7 @@ impl Job for TraceCleanup {
             throttled: None,
         };
         if !settings.enabled {
-            report.outcome = HopOutcome::Disabled.as_str();
+            report.outcome = HopOutcome::Disabled;
             return Ok(());
         }
         let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
@@ -384,7 +384,7 @@ impl Job for TraceCleanup {
             Ok(lease) => lease,
             Err(Error::LeaseHeld { holder }) => {
                 tracing::info!(holder = %Shown(&holder), "another trace cleaner holds the lease; nothing deleted");
-                report.outcome = "lease_held";
+                report.outcome = HopOutcome::LeaseHeld;
                 return Ok(());
             }
             Err(err) => return Err(err),
