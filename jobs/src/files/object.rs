@@ -598,9 +598,18 @@ fn unit_of(time: DateTime<Utc>) -> u32 {
 /// `unit`s of nanoseconds (truncated, as stores do: a HEAD's whole second; some stores' listings
 /// give milliseconds), was written before `recorded` (OS-2): it was written at most one unit
 /// after `modified`. A time in a whole second is never taken for finer than the unit it came
-/// in, so an object of its record's own second may always be the newer.
+/// in, so an object of its record's own second may always be the newer. A finer time (a
+/// listing's milliseconds, s3s-fs; `.120` reads as a hundredth until a finer one is seen) is
+/// taken as it reads: listed before the record's instant is before it. Only an object written
+/// within that unit after its record could be misjudged so, where a file written just before
+/// its record (a crash between commit and unlink, a test that writes and records at once)
+/// would otherwise be kept forever, its record forgotten.
 pub fn written_before(modified: DateTime<Utc>, unit: u32, recorded: DateTime<Utc>) -> bool {
-    modified + chrono::Duration::nanoseconds(i64::from(unit.min(SECOND))) <= recorded
+    if unit < SECOND {
+        modified < recorded
+    } else {
+        modified + chrono::Duration::nanoseconds(i64::from(unit.min(SECOND))) <= recorded
+    }
 }
 
 /// An object's time, size and ETag, as the store reports them (OS-2: `LastModified` is its
@@ -670,6 +679,12 @@ mod tests {
         let ms = 1_000_000;
         assert!(written_before(at("2026-12-01T03:00:07.123Z"), ms, recorded));
         assert!(written_before(at("2026-12-01T03:00:07.299Z"), ms, recorded));
+        // Within the record's own millisecond, listed before its instant: before it.
+        assert!(written_before(
+            at("2026-12-01T03:00:07.300Z"),
+            ms,
+            at("2026-12-01T03:00:07.300400Z")
+        ));
         assert!(!written_before(
             at("2026-12-01T03:00:07.300Z"),
             ms,
