@@ -373,15 +373,14 @@ impl ObjectRoot {
     ///   that one. Another ETag: the object was rewritten since it was judged — new bytes,
     ///   which stay; the record is forgotten (and an attachment it marked expired is live
     ///   again, see [`conclude`](super::drain::conclude)).
-    /// - Otherwise (a file whose rows were just removed, a session's directory) an object is
-    ///   deleted only when its `LastModified` proves it was written before the record
-    ///   ([`written_before`]; for a file whose HEAD gives whole seconds, the store's listing is
-    ///   asked for a finer time). An object that may have been written after its record — in
-    ///   the record's own second, where the store gives no finer time, or later — may be new
-    ///   and stays (a new object the platform put under the same key), and the record is
-    ///   forgotten: nothing then names the object, and if no row comes to own it, derivative
-    ///   cleanup (DC-1) finds it after its grace. The ETag the HEAD saw is kept with a record
-    ///   whose delete then fails.
+    /// - Otherwise (a file whose rows were just removed, a session's directory) an object goes
+    ///   when its `LastModified` proves it was written before the record ([`written_before`]);
+    ///   a file whose HEAD's whole second leaves that open is judged by the store's listing,
+    ///   which may give a finer time: an object whose time, as read, is later than its record
+    ///   is a new one the platform put under the same key, and stays, the record forgotten
+    ///   (nothing then names it; if no row comes to own it, derivative cleanup, DC-1, finds it
+    ///   after its grace). The ETag the HEAD saw is kept with a record whose delete then
+    ///   fails.
     ///
     /// A store that stops answering during the batch is an outage: the records its failures
     /// touched are handed back unattempted and [`Removed::unreachable`] says why.
@@ -465,19 +464,22 @@ impl ObjectRoot {
             let keys = old.into_iter().map(|(k, o)| (k, o.size)).collect();
             planned.push((claimed, keys, None));
         }
-        // A HEAD's whole second left these unsure: the store's listing may tell finer.
+        // A HEAD's whole second left these unsure: the store's listing may tell finer. An
+        // object is taken for newer than its record only where its time, as read (the
+        // listing's where it gives one, else the HEAD's second), is later than the record's:
+        // a store that lists milliseconds tells a rewrite in the record's own second apart; a
+        // store that gives seconds alone cannot, and the object goes as it always did — kept
+        // instead, a file recorded in the second it was written would stay forever, its record
+        // forgotten.
         let keys: Vec<&Key> = unsure.iter().map(|(_, key, _)| key).collect();
         let listed = self.listed_times(&keys).await;
-        let unit = self.listed_unit(listed.values().copied());
         for (claimed, key, object) in unsure {
-            if listed
-                .get(&key)
-                .is_some_and(|listed| written_before(*listed, unit, claimed.recorded_at))
-            {
-                planned.push((claimed, vec![(key, object.size)], object.etag));
-            } else {
+            let at = listed.get(&key).copied().unwrap_or(object.last_modified);
+            if at > claimed.recorded_at {
                 may_be_new(root, &key);
                 removed.forget.push(claimed.id);
+            } else {
+                planned.push((claimed, vec![(key, object.size)], object.etag));
             }
         }
         let keys: Vec<Key> = planned
