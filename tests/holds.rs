@@ -48,7 +48,7 @@ async fn release(pool: &PgPool, hold: Uuid) {
     .unwrap();
 }
 
-fn set_mtime(path: &Path, days: f64) {
+pub(crate) fn set_mtime(path: &Path, days: f64) {
     let at = pass_start() - chrono::Duration::seconds((days * 86_400.0) as i64);
     let file = std::fs::File::options().write(true).open(path).unwrap();
     file.set_times(std::fs::FileTimes::new().set_modified(SystemTime::from(at)))
@@ -224,7 +224,7 @@ async fn hd3_a_file_whose_rows_went_before_the_hold_stays_with_its_record_until_
 }
 
 /// An account with an enabled session policy (main sessions go after 60 days).
-async fn with_policy(pool: &PgPool) -> Uuid {
+pub(crate) async fn with_policy(pool: &PgPool) -> Uuid {
     let account = fixture::account(pool, Some(90)).await;
     sqlx::query(
         "INSERT INTO session_retention_policies (account_id, enabled, main_days, task_days,
@@ -518,7 +518,7 @@ async fn hd2_an_account_hold_keeps_its_attachment_bytes_another_accounts_go(pool
 }
 
 /// A trace of `agent`'s `session` under `root`, 100 days old.
-fn old_trace(root: &Path, agent: Uuid, session: Uuid) -> PathBuf {
+pub(crate) fn old_trace(root: &Path, agent: Uuid, session: Uuid) -> PathBuf {
     let path = root
         .join(agent.to_string())
         .join(format!("{session}.trace.jsonl"));

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use sexton::holds::{self, Scope};
 use sexton_jobs::files::{self, Root, Store};
@@ -20,6 +20,7 @@ use uuid::Uuid;
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::hops::{Env, retained};
 use crate::common::{self, run};
+use crate::holds::{old_trace, with_policy};
 
 /// `holds place` as the CLI calls it, on a task of its own.
 fn place(pool: &PgPool, scope: Scope, id: Uuid) -> tokio::task::JoinHandle<holds::Hold> {
@@ -121,20 +122,6 @@ async fn hd3_an_account_hold_placed_while_an_owner_transaction_waits_on_a_row_lo
     assert_eq!(retained(&reports, RetainReason::LegalHold), 1);
     assert!(fixture::has_detail(&env.pool, later.id).await);
     assert!(env.output_file(account, later.id).exists());
-}
-
-/// An account with an enabled session policy (main sessions go after 60 days).
-async fn with_policy(pool: &PgPool) -> Uuid {
-    let account = fixture::account(pool, Some(90)).await;
-    sqlx::query(
-        "INSERT INTO session_retention_policies (account_id, enabled, main_days, task_days,
-                                                 subagent_days) VALUES ($1, true, 60, 30, 7)",
-    )
-    .bind(account)
-    .execute(pool)
-    .await
-    .unwrap();
-    account
 }
 
 #[sqlx::test]
@@ -328,27 +315,6 @@ async fn hd3_holds_keep_a_pending_file_whose_run_row_the_platform_deleted(pool: 
     env.pass(account).await;
     assert!(!env.output_file(account, runs[1].1).exists(), "released");
     assert!(env.output_file(account, run).exists());
-}
-
-fn set_mtime(path: &Path, days: f64) {
-    let at = pass_start() - chrono::Duration::seconds((days * 86_400.0) as i64);
-    let file = std::fs::File::options().write(true).open(path).unwrap();
-    file.set_times(std::fs::FileTimes::new().set_modified(SystemTime::from(at)))
-        .unwrap();
-}
-
-/// A trace of `agent`'s `session` under `root`, 100 days old.
-fn old_trace(root: &Path, agent: Uuid, session: Uuid) -> std::path::PathBuf {
-    let path = root
-        .join(agent.to_string())
-        .join(format!("{session}.trace.jsonl"));
-    let signature = serde_json::json!({
-        "format": "run-trace/1", "agent_id": agent.to_string(), "session_id": session.to_string()
-    });
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(&path, format!("{signature}\nbody\n")).unwrap();
-    set_mtime(&path, 100.0);
-    path
 }
 
 /// One confirmed trace cleaning of `root` by age (30 days) at the pass start.

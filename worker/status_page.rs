@@ -174,28 +174,8 @@ fn anchor(job: &str) -> String {
     format!("kind-{}", esc(job))
 }
 
-const STYLE: &str = "
-:root{color-scheme:light dark;--line:#8884;--bad:#c0392b;--warn:#b9770e;--ok:#1e8449}
-*{box-sizing:border-box}
-body{font:15px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0 auto;
-max-width:72rem;padding:1rem}
-h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.15rem;margin:1.6rem 0 .4rem}
-h3{font-size:1rem;margin:1rem 0 .3rem}
-p{margin:.3rem 0}nav{display:flex;flex-wrap:wrap;gap:.2rem .9rem}time{white-space:nowrap}
-table{border-collapse:collapse;width:100%;margin:.3rem 0}
-th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid var(--line);vertical-align:top}
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
-code,.id{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em;word-break:break-all}
-.bad{color:var(--bad);font-weight:600}.warn{color:var(--warn)}.ok{color:var(--ok)}
-.muted{opacity:.7}section{border-top:1px solid var(--line);margin-top:1rem}
-@media (max-width:40rem){
-thead{display:none}table,tbody,tr,td{display:block;width:100%}
-tr{border:1px solid var(--line);border-radius:.4rem;margin:.5rem 0;padding:.2rem .4rem}
-td{border:0;padding:.15rem 0;display:flex;justify-content:space-between;gap:1rem;text-align:right}
-td.n{text-align:right}
-td::before{content:attr(data-label);font-weight:600;text-align:left}
-}
-";
+/// The page's style, inline: no request leaves the page (OP-6).
+const STYLE: &str = include_str!("status_page.css");
 
 /// A table's cell: its column's label, for the stacked layout on a narrow screen.
 fn cell(out: &mut String, label: &str, class: &str, content: &str) {

@@ -8,157 +8,24 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use apalis::layers::WorkerBuilderExt;
-use apalis::prelude::{
-    AbortError, Attempt, BackendExt, BoxDynError, Data, Monitor, Strategy, WorkerBuilder,
-};
+use apalis::prelude::{BackendExt, Monitor, Strategy, WorkerBuilder};
 use sexton_jobs::job::Cadence;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 use crate::clock::DatabaseClock;
 use crate::config::Settings;
-use crate::context::{JobContext, JobFailure, decode};
+use crate::context::JobContext;
 use crate::http::{self, Health};
-use crate::registry::{self, Kind};
+use crate::registry;
 use crate::telemetry::metrics;
-use crate::tick::{self, NightlySlot};
+use crate::tick;
 use crate::wakeups::Wakeups;
 use crate::{db, queue};
 
-/// What one queue's consumer runs: the nightly fan-out, or the hops of one job kind.
-#[derive(Clone, Copy)]
-enum Consumer {
-    Nightly,
-    Job(&'static dyn Kind),
-}
+mod handler;
 
-impl Consumer {
-    /// Every queue a worker serves.
-    fn all() -> impl Iterator<Item = Consumer> {
-        std::iter::once(Consumer::Nightly).chain(registry::KINDS.iter().map(|k| Consumer::Job(*k)))
-    }
-
-    fn queue(self) -> &'static str {
-        match self {
-            Consumer::Nightly => tick::NIGHTLY,
-            Consumer::Job(kind) => kind.queue(),
-        }
-    }
-
-    /// The `kind` label of its metrics.
-    fn job(self) -> &'static str {
-        match self {
-            Consumer::Nightly => "nightly",
-            Consumer::Job(kind) => kind.name(),
-        }
-    }
-}
-
-/// Turns a job's outcome into what apalis does next: done, retry after a backoff, or give up.
-async fn settle(
-    ctx: &JobContext,
-    consumer: Consumer,
-    attempt: &Attempt,
-    outcome: Result<(), JobFailure>,
-) -> Result<(), BoxDynError> {
-    let (queue, job) = (consumer.queue(), consumer.job());
-    match outcome {
-        Ok(()) => {
-            metrics::job_run(job, "succeeded");
-            Ok(())
-        }
-        Err(err @ JobFailure::BadPayload { .. }) => {
-            metrics::job_run(job, "rejected");
-            ctx.failed_for_good.fetch_add(1, Ordering::SeqCst);
-            tracing::error!(queue, error = %err, "job payload rejected; kept for inspection");
-            Err(AbortError::new(err).into())
-        }
-        Err(JobFailure::Fatal(err)) => {
-            metrics::job_run(job, "failed");
-            ctx.failed_for_good.fetch_add(1, Ordering::SeqCst);
-            tracing::error!(
-                queue,
-                error = format!("{err:#}"),
-                "job failed for good; kept for inspection"
-            );
-            Err(AbortError::new(JobFailure::Fatal(err)).into())
-        }
-        Err(JobFailure::Retryable(err)) => {
-            metrics::job_run(job, "failed");
-            let current = attempt.current();
-            tracing::warn!(
-                queue,
-                attempt = current,
-                error = format!("{err:#}"),
-                "job failed"
-            );
-            // apalis fetches a failed job again at once: the backoff happens here, while the
-            // job is still held (and heartbeating), so no other replica takes it meanwhile.
-            if current < ctx.settings.queue.max_attempts as usize {
-                let factor = 1u32 << current.saturating_sub(1).min(6);
-                tokio::time::sleep(ctx.settings.queue.retry_backoff * factor).await;
-            } else {
-                ctx.failed_for_good.fetch_add(1, Ordering::SeqCst);
-            }
-            Err(err.into())
-        }
-    }
-}
-
-/// What one queue's worker holds: the shared context and what it consumes.
-#[derive(Clone)]
-struct QueueWorker {
-    ctx: JobContext,
-    consumer: Consumer,
-}
-
-/// The one handler of every queue: decodes the payload and runs the queue's job.
-async fn handle(
-    payload: serde_json::Value,
-    worker: Data<QueueWorker>,
-    attempt: Attempt,
-) -> Result<(), BoxDynError> {
-    let QueueWorker { ctx, consumer } = &*worker;
-    let _handling = Handling::start(&ctx.handling);
-    // The job runs on a task of its own: the monitor that polls this handler also pauses a
-    // failing consumer before its restart, and a hop must not stall, locks held, meanwhile.
-    let job = {
-        let (ctx, consumer) = (ctx.clone(), *consumer);
-        tokio::spawn(async move {
-            match consumer {
-                Consumer::Nightly => match decode::<NightlySlot>(tick::NIGHTLY, payload) {
-                    Ok(slot) => tick::fan_out(&ctx, &slot)
-                        .await
-                        .map_err(JobFailure::Retryable),
-                    Err(err) => Err(err),
-                },
-                Consumer::Job(kind) => kind.handle(&ctx, payload).await,
-            }
-        })
-    };
-    let outcome = job.await.unwrap_or_else(|err| {
-        Err(JobFailure::Retryable(anyhow::anyhow!(
-            "the job's task ended abnormally: {err}"
-        )))
-    });
-    settle(ctx, *consumer, &attempt, outcome).await
-}
-
-/// Counts a job being handled for as long as it lives.
-struct Handling(Arc<AtomicUsize>);
-
-impl Handling {
-    fn start(count: &Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::SeqCst);
-        Self(count.clone())
-    }
-}
-
-impl Drop for Handling {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+use handler::{Consumer, QueueWorker, handle};
 
 /// This process's name in the fleet: the configured name (the pod's, in Kubernetes) or host
 /// name and process id, then a suffix drawn at start. A process restarted under the same name —

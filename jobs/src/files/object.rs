@@ -20,6 +20,13 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt as _};
 use super::drain::{Claimed, Removed};
 use super::{FileCounts, Root};
 
+mod key;
+mod times;
+
+pub use key::key_of;
+pub use times::written_before;
+use times::{SECOND, unit_of};
+
 /// Keys one DeleteObjects call names at the most (AWS refuses more than 1,000).
 pub const MAX_BATCH: usize = 1_000;
 
@@ -529,47 +536,6 @@ impl ObjectRoot {
     }
 }
 
-/// The key `relative` names under `prefix` (OS-3): the prefix, a `/` and the path as it is.
-///
-/// # Errors
-/// The path is empty, starts with `/`, has an empty, `.` or `..` segment, a backslash, a
-/// percent-encoded `/` or `\`, or a control character: a spelling another key could share, or
-/// one a store may read as another key.
-pub fn key_of(prefix: &str, relative: &str) -> Result<Key, String> {
-    let why = if relative.is_empty() {
-        Some("is empty")
-    } else if relative.starts_with('/') {
-        Some("starts with `/`")
-    } else if relative.contains('\\') {
-        Some("holds a backslash")
-    } else if relative.chars().any(char::is_control) {
-        Some("holds a control character")
-    } else if ["%2f", "%5c"]
-        .iter()
-        .any(|encoded| relative.to_ascii_lowercase().contains(encoded))
-    {
-        Some("holds a percent-encoded separator")
-    } else if relative
-        .split('/')
-        .any(|segment| matches!(segment, "" | "." | ".."))
-    {
-        Some("has an empty, `.` or `..` segment")
-    } else {
-        None
-    };
-    if let Some(why) = why {
-        return Err(format!(
-            "path {relative:?} {why}: it names no key of its own"
-        ));
-    }
-    let key = if prefix.is_empty() {
-        relative.to_owned()
-    } else {
-        format!("{prefix}/{relative}")
-    };
-    Key::parse(&key).map_err(|err| format!("path {relative:?} names no key: {err}"))
-}
-
 /// A record whose objects are to be deleted: its keys with their sizes, and the ETag its one
 /// object was judged by (kept with the record if the delete fails).
 type Planned<'c> = (&'c Claimed, Vec<(Key, u64)>, Option<String>);
@@ -580,38 +546,6 @@ fn may_be_new(root: Root, key: &Key) {
         root = root.as_str(), key = %crate::shown::Shown(key.as_ref()),
         "object not deleted: it may have been written after its record (a new object under the same key)"
     );
-}
-
-/// A second, in nanoseconds.
-const SECOND: u32 = 1_000_000_000;
-
-/// The coarsest unit `time` can be a whole number of (a second, a tenth, …, a nanosecond): at
-/// most how fine the store that gave it keeps its times.
-fn unit_of(time: DateTime<Utc>) -> u32 {
-    let nanos = time.timestamp_subsec_nanos();
-    let mut unit = SECOND;
-    while !nanos.is_multiple_of(unit) {
-        unit /= 10;
-    }
-    unit
-}
-
-/// Whether an object the store says was last modified at `modified`, a time it gives in whole
-/// `unit`s of nanoseconds (truncated, as stores do: a HEAD's whole second; some stores' listings
-/// give milliseconds), was written before `recorded` (OS-2): it was written at most one unit
-/// after `modified`. A time in a whole second is never taken for finer than the unit it came
-/// in, so an object of its record's own second may always be the newer. A finer time (a
-/// listing's milliseconds, s3s-fs; `.120` reads as a hundredth until a finer one is seen) is
-/// taken as it reads: listed before the record's instant is before it. Only an object written
-/// within that unit after its record could be misjudged so, where a file written just before
-/// its record (a crash between commit and unlink, a test that writes and records at once)
-/// would otherwise be kept forever, its record forgotten.
-pub fn written_before(modified: DateTime<Utc>, unit: u32, recorded: DateTime<Utc>) -> bool {
-    if unit < SECOND {
-        modified < recorded
-    } else {
-        modified + chrono::Duration::nanoseconds(i64::from(unit.min(SECOND))) <= recorded
-    }
 }
 
 /// An object's time, size and ETag, as the store reports them (OS-2: `LastModified` is its
@@ -636,79 +570,6 @@ pub enum Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn os3_each_ambiguous_spelling_is_refused_and_a_plain_path_is_one_key() {
-        for path in [
-            "",
-            "/a/x.out",
-            "a//x.out",
-            "a/./x.out",
-            "./a/x.out",
-            "a/../x.out",
-            "..",
-            "a/x.out/",
-            "a\\x.out",
-            "a%2Fx.out",
-            "a%2fx.out",
-            "a%5Cx.out",
-            "a/x\u{0}.out",
-            "a/x\n.out",
-            "a/x\u{7f}.out",
-        ] {
-            assert!(key_of("p", path).is_err(), "{path:?} was given a key");
-        }
-        assert_eq!(key_of("p/q", "a/x.out").unwrap().as_ref(), "p/q/a/x.out");
-        assert_eq!(key_of("", "a/x.out").unwrap().as_ref(), "a/x.out");
-        assert_eq!(
-            key_of("p", "a/x y%20.out").unwrap().as_ref(),
-            "p/a/x y%20.out"
-        );
-    }
-
-    #[test]
-    fn os2_a_time_proves_an_object_older_only_by_the_unit_it_is_given_in() {
-        let at = |text: &str| text.parse::<DateTime<Utc>>().unwrap();
-        let recorded = at("2026-12-01T03:00:07.300Z");
-        // A HEAD's whole second: the record's own second proves nothing, the one before does.
-        assert!(!written_before(
-            at("2026-12-01T03:00:07Z"),
-            SECOND,
-            recorded
-        ));
-        assert!(written_before(at("2026-12-01T03:00:06Z"), SECOND, recorded));
-        // A listing's milliseconds: before the record by a unit, or not.
-        let ms = 1_000_000;
-        assert!(written_before(at("2026-12-01T03:00:07.123Z"), ms, recorded));
-        assert!(written_before(at("2026-12-01T03:00:07.299Z"), ms, recorded));
-        // Within the record's own millisecond, listed before its instant: before it.
-        assert!(written_before(
-            at("2026-12-01T03:00:07.300Z"),
-            ms,
-            at("2026-12-01T03:00:07.300400Z")
-        ));
-        assert!(!written_before(
-            at("2026-12-01T03:00:07.300Z"),
-            ms,
-            recorded
-        ));
-        assert!(!written_before(
-            at("2026-12-01T03:00:07.800Z"),
-            ms,
-            recorded
-        ));
-        assert!(written_before(at("2026-12-01T03:00:07Z"), ms, recorded));
-        assert!(!written_before(at("2026-12-01T03:00:08Z"), ms, recorded));
-        // What a time's digits say of its unit.
-        assert_eq!(unit_of(at("2026-12-01T03:00:07Z")), SECOND);
-        assert_eq!(unit_of(at("2026-12-01T03:00:07.200Z")), 100_000_000);
-        assert_eq!(unit_of(at("2026-12-01T03:00:07.123Z")), ms);
-        assert!(written_before(
-            at("2026-12-01T03:00:07.200Z"),
-            100_000_000,
-            recorded
-        ));
-    }
 
     #[test]
     fn os1_urls_name_a_bucket_and_a_prefix() {
