@@ -7,9 +7,11 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
-use sexton_jobs::attachment_expiry::{Args, AttachmentExpiry, AttachmentSettings};
+use sexton_jobs::attachment_expiry::{
+    Args, AttachmentExpiry, AttachmentReason, AttachmentSettings,
+};
 use sexton_jobs::files::PathSettings;
-use sexton_jobs::job::{Job, Report};
+use sexton_jobs::job::Report;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -69,14 +71,13 @@ impl World {
         .unwrap()
     }
 
-    async fn pass(&self, settings: &AttachmentSettings) -> Vec<Report<Args>> {
-        run::pass::<AttachmentExpiry>(
-            &self.pool,
-            &self.paths,
-            settings,
-            AttachmentExpiry::first(Some(self.account), pass_start()),
-        )
-        .await
+    async fn pass(&self, settings: &AttachmentSettings) -> Vec<Report<AttachmentReason>> {
+        let args = Args::first(Some(self.account), pass_start());
+        run::pass::<AttachmentExpiry>(&self.pool, &self.paths, settings, args)
+            .await
+            .into_iter()
+            .map(|hopped| hopped.report)
+            .collect()
     }
 
     async fn expired(&self, id: Uuid) -> bool {
@@ -102,10 +103,10 @@ fn set_mtime(path: &std::path::Path, at: DateTime<Utc>) {
         .unwrap();
 }
 
-fn kept(reports: &[Report<Args>], reason: &str) -> u64 {
+fn kept(reports: &[Report<AttachmentReason>], reason: &str) -> u64 {
     reports
         .iter()
-        .flat_map(|r| &r.retained)
+        .flat_map(|r| r.retained_by_label())
         .filter(|(r, _)| *r == reason)
         .map(|(_, n)| n)
         .sum()
@@ -323,7 +324,7 @@ async fn at1_one_file_named_two_ways_is_one_file(pool: PgPool) {
         &w.pool,
         &w.paths,
         &settings(),
-        AttachmentExpiry::first(Some(other), pass_start()),
+        Args::first(Some(other), pass_start()),
     )
     .await;
     assert!(w.expired(theirs).await);

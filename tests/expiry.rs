@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton_jobs::files::PathSettings;
-use sexton_jobs::job::{Job, Report};
 use sexton_jobs::queue_retention::{self, QueueRetention, QueueRetentionSettings};
 use sexton_jobs::record_expiry::{
     Args, ConversationEvents, DreamPreloads, Expire, ExpirySettings, Handoffs, Record,
@@ -49,19 +48,19 @@ async fn pass_from<R: Record>(
     pool: &PgPool,
     settings: &ExpirySettings,
     args: Args,
-) -> Vec<Report<Args>> {
+) -> Vec<run::Hopped<Expire<R>>> {
     run::pass::<Expire<R>>(pool, &paths(), settings, args).await
 }
 
-async fn pass<R: Record>(pool: &PgPool, settings: &ExpirySettings) -> Vec<Report<Args>> {
-    pass_from::<R>(pool, settings, Args::first(pass_start())).await
+async fn pass<R: Record>(pool: &PgPool, settings: &ExpirySettings) -> Vec<run::Hopped<Expire<R>>> {
+    pass_from::<R>(pool, settings, Args::first(None, pass_start())).await
 }
 
-fn pruned(reports: &[Report<Args>]) -> u64 {
+fn pruned<R: Record>(reports: &[run::Hopped<Expire<R>>]) -> u64 {
     reports.iter().map(|r| r.pruned).sum()
 }
 
-fn busy(reports: &[Report<Args>]) -> u64 {
+fn busy<R: Record>(reports: &[run::Hopped<Expire<R>>]) -> u64 {
     reports.iter().map(|r| r.retained_total()).sum()
 }
 
@@ -323,7 +322,7 @@ async fn ttl5_a_row_an_application_holds_is_skipped_then_removed_next_pass(pool:
     let next_night = pass_from::<Handoffs>(
         &pool,
         &settings(),
-        Args::first(pass_start() + chrono::Duration::days(1)),
+        Args::first(None, pass_start() + chrono::Duration::days(1)),
     )
     .await;
     assert!(!exists(&pool, "handoffs", &held).await);
@@ -377,7 +376,7 @@ async fn ttl5_a_pass_started_in_the_future_expires_nothing_early(pool: PgPool) {
     pass_from::<Handoffs>(
         &pool,
         &settings(),
-        Args::first(now + chrono::Duration::days(365)),
+        Args::first(None, now + chrono::Duration::days(365)),
     )
     .await;
 
@@ -604,7 +603,7 @@ async fn worker_exists(pool: &PgPool, id: &str) -> bool {
         == 1
 }
 
-async fn queue_pass(pool: &PgPool) -> Vec<Report<queue_retention::Args>> {
+async fn queue_pass(pool: &PgPool) -> Vec<run::Hopped<QueueRetention>> {
     let settings = QueueRetentionSettings {
         retention: chrono::Duration::days(7),
     };
@@ -612,7 +611,7 @@ async fn queue_pass(pool: &PgPool) -> Vec<Report<queue_retention::Args>> {
         pool,
         &paths(),
         &settings,
-        QueueRetention::first(None, pass_start()),
+        queue_retention::Args::first(None, pass_start()),
     )
     .await
 }

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
-use sexton_jobs::job::Job;
 use sexton_jobs::record_expiry::{Args as ExpiryArgs, Expire, ExpirySettings, WorkingRecords};
-use sexton_jobs::session_retention::{self as sessions, Args as SessionArgs, Policy};
+use sexton_jobs::session_retention::{self as sessions, Args as SessionArgs};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -103,7 +102,8 @@ async fn explain_runs_agree_with_the_next_pass(pool: PgPool) {
         .await
         .unwrap();
     env.pass_from(sexton_jobs::prune_execution_details::Args::first(
-        account, now,
+        Some(account),
+        now,
     ))
     .await;
     for (run, explanation) in &said {
@@ -158,17 +158,10 @@ async fn explain_sessions_agree_with_the_next_pass(pool: PgPool) {
         budget: Duration::from_secs(60),
         lock_timeout: Duration::from_millis(200),
         sessions: paths.store(sexton_jobs::files::Root::Sessions),
+        policy: sessions::Policy::Persisted,
     };
-    let mut args = SessionArgs::first(account, now, Policy::Persisted);
-    loop {
-        let report = sessions::run(&pool, &settings, &args, &Default::default())
-            .await
-            .unwrap();
-        match report.next {
-            Some(next) => args = next,
-            None => break,
-        }
-    }
+    let args = SessionArgs::first(Some(account), now);
+    run::pass::<sessions::SessionRetention>(&pool, &paths, &settings, args).await;
     let left: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM sessions ORDER BY id")
         .fetch_all(&pool)
         .await
@@ -227,7 +220,7 @@ async fn explain_attachments_agree_with_the_next_pass(pool: PgPool) {
         &pool,
         &paths,
         &settings,
-        AttachmentExpiry::first(Some(account), now),
+        sexton_jobs::attachment_expiry::Args::first(Some(account), now),
     )
     .await;
     assert!(!old_file.exists());
@@ -319,7 +312,8 @@ async fn explain_records_agree_with_the_next_pass_and_bad_ids_exit_2(pool: PgPoo
         batch_size: 100,
         budget: Duration::from_secs(60),
     };
-    run::pass::<Expire<WorkingRecords>>(&pool, &paths, &settings, ExpiryArgs::first(now)).await;
+    run::pass::<Expire<WorkingRecords>>(&pool, &paths, &settings, ExpiryArgs::first(None, now))
+        .await;
     let left: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM working_records")
         .fetch_all(&pool)
         .await

@@ -7,7 +7,8 @@ use std::sync::atomic::AtomicBool;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::clock::ManualClock;
 use sexton_jobs::health::Health;
-use sexton_jobs::job::{Env, Job, Report};
+use sexton_jobs::job::{ArgsOf, Env, Job, Report};
+use sexton_jobs::pass;
 use sexton_jobs::record_expiry::{Expire, Handoffs};
 use sqlx::PgPool;
 
@@ -28,9 +29,11 @@ async fn first_hop<J: Job>(
         paths: &settings.paths,
         health: &Health::off(),
     };
-    let mut report = Report::new(J::RETAIN_REASONS);
-    let args = J::first(account, fixture::pass_start());
-    J::run(env, settings.jobs.get(J::NAME), &args, &mut report).await
+    let mut report = Report::new(J::TABLES);
+    let args = ArgsOf::<J>::first(account, fixture::pass_start());
+    pass::hop::<J>(env, settings.jobs.get(J::NAME), &args, &mut report)
+        .await
+        .map(|_| ())
 }
 
 #[sqlx::test]

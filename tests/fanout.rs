@@ -530,7 +530,7 @@ async fn fl8_op1_status_sums_up_the_fan_out_and_lists_the_passes_that_did_not_fi
     let ctx = context(&pool, &settings);
     tick::fan_out(&ctx, &slot()).await.unwrap();
     // One due account's pass runs to its end; the other's first hop waits in the queue.
-    sexton::hop::run::<PruneExecutionDetails>(&ctx, Args::first(due[0], pass_start()))
+    sexton::hop::run::<PruneExecutionDetails>(&ctx, Args::first(Some(due[0]), pass_start()))
         .await
         .unwrap();
 

@@ -111,7 +111,7 @@ async fn hl1_a_lagging_replication_slot_throttles_hops_until_it_is_dropped(pool:
     let slot = lagging_slot(&pool, "sexton_hl").await;
     let lagging = health(1 << 20, false, 0);
 
-    let mut args = Args::first(account, pass_start());
+    let mut args = Args::first(Some(account), pass_start());
     let mut throttles = 0;
     for _ in 0..3 {
         let report = run::hop_with::<Ped>(&pool, &paths, &lagging, &settings, &args).await;
@@ -179,7 +179,7 @@ async fn hl2_a_vacuum_running_on_runs_pauses_hops_while_it_runs(pool: PgPool) {
     poll_until(Duration::from_secs(30), &vacuuming).await;
     let pausing = health(0, true, 0);
 
-    let args = Args::first(account, pass_start());
+    let args = Args::first(Some(account), pass_start());
     let paused = run::hop_with::<Ped>(&pool, &paths, &pausing, &settings, &args).await;
     assert_eq!(paused.outcome.as_str(), "throttled");
     assert_eq!(paused.throttled, Some(Indicator::Vacuum));
@@ -223,7 +223,7 @@ async fn paced_passes(
                 paths,
                 health,
                 settings,
-                Args::first(account, pass_start()),
+                Args::first(Some(account), pass_start()),
             )
             .await;
             (started, Instant::now())

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
 use sexton_jobs::files::Store;
-use sexton_jobs::job::{Job, Report};
+use sexton_jobs::job::{Job, Reason, Report};
 use sexton_jobs::prune_execution_details::{Args, PruneExecutionDetails, RetainReason};
 use sexton_jobs::record_expiry::{
     self as expiry, ConversationEvents, DreamPreloads, Expire, ExpirySettings, Handoffs,
@@ -164,13 +164,13 @@ async fn hd3_a_hold_placed_while_the_hop_waits_on_the_owners_lock_wins(pool: PgP
     // committed meanwhile, then the writer lets go.
     let mut writer = env.pool.begin().await.unwrap();
     fixture::lock_conversation(&mut writer, conversation).await;
-    let hop = env.spawn_hop(Args::first(account, pass_start()));
+    let hop = env.spawn_hop(Args::first(Some(account), pass_start()));
     common::wait_for_lock_waiter(&env.pool, "conversations").await;
     hold(&env.pool, "run", run.id).await;
     writer.commit().await.unwrap();
 
     let report = hop.await.unwrap();
-    assert_eq!(report.retained.get(&RetainReason::LegalHold), Some(&1));
+    assert_eq!(report.retained(RetainReason::LegalHold), 1);
     assert!(fixture::has_detail(&env.pool, run.id).await);
     assert!(env.output_file(account, run.id).exists());
     assert!(
@@ -270,6 +270,7 @@ async fn hd2_a_session_agent_or_account_hold_keeps_its_sessions_and_frames_the_o
         budget: Duration::from_secs(600),
         lock_timeout: Duration::from_millis(200),
         sessions: paths.store(sexton_jobs::files::Root::Sessions),
+        policy: Policy::Persisted,
     };
     let account = with_policy(&pool).await;
     let (agent, held_agent) = (
@@ -291,7 +292,7 @@ async fn hd2_a_session_agent_or_account_hold_keeps_its_sessions_and_frames_the_o
 
     let mut reports = Vec::new();
     for account in [account, other] {
-        let first = sessions::Args::first(account, pass_start(), Policy::Persisted);
+        let first = sessions::Args::first(Some(account), pass_start());
         reports.extend(run::pass::<SessionRetention>(&pool, &paths, &settings, first).await);
     }
 
@@ -311,7 +312,7 @@ async fn hd2_a_session_agent_or_account_hold_keeps_its_sessions_and_frames_the_o
         "the session beside goes"
     );
     assert!(!beside_frames.exists());
-    let held: u64 = reports.iter().map(held_count).sum();
+    let held: u64 = held_in(reports);
     assert_eq!(held, 3);
     let explained = run::explain::<SessionRetention>(
         &pool,
@@ -332,10 +333,18 @@ async fn hd2_a_session_agent_or_account_hold_keeps_its_sessions_and_frames_the_o
     );
 }
 
-fn held_count<A>(report: &Report<A>) -> u64 {
-    report
-        .retained
+/// Owners the hops of a pass retained under a hold.
+fn held_in<J: Job>(reports: Vec<run::Hopped<J>>) -> u64 {
+    reports
         .iter()
+        .map(|hopped| held_count(&hopped.report))
+        .sum()
+}
+
+fn held_count<R: Reason>(report: &Report<R>) -> u64 {
+    report
+        .retained_by_label()
+        .into_iter()
         .filter(|(reason, _)| *reason == "legal_hold")
         .map(|(_, n)| n)
         .sum()
@@ -438,16 +447,16 @@ async fn hd2_agent_session_and_conversation_holds_keep_their_short_lived_records
     hold(&pool, "conversation", held_conversation).await;
 
     let expiry: &ExpirySettings = settings.jobs.get(Expire::<Handoffs>::NAME);
-    let first = expiry::Args::first(pass_start());
-    let mut held = 0;
-    for reports in [
-        run::pass::<Expire<Handoffs>>(&pool, &settings.paths, expiry, first.clone()).await,
-        run::pass::<Expire<DreamPreloads>>(&pool, &settings.paths, expiry, first.clone()).await,
-        run::pass::<Expire<WorkingRecords>>(&pool, &settings.paths, expiry, first.clone()).await,
-        run::pass::<Expire<ConversationEvents>>(&pool, &settings.paths, expiry, first).await,
-    ] {
-        held += reports.iter().map(held_count).sum::<u64>();
-    }
+    let first = expiry::Args::first(None, pass_start());
+    let paths = &settings.paths;
+    let held = [
+        held_in(run::pass::<Expire<Handoffs>>(&pool, paths, expiry, first.clone()).await),
+        held_in(run::pass::<Expire<DreamPreloads>>(&pool, paths, expiry, first.clone()).await),
+        held_in(run::pass::<Expire<WorkingRecords>>(&pool, paths, expiry, first.clone()).await),
+        held_in(run::pass::<Expire<ConversationEvents>>(&pool, paths, expiry, first).await),
+    ]
+    .iter()
+    .sum::<u64>();
 
     for (table, id) in &kept {
         assert!(exists(&pool, table, *id).await, "{table} {id} kept");
@@ -501,9 +510,9 @@ async fn hd2_an_account_hold_keeps_its_attachment_bytes_another_accounts_go(pool
 
     let mut held = 0;
     for (account, _) in &files {
-        let first = AttachmentExpiry::first(Some(*account), pass_start());
+        let first = sexton_jobs::attachment_expiry::Args::first(Some(*account), pass_start());
         let reports = run::pass::<AttachmentExpiry>(&pool, &paths, &settings, first).await;
-        held += reports.iter().map(held_count).sum::<u64>();
+        held += held_in(reports);
     }
 
     assert!(files[0].1.exists(), "the held account's bytes stay");
@@ -613,12 +622,12 @@ async fn hd3_an_unreadable_hold_table_removes_nothing_and_fails_the_hop(pool: Pg
         .await
         .unwrap();
 
-    let result = sexton_jobs::prune_execution_details::run(
+    let result = common::hops::try_hop_at(
         &limited,
         &env.clock,
+        &env.paths(),
         &env.settings,
-        &Args::first(account, pass_start()),
-        &AtomicBool::new(false),
+        &Args::first(Some(account), pass_start()),
     )
     .await;
 

@@ -95,7 +95,7 @@ async fn hd3_an_account_hold_placed_while_an_owner_transaction_waits_on_a_row_lo
         .fetch_all(&mut *writer)
         .await
         .unwrap();
-    let hop = env.spawn_hop(Args::first(account, pass_start()));
+    let hop = env.spawn_hop(Args::first(Some(account), pass_start()));
     waiting(&env.pool, Some("WITH locked AS")).await;
     let placing = place(&env.pool, Scope::Account, account);
     waiting(&env.pool, None).await;
@@ -138,6 +138,7 @@ async fn hd3_an_agent_hold_placed_while_a_session_deletion_waits_on_a_handoff_wa
         budget: Duration::from_secs(600),
         lock_timeout: Duration::from_secs(30),
         sessions: paths.store(Root::Sessions),
+        policy: Policy::Persisted,
     };
     let account = with_policy(&pool).await;
     let agent = fixture::agent(&pool, account).await;
@@ -160,7 +161,7 @@ async fn hd3_an_agent_hold_placed_while_a_session_deletion_waits_on_a_handoff_wa
         .fetch_all(&mut *writer)
         .await
         .unwrap();
-    let first = sessions::Args::first(account, pass_start(), Policy::Persisted);
+    let first = sessions::Args::first(Some(account), pass_start());
     let pass = tokio::spawn({
         let (pool, paths, settings) = (pool.clone(), paths.clone(), settings.clone());
         async move { run::pass::<SessionRetention>(&pool, &paths, &settings, first).await }
@@ -179,7 +180,7 @@ async fn hd3_an_agent_hold_placed_while_a_session_deletion_waits_on_a_handoff_wa
     );
     // From its return on, the hold is in force.
     let later = fixture::session(&pool, account, agent, "main", 100, None).await;
-    let first = sessions::Args::first(account, pass_start(), Policy::Persisted);
+    let first = sessions::Args::first(Some(account), pass_start());
     run::pass::<SessionRetention>(&pool, &paths, &settings, first).await;
     assert!(exists(&pool, "sessions", later).await, "held by the agent");
 }
@@ -271,7 +272,7 @@ async fn hd3_holds_keep_a_pending_file_whose_run_row_the_platform_deleted(pool: 
     let moved = env.dir.path().join("outputs-away");
     std::fs::rename(env.root(), &moved).unwrap();
     assert!(
-        env.try_hop(&Args::first(account, pass_start()))
+        env.try_hop(&Args::first(Some(account), pass_start()))
             .await
             .is_err()
     );

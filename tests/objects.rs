@@ -21,7 +21,6 @@ use sexton::event;
 use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
 use sexton_jobs::files::object::{MAX_BATCH, ObjectRoot};
 use sexton_jobs::files::{self, Root, Store};
-use sexton_jobs::job::Job as _;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -691,7 +690,8 @@ async fn os2_at1_an_attachment_rewritten_between_its_judgement_and_its_record_ke
                 window_size: 100,
                 budget: Duration::from_secs(600),
             };
-            let first = AttachmentExpiry::first(Some(account), fixture::pass_start());
+            let first =
+                sexton_jobs::attachment_expiry::Args::first(Some(account), fixture::pass_start());
             run::pass::<AttachmentExpiry>(&pool, &paths, &settings, first).await
         }
     });

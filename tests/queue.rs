@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use rand::{Rng, SeedableRng};
 use sexton::queue::{self, PushOptions, PushOutcome};
 use sexton::registry::{self, KINDS};
@@ -337,17 +336,12 @@ async fn fl1_random_payload_bytes_and_ids_fail_alone_and_good_work_completes(poo
 /// A job kind whose hop panics, to prove what the runtime does with it.
 struct Panicking;
 
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-struct PanickingArgs {
-    account: Uuid,
-}
-
 impl sexton_jobs::job::Job for Panicking {
     const NAME: &'static str = "test_panicking";
-    const QUEUE: &'static str = "sexton.test_panicking";
     const SECTION: &'static str = "test_panicking";
-    const RETAIN_REASONS: &'static [&'static str] = &[];
-    type Args = PanickingArgs;
+    type Reason = sexton_jobs::job::NoReason;
+    type Cutoff = ();
+    type Cursor = ();
     type Raw = serde_json::Value;
     type Settings = ();
     type Error = sexton_jobs::owner_loop::Error;
@@ -360,26 +354,23 @@ impl sexton_jobs::job::Job for Panicking {
         Some(())
     }
 
-    fn first(account: Option<Uuid>, _: DateTime<Utc>) -> PanickingArgs {
-        PanickingArgs {
-            account: account.unwrap_or_default(),
+    fn bounds(_: &()) -> sexton_jobs::owner_loop::Bounds {
+        sexton_jobs::owner_loop::Bounds {
+            window: None,
+            budget: Duration::from_secs(1),
         }
     }
 
-    fn position(args: &PanickingArgs) -> sexton_jobs::job::Position {
-        sexton_jobs::job::Position {
-            account: Some(args.account),
-            pass_started_at: pass_start(),
-            hop: 0,
-        }
+    async fn policy(
+        _: sexton_jobs::pass::Now<'_, Self>,
+    ) -> Result<sexton_jobs::pass::Policy<()>, sexton_jobs::owner_loop::Error> {
+        Ok(sexton_jobs::pass::Policy::Cutoff(()))
     }
 
     async fn run(
-        _: sexton_jobs::job::Env<'_>,
-        _: &(),
-        _: &PanickingArgs,
-        _: &mut sexton_jobs::job::Report<PanickingArgs>,
-    ) -> Result<(), sexton_jobs::owner_loop::Error> {
+        _: sexton_jobs::pass::Step<'_, Self>,
+        _: &mut sexton_jobs::job::Report<sexton_jobs::job::NoReason>,
+    ) -> Result<sexton_jobs::owner_loop::End<()>, sexton_jobs::owner_loop::Error> {
         panic!("a bug in a job");
     }
 }
@@ -408,9 +399,8 @@ async fn ex1_a_panicking_hop_fails_its_job_and_never_keeps_its_lock(pool: PgPool
     );
     let account = Uuid::new_v4();
     for _ in 0..2 {
-        let err = sexton::hop::run::<Panicking>(&ctx, PanickingArgs { account })
-            .await
-            .unwrap_err();
+        let args = sexton_jobs::pass::Args::first(Some(account), pass_start());
+        let err = sexton::hop::run::<Panicking>(&ctx, args).await.unwrap_err();
         assert!(format!("{err:#}").contains("a bug in a job"), "{err:#}");
         // The lock died with the connection that held it: another session takes it.
         poll_until(Duration::from_secs(10), || async {

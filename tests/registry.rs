@@ -353,12 +353,12 @@ async fn op1_status_shows_a_pass_mid_way_and_after_with_the_jobs_kept_failed(poo
     )
     .await
     .unwrap();
-    sexton::hop::run::<PruneExecutionDetails>(&ctx, Args::first(account, pass_start()))
+    sexton::hop::run::<PruneExecutionDetails>(&ctx, Args::first(Some(account), pass_start()))
         .await
         .unwrap();
     sexton::queue::push(
         &pool,
-        PruneExecutionDetails::QUEUE,
+        sexton_jobs::job::queue(PruneExecutionDetails::NAME),
         &settings.queue,
         &serde_json::json!({"version": 7}),
         sexton::queue::PushOptions::default(),
@@ -418,7 +418,10 @@ async fn op1_status_shows_a_pass_mid_way_and_after_with_the_jobs_kept_failed(poo
     assert_eq!(job["queue"]["pending"], 0);
     let failed = after["failed_jobs"].as_array().unwrap();
     assert_eq!(failed.len(), 1);
-    assert_eq!(failed[0]["queue"], PruneExecutionDetails::QUEUE);
+    assert_eq!(
+        failed[0]["queue"],
+        sexton_jobs::job::queue(PruneExecutionDetails::NAME)
+    );
     assert!(
         failed[0]["last_error"]
             .as_str()

@@ -1,18 +1,21 @@
 //! SessionRetention (SPEC §3): SS-1 … SS-6 against a real PostgreSQL, and a SIGKILL audit.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use rand::SeedableRng;
 use serde_json::{Value, json};
 use sexton_jobs::files::{self, Root, Store};
-use sexton_jobs::session_retention::{self as job, Args, HopReport, HopSettings, Policy};
+use sexton_jobs::health::Health;
+use sexton_jobs::session_retention::{self as job, Args, HopSettings, Policy, SessionRetention};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::common;
 use crate::common::fixture::{self, days_before_pass, pass_start};
+
+/// What one hop of SessionRetention did, and where its pass goes on.
+type Hopped = common::run::Hopped<SessionRetention>;
 
 struct Env {
     pool: PgPool,
@@ -34,6 +37,7 @@ impl Env {
             budget: Duration::from_secs(600),
             lock_timeout: Duration::from_millis(200),
             sessions: common::backend::paths(dir.path()).store(Root::Sessions),
+            policy: Policy::Persisted,
         };
         std::fs::create_dir_all(&frames_root).unwrap();
         Self {
@@ -65,23 +69,24 @@ impl Env {
     }
 
     /// A whole pass for one account under `policy`; every hop's report.
-    async fn pass(&self, account: Uuid, policy: Policy) -> Vec<HopReport> {
-        let mut args = Args::first(account, pass_start(), policy);
-        let mut reports = Vec::new();
-        loop {
-            let report = job::run(&self.pool, &self.settings, &args, &AtomicBool::new(false))
-                .await
-                .unwrap();
-            let next = report.next.clone();
-            reports.push(report);
-            match next {
-                Some(next) => args = next,
-                None => return reports,
-            }
-        }
+    async fn pass(&self, account: Uuid, policy: Policy) -> Vec<Hopped> {
+        let settings = HopSettings {
+            policy,
+            ..self.settings.clone()
+        };
+        let paths = common::backend::paths(self.dir.path());
+        let args = Args::first(Some(account), pass_start());
+        common::run::pass_with::<SessionRetention>(
+            &self.pool,
+            &paths,
+            &Health::off(),
+            &settings,
+            args,
+        )
+        .await
     }
 
-    async fn nightly(&self, account: Uuid) -> Vec<HopReport> {
+    async fn nightly(&self, account: Uuid) -> Vec<Hopped> {
         self.pass(account, Policy::Persisted).await
     }
 
@@ -226,15 +231,17 @@ async fn history(pool: &PgPool, session: Uuid) -> (i64, i64, i64) {
     .unwrap()
 }
 
-fn retained(reports: &[HopReport], reason: &str) -> u64 {
+fn retained(reports: &[Hopped], reason: &str) -> u64 {
     reports
         .iter()
-        .map(|r| r.retained.get(reason).copied().unwrap_or_default())
+        .flat_map(|r| r.retained_by_label())
+        .filter(|(r, _)| *r == reason)
+        .map(|(_, n)| n)
         .sum()
 }
 
-fn deleted(reports: &[HopReport]) -> u64 {
-    reports.iter().map(|r| r.deleted).sum()
+fn deleted(reports: &[Hopped]) -> u64 {
+    reports.iter().map(|r| r.pruned).sum()
 }
 
 #[sqlx::test]
@@ -800,12 +807,7 @@ async fn ss6_history_goes_with_the_session_handoffs_keep_their_rows_frames_follo
             .await
             .unwrap();
     assert_eq!((from, to), (None, Some(young)));
-    let rows = |table: &str| {
-        reports
-            .iter()
-            .map(|r| r.rows.get(table).copied().unwrap_or_default())
-            .sum::<u64>()
-    };
+    let rows = |table: &str| reports.iter().map(|r| r.rows_of(table)).sum::<u64>();
     assert_eq!(
         (
             rows("sessions"),

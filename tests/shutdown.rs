@@ -7,7 +7,7 @@ use std::path::Path;
 use chrono::Duration;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::health::Health;
-use sexton_jobs::job::Job;
+use sexton_jobs::job::{ArgsOf, Job};
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
 use sexton_jobs::queue_retention::QueueRetention;
 use sexton_jobs::record_expiry::{ConversationEvents, Expire, Handoffs};
@@ -31,7 +31,7 @@ async fn hands_over<J: Job>(pool: &PgPool, dir: &Path, account: Option<Uuid>, re
     };
     let before = count().await;
     assert!(before > 0, "{}: the case has something to remove", J::NAME);
-    let first = J::first(account, pass_start());
+    let first = ArgsOf::<J>::first(account, pass_start());
     let health = Health::off();
     let stopped = run::hop_stopping::<J>(pool, &settings.paths, &health, job, &first, true).await;
     assert_eq!(stopped.outcome.as_str(), "continued", "{}", J::NAME);
@@ -45,7 +45,7 @@ async fn hands_over<J: Job>(pool: &PgPool, dir: &Path, account: Option<Uuid>, re
     let next = stopped
         .next
         .unwrap_or_else(|| panic!("{}: the pass is handed over", J::NAME));
-    let (from, to) = (J::position(&first), J::position(&next));
+    let (from, to) = (first.position(), next.position());
     assert_eq!(to.hop, from.hop + 1, "{}", J::NAME);
     assert_eq!(
         (to.account, to.pass_started_at),

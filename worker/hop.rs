@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use futures::FutureExt as _;
-use sexton_jobs::job::{Env, HopOutcome, Job, Position, Report};
+use sexton_jobs::job::{self, ArgsOf, Env, HopOutcome, Job, Position, Reason, Report};
+use sexton_jobs::pass;
 use sqlx::PgConnection;
 use sqlx::pool::PoolConnection;
 use tracing::Instrument as _;
@@ -50,35 +51,45 @@ pub(crate) fn hop_key(position: &Position) -> String {
 ///
 /// # Errors
 /// [`QueueError`] when the queue refuses the job.
-pub async fn push<J: Job>(ctx: &JobContext, args: &J::Args) -> Result<PushOutcome, QueueError> {
+pub async fn push<J: Job>(ctx: &JobContext, args: &ArgsOf<J>) -> Result<PushOutcome, QueueError> {
     push_after::<J>(ctx, args, None).await
 }
 
 /// [`push`], to run no sooner than `delay` from now.
 async fn push_after<J: Job>(
     ctx: &JobContext,
-    args: &J::Args,
+    args: &ArgsOf<J>,
     delay: Option<Duration>,
 ) -> Result<PushOutcome, QueueError> {
     let options = PushOptions {
-        idempotency_key: Some(hop_key(&J::position(args))),
+        idempotency_key: Some(hop_key(&args.position())),
         run_after: delay,
     };
-    queue::push(&ctx.pool, J::QUEUE, &ctx.settings.queue, args, options).await
+    queue::push(
+        &ctx.pool,
+        job::queue(J::NAME),
+        &ctx.settings.queue,
+        args,
+        options,
+    )
+    .await
 }
 
 /// Pushes the same hop again a little later, under a key of its own.
-async fn defer<J: Job>(ctx: &JobContext, args: &J::Args) -> Result<PushOutcome, QueueError> {
-    let key = format!(
-        "{}:deferred:{}",
-        hop_key(&J::position(args)),
-        Uuid::new_v4()
-    );
+async fn defer<J: Job>(ctx: &JobContext, args: &ArgsOf<J>) -> Result<PushOutcome, QueueError> {
+    let key = format!("{}:deferred:{}", hop_key(&args.position()), Uuid::new_v4());
     let options = PushOptions {
         idempotency_key: Some(key),
         run_after: Some(BUSY_SCOPE_DELAY),
     };
-    queue::push(&ctx.pool, J::QUEUE, &ctx.settings.queue, args, options).await
+    queue::push(
+        &ctx.pool,
+        job::queue(J::NAME),
+        &ctx.settings.queue,
+        args,
+        options,
+    )
+    .await
 }
 
 /// A connection holding a hop's scope lock. Dropped without [`ScopeLock::release`] — a panic,
@@ -149,8 +160,20 @@ impl Drop for ScopeLock {
 /// # Errors
 /// [`JobFailure::Retryable`] when the database, the queue or a retryable job error fails the
 /// hop; [`JobFailure::Fatal`] when the job says no retry can help.
-pub async fn run<J: Job>(ctx: &JobContext, args: J::Args) -> Result<(), JobFailure> {
-    let position = J::position(&args);
+pub async fn run<J: Job>(ctx: &JobContext, args: ArgsOf<J>) -> Result<(), JobFailure> {
+    run_with::<J>(ctx, ctx.settings.jobs.get::<J::Settings>(J::NAME), args).await
+}
+
+/// [`run`] under `settings` (a kind the worker's configuration does not know, in tests).
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with<J: Job>(
+    ctx: &JobContext,
+    settings: &J::Settings,
+    args: ArgsOf<J>,
+) -> Result<(), JobFailure> {
+    let position = args.position();
     let span = tracing::info_span!(
         "hop",
         job = J::NAME,
@@ -161,7 +184,7 @@ pub async fn run<J: Job>(ctx: &JobContext, args: J::Args) -> Result<(), JobFailu
         outcome = tracing::field::Empty,
     );
     let started = Instant::now();
-    let hop = std::panic::AssertUnwindSafe(run_locked::<J>(ctx, &args, position))
+    let hop = std::panic::AssertUnwindSafe(run_locked::<J>(ctx, settings, &args, position))
         .catch_unwind()
         .instrument(span.clone())
         .await;
@@ -209,7 +232,8 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// The hop inside its span: budget, lock, run, hand-over, ledger, metrics.
 async fn run_locked<J: Job>(
     ctx: &JobContext,
-    args: &J::Args,
+    settings: &J::Settings,
+    args: &ArgsOf<J>,
     position: Position,
 ) -> Result<(), JobFailure> {
     let retryable = |e: anyhow::Error| JobFailure::Retryable(e);
@@ -236,9 +260,8 @@ async fn run_locked<J: Job>(
     };
     let locked_at = ctx.clock.now();
     let started = Instant::now();
-    let settings = ctx.settings.jobs.get::<J::Settings>(J::NAME);
-    let mut report = Report::new(J::RETAIN_REASONS);
-    let result = J::run(
+    let mut report = Report::new(J::TABLES);
+    let result = pass::hop::<J>(
         Env {
             conn: lock.conn(),
             pool: &ctx.pool,
@@ -256,11 +279,19 @@ async fn run_locked<J: Job>(
     // `locked_at`) before this release's round trip is back.
     let unlocked_at = ctx.clock.now();
     lock.release().await;
-    if let Err(err) = result {
-        return Err(failed::<J>(ctx, position, &report, err).await);
-    }
+    let next = match result {
+        Ok(next) => next,
+        Err(err) => return Err(failed::<J>(ctx, position, &report, err).await),
+    };
     let seconds = started.elapsed().as_secs_f64();
-    hand_over::<J>(ctx, position, &report, seconds, locked_at, unlocked_at).await
+    let hop = Hopped {
+        report: &report,
+        next: next.as_ref(),
+        seconds,
+        locked_at,
+        unlocked_at,
+    };
+    hand_over::<J>(ctx, position, hop).await
 }
 
 /// A hop whose run failed: what it committed before it failed is done, and counted all the
@@ -268,10 +299,10 @@ async fn run_locked<J: Job>(
 async fn failed<J: Job>(
     ctx: &JobContext,
     position: Position,
-    report: &Report<J::Args>,
+    report: &Report<J::Reason>,
     err: J::Error,
 ) -> JobFailure {
-    metrics::committed(J::NAME, J::RETAIN_REASONS, report);
+    metrics::committed(J::NAME, report);
     if let Err(error) = ledger::record_committed(
         &ctx.pool,
         J::NAME,
@@ -292,21 +323,33 @@ async fn failed<J: Job>(
     }
 }
 
-/// The end of a hop that ran (its scope locked from `locked_at` to `unlocked_at`): the next
-/// hop pushed (after the backoff when throttled), the hop counted and logged, its pass updated
-/// in the ledger.
-async fn hand_over<J: Job>(
-    ctx: &JobContext,
-    position: Position,
-    report: &Report<J::Args>,
+/// A hop that ran: what it did, where its pass goes on, and its scope lock's interval.
+struct Hopped<'a, R, A> {
+    report: &'a Report<R>,
+    next: Option<&'a A>,
     seconds: f64,
     locked_at: DateTime<Utc>,
     unlocked_at: DateTime<Utc>,
+}
+
+/// The end of a hop that ran: the next hop pushed (after the backoff when throttled), the hop
+/// counted and logged, its pass updated in the ledger.
+async fn hand_over<J: Job>(
+    ctx: &JobContext,
+    position: Position,
+    hop: Hopped<'_, J::Reason, ArgsOf<J>>,
 ) -> Result<(), JobFailure> {
+    let Hopped {
+        report,
+        next,
+        seconds,
+        locked_at,
+        unlocked_at,
+    } = hop;
     // The hop's work is done and counted whatever happens to the hand-over.
     // A throttled pass waits before its next hop.
     let delay = report.throttled.map(|_| ctx.settings.health.backoff);
-    let pushed = match &report.next {
+    let pushed = match next {
         Some(next) => push_after::<J>(ctx, next, delay).await.map(|_| ()),
         None => Ok(()),
     };
@@ -317,7 +360,7 @@ async fn hand_over<J: Job>(
     span.record("window", report.window);
     match &pushed {
         Ok(()) => {
-            metrics::hop(J::NAME, J::RETAIN_REASONS, report, seconds);
+            metrics::hop(J::NAME, report, seconds);
             span.record("outcome", report.outcome.as_str());
         }
         Err(_) => {
@@ -325,23 +368,26 @@ async fn hand_over<J: Job>(
                 outcome: HopOutcome::Failed,
                 ..report.clone()
             };
-            metrics::hop(J::NAME, J::RETAIN_REASONS, &counted, seconds);
+            metrics::hop(J::NAME, &counted, seconds);
             span.record("outcome", HopOutcome::Failed.as_str());
         }
     }
     log_hop_done(report, seconds, locked_at, unlocked_at);
-    record::<J>(ctx, position, locked_at, report).await;
+    let finished = next.is_none();
+    record::<J>(ctx, position, locked_at, report, finished).await;
     pushed.map_err(|err| {
         JobFailure::Retryable(anyhow::Error::new(err).context("could not enqueue the next hop"))
     })
 }
 
-/// Adds the hop to the pass ledger, and refreshes the last-success gauge when a pass ended.
+/// Adds the hop to the pass ledger (`finished`: the pass ended with it), and refreshes the
+/// last-success gauge when a pass ended.
 async fn record<J: Job>(
     ctx: &JobContext,
     position: Position,
     started: DateTime<Utc>,
-    report: &Report<J::Args>,
+    report: &Report<J::Reason>,
+    finished: bool,
 ) {
     let recorded = ledger::record_hop(
         &ctx.pool,
@@ -351,18 +397,19 @@ async fn record<J: Job>(
         position.hop,
         started,
         report,
+        finished,
     )
     .await;
     match recorded {
         Err(err) => tracing::warn!(error = %err, "could not record the hop in the pass ledger"),
-        Ok(()) if report.next.is_none() => metrics::publish_last_success(&ctx.pool).await,
+        Ok(()) if finished => metrics::publish_last_success(&ctx.pool).await,
         Ok(()) => {}
     }
 }
 
 /// The event that closes a hop's span, with its counts, duration and lock interval.
-fn log_hop_done<A>(
-    report: &Report<A>,
+fn log_hop_done<R: Reason>(
+    report: &Report<R>,
     seconds: f64,
     locked_at: DateTime<Utc>,
     unlocked_at: DateTime<Utc>,

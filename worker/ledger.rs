@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sexton_jobs::job::Report;
+use sexton_jobs::job::{Reason, Report};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -124,14 +124,16 @@ fn counts(pairs: &[(&'static str, u64)]) -> serde_json::Value {
 ///
 /// # Errors
 /// A database error.
-pub async fn record_hop<A>(
+#[allow(clippy::too_many_arguments)]
+pub async fn record_hop<R: Reason>(
     pool: &PgPool,
     job: &str,
     scope: Uuid,
     slot: DateTime<Utc>,
     hop: u32,
     started: DateTime<Utc>,
-    report: &Report<A>,
+    report: &Report<R>,
+    finished: bool,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO sexton.passes AS p
@@ -164,12 +166,12 @@ pub async fn record_hop<A>(
     .bind(job)
     .bind(scope)
     .bind(slot)
-    .bind(report.next.is_none())
+    .bind(finished)
     .bind(report.outcome.as_str())
     .bind(i64::from(hop))
     .bind(report.candidates as i64)
     .bind(report.pruned as i64)
-    .bind(counts(&report.retained))
+    .bind(counts(&report.retained_by_label()))
     .bind(counts(&report.rows))
     .bind(report.files.deleted as i64)
     .bind(report.files.bytes as i64)
@@ -186,12 +188,12 @@ pub async fn record_hop<A>(
 ///
 /// # Errors
 /// A database error.
-pub async fn record_committed<A>(
+pub async fn record_committed<R: Reason>(
     pool: &PgPool,
     job: &str,
     scope: Uuid,
     slot: DateTime<Utc>,
-    report: &Report<A>,
+    report: &Report<R>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO sexton.passes AS p
@@ -214,7 +216,7 @@ pub async fn record_committed<A>(
     .bind(slot)
     .bind(report.candidates as i64)
     .bind(report.pruned as i64)
-    .bind(counts(&report.retained))
+    .bind(counts(&report.retained_by_label()))
     .bind(counts(&report.rows))
     .bind(report.files.deleted as i64)
     .bind(report.files.bytes as i64)

@@ -10,13 +10,15 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::explain::Explanation;
-use sexton_jobs::job::{AccountRange, Cadence, HopOutcome, Inspect, Job, Look, Scope};
-use sexton_jobs::prune_execution_details::{self, PruneExecutionDetails};
-use sexton_jobs::queue_retention::{self, QueueRetention};
-use sexton_jobs::record_expiry::{
-    ConversationEvents, DreamPreloads, Expire, Handoffs, Record, WorkingRecords,
+use sexton_jobs::job::{
+    self, AccountRange, ArgsOf, Cadence, HopOutcome, Inspect, Job, Look, Reason, Scope,
 };
-use sexton_jobs::session_retention::{self, SessionRetention};
+use sexton_jobs::prune_execution_details::PruneExecutionDetails;
+use sexton_jobs::queue_retention::QueueRetention;
+use sexton_jobs::record_expiry::{
+    ConversationEvents, DreamPreloads, Expire, Handoffs, WorkingRecords,
+};
+use sexton_jobs::session_retention::SessionRetention;
 use sexton_jobs::settings::Check;
 use sexton_jobs::trace_cleanup::TraceCleanup;
 use sqlx::{PgConnection, PgPool};
@@ -31,15 +33,15 @@ use crate::telemetry::metrics::KindLabels;
 /// Every registered job kind, in the order reports list them, each with the tables its hops
 /// count deleted rows of (the `table` labels of its metrics, exported at 0 from start: OP-3).
 pub static KINDS: &[&dyn Kind] = &[
-    &Registered::<PruneExecutionDetails>::counting(&prune_execution_details::DETAIL_TABLES),
-    &Registered::<SessionRetention>::counting(&session_retention::TABLES),
-    &Registered::<Expire<Handoffs>>::counting(&[Handoffs::TABLE]),
-    &Registered::<Expire<DreamPreloads>>::counting(&[DreamPreloads::TABLE]),
-    &Registered::<Expire<WorkingRecords>>::counting(&[WorkingRecords::TABLE]),
-    &Registered::<Expire<ConversationEvents>>::counting(&[ConversationEvents::TABLE]),
-    &Registered::<QueueRetention>::counting(&queue_retention::TABLES),
-    &Registered::<AttachmentExpiry>::counting(&[]),
-    &Registered::<TraceCleanup>::counting(&[]).ending(&[HopOutcome::LeaseHeld]),
+    &Registered::<PruneExecutionDetails>::new(),
+    &Registered::<SessionRetention>::new(),
+    &Registered::<Expire<Handoffs>>::new(),
+    &Registered::<Expire<DreamPreloads>>::new(),
+    &Registered::<Expire<WorkingRecords>>::new(),
+    &Registered::<Expire<ConversationEvents>>::new(),
+    &Registered::<QueueRetention>::new(),
+    &Registered::<AttachmentExpiry>::new(),
+    &Registered::<TraceCleanup>::new().ending(&[HopOutcome::LeaseHeld]),
 ];
 
 /// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every
@@ -128,19 +130,15 @@ pub struct PreviewLine {
 /// [`Job::RETAIN_REASONS`] and the outcomes every hop can end with.
 pub struct Registered<J> {
     job: PhantomData<J>,
-    /// The tables its hops count deleted rows of.
-    tables: &'static [&'static str],
     /// The outcomes of its own its hops can end with, beside [`HopOutcome::ALL`] and
     /// [`HopOutcome::Failed`].
     outcomes: &'static [HopOutcome],
 }
 
 impl<J> Registered<J> {
-    /// `J`, whose hops count deleted rows of `tables`.
-    pub const fn counting(tables: &'static [&'static str]) -> Self {
+    pub const fn new() -> Self {
         Self {
             job: PhantomData,
-            tables,
             outcomes: &[],
         }
     }
@@ -181,7 +179,7 @@ impl<J: Inspect> Kind for Registered<J> {
     }
 
     fn queue(&self) -> &'static str {
-        J::QUEUE
+        job::queue(J::NAME)
     }
 
     fn labels(&self) -> KindLabels {
@@ -189,8 +187,11 @@ impl<J: Inspect> Kind for Registered<J> {
         let own = self.outcomes.iter().map(|o| o.as_str());
         KindLabels {
             kind: J::NAME,
-            reasons: J::RETAIN_REASONS,
-            tables: self.tables,
+            reasons: <J::Reason as Reason>::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .collect(),
+            tables: J::TABLES,
             outcomes: outcomes
                 .chain(own)
                 .chain([HopOutcome::Failed.as_str()])
@@ -239,7 +240,7 @@ impl<J: Inspect> Kind for Registered<J> {
         payload: serde_json::Value,
     ) -> BoxFuture<'a, Result<(), JobFailure>> {
         Box::pin(async move {
-            let args: J::Args = decode(J::QUEUE, payload)?;
+            let args: ArgsOf<J> = decode(job::queue(J::NAME), payload)?;
             hop::run::<J>(ctx, args).await
         })
     }
@@ -250,7 +251,7 @@ impl<J: Inspect> Kind for Registered<J> {
         account: Option<Uuid>,
         slot: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<PushOutcome, QueueError>> {
-        Box::pin(async move { hop::push::<J>(ctx, &J::first(account, slot)).await })
+        Box::pin(async move { hop::push::<J>(ctx, &ArgsOf::<J>::first(account, slot)).await })
     }
 
     fn due<'a>(
@@ -276,17 +277,14 @@ impl<J: Inspect> Kind for Registered<J> {
         accounts
             .iter()
             .map(|account| {
-                let args = J::first(Some(*account), slot);
-                Ok((
-                    hop::hop_key(&J::position(&args)),
-                    serde_json::to_vec(&args)?,
-                ))
+                let args = ArgsOf::<J>::first(Some(*account), slot);
+                Ok((hop::hop_key(&args.position()), serde_json::to_vec(&args)?))
             })
             .collect()
     }
 
     fn first_payload(&self, account: Option<Uuid>, slot: DateTime<Utc>) -> serde_json::Value {
-        serde_json::to_value(J::first(account, slot)).unwrap_or_default()
+        serde_json::to_value(ArgsOf::<J>::first(account, slot)).unwrap_or_default()
     }
 
     fn backlog<'a>(

@@ -12,11 +12,13 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use sexton_jobs::clock::SystemClock;
 use sexton_jobs::files::FileCounts;
 use sexton_jobs::health::Health;
-use sexton_jobs::job::Job as _;
+use sexton_jobs::job::{Env, Job as _, Report};
+use sexton_jobs::pass;
 use sexton_jobs::session_retention::{
-    self as job, Ages, Args, HopReport, HopSettings, Policy, SessionRetention, Target,
+    self as job, Ages, Args, HopSettings, Policy, SessionReason, SessionRetention, Target,
 };
 use uuid::Uuid;
 
@@ -72,7 +74,6 @@ pub struct Deleted {
     pub sessions: u64,
     pub retained: BTreeMap<&'static str, u64>,
     pub rows: BTreeMap<&'static str, u64>,
-    pub handoffs_unlinked: u64,
     pub files_deleted: u64,
     pub bytes_reclaimed: u64,
     pub file_errors: u64,
@@ -142,7 +143,7 @@ async fn delete(
     json: bool,
 ) -> anyhow::Result<Deleted> {
     let hop_settings = HopSettings {
-        sessions: settings.paths.store(sexton_jobs::files::Root::Sessions),
+        policy: Policy::Fixed(ages),
         ..settings
             .jobs
             .get::<HopSettings>(SessionRetention::NAME)
@@ -160,18 +161,27 @@ async fn delete(
             deleted.accounts_busy.push(account);
             continue;
         };
-        let mut args = Args::first(account, at, Policy::Fixed(ages));
+        let mut args = Args::first(Some(account), at);
         loop {
-            let report = job::hop(lock.conn(), &health, &hop_settings, &args, &stop).await;
-            let report = match report {
-                Ok(report) => report,
+            let mut report = Report::new(SessionRetention::TABLES);
+            let env = Env {
+                conn: lock.conn(),
+                pool,
+                clock: &SystemClock,
+                stop: &stop,
+                paths: &settings.paths,
+                health: &health,
+            };
+            let next = pass::hop::<SessionRetention>(env, &hop_settings, &args, &mut report).await;
+            deleted.add(&report);
+            let next = match next {
+                Ok(next) => next,
                 Err(err) => {
                     lock.release().await;
                     return Err(err.into());
                 }
             };
-            progress.inc(report.deleted + report.retained.values().sum::<u64>());
-            deleted.add(&report);
+            progress.inc(report.pruned + report.retained_total());
             if let Some(indicator) = report.throttled {
                 // As a nightly pass would: wait, then go on where it stopped.
                 progress.println(format!(
@@ -181,7 +191,7 @@ async fn delete(
                 ));
                 tokio::time::sleep(settings.health.backoff).await;
             }
-            match report.next {
+            match next {
                 Some(next) => args = next,
                 None => break,
             }
@@ -210,15 +220,14 @@ fn progress(sessions: u64, json: bool) -> ProgressBar {
 
 impl Deleted {
     /// Adds what one hop did.
-    fn add(&mut self, report: &HopReport) {
-        self.sessions += report.deleted;
-        for (reason, n) in &report.retained {
+    fn add(&mut self, report: &Report<SessionReason>) {
+        self.sessions += report.pruned;
+        for (reason, n) in report.retained_by_label() {
             *self.retained.entry(reason).or_default() += n;
         }
         for (table, n) in &report.rows {
             *self.rows.entry(table).or_default() += n;
         }
-        self.handoffs_unlinked += report.handoffs_unlinked;
         let FileCounts {
             deleted: files,
             bytes,
@@ -288,13 +297,8 @@ impl Outcome {
             Some(d) => {
                 let _ = writeln!(
                     out,
-                    "deleted {} sessions, {} archive frame files ({} bytes, {} file errors), \
-                     {} handoffs unlinked",
-                    d.sessions,
-                    d.files_deleted,
-                    d.bytes_reclaimed,
-                    d.file_errors,
-                    d.handoffs_unlinked
+                    "deleted {} sessions, {} archive frame files ({} bytes, {} file errors)",
+                    d.sessions, d.files_deleted, d.bytes_reclaimed, d.file_errors
                 );
                 for (table, n) in &d.rows {
                     let _ = writeln!(out, "  rows     {table:<30} {n:>10}");

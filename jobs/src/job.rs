@@ -16,8 +16,10 @@ use uuid::Uuid;
 use crate::clock::Clock;
 use crate::estimate::Backlog;
 use crate::explain::Explanation;
-use crate::files::{FileCounts, PathSettings};
+use crate::files::{DrainError, FileCounts, PathSettings};
 use crate::health::{Health, Indicator};
+use crate::owner_loop::{Bounds, End};
+use crate::pass::{Cutoff, Now, Payload, Policy, Removals, Step};
 use crate::settings::Check;
 
 /// What a pass covers, and so what its lock guards: at most one hop of a kind per scope runs
@@ -193,10 +195,62 @@ impl HopOutcome {
     }
 }
 
+/// Why an owner was left in place, for one kind: an enum whose values are the `reason` labels
+/// of its metrics, its pass ledger and `explain` (declared with [`reasons!`]). A reason the kind
+/// does not declare cannot be counted; one read from the database that is not among them fails
+/// the statement instead of being dropped.
+pub trait Reason: Copy + Eq + Ord + fmt::Debug + Send + Sync + 'static {
+    /// Every reason, in the order metrics list them.
+    const ALL: &'static [Self];
+
+    /// The label in metrics, logs, the pass ledger and `explain`.
+    fn as_str(self) -> &'static str;
+}
+
+/// Declares a kind's [`Reason`] enum, each variant with its label, decoded from text by
+/// `sqlx` (an unknown label is a decode error, never a silent drop).
+#[macro_export]
+macro_rules! reasons {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$vmeta:meta])* $variant:ident = $label:literal),* $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, sqlx::Type)]
+        #[serde(rename_all = "snake_case")]
+        #[sqlx(type_name = "text", rename_all = "snake_case")]
+        $vis enum $name { $($(#[$vmeta])* $variant),* }
+
+        impl $name {
+            /// Its label in metrics, logs, the pass ledger and `explain`.
+            pub const fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $label),* }
+            }
+        }
+
+        impl $crate::job::Reason for $name {
+            const ALL: &'static [Self] = &[$($name::$variant),*];
+
+            fn as_str(self) -> &'static str {
+                $name::as_str(self)
+            }
+        }
+    };
+}
+
+/// A kind whose owners are never retained: no reason to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NoReason {}
+
+impl Reason for NoReason {
+    const ALL: &'static [Self] = &[];
+
+    fn as_str(self) -> &'static str {
+        match self {}
+    }
+}
+
 /// What one hop did, in the terms every job shares.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Report<A> {
-    /// How the hop ended: a low-cardinality label (`continued`, `finished`, `disabled`, …).
+pub struct Report<R> {
+    /// How the hop ended.
     pub outcome: HopOutcome,
     /// The bounded number of candidates the hop read at most.
     pub window: u32,
@@ -204,65 +258,104 @@ pub struct Report<A> {
     pub candidates: u64,
     /// Owners (runs, sessions, files, records) whose expired data was removed.
     pub pruned: u64,
-    /// Owners left in place, by reason (the labels of [`Job::RETAIN_REASONS`]).
-    pub retained: Vec<(&'static str, u64)>,
+    /// Owners left in place, by reason: every one of [`Reason::ALL`], in that order.
+    pub retained: Vec<(R, u64)>,
     /// Rows deleted, by table.
     pub rows: Vec<(&'static str, u64)>,
     pub files: FileCounts,
     /// Time spent inside owner transactions.
     pub owner_seconds: f64,
-    /// The next hop of the pass, if it goes on.
-    pub next: Option<A>,
     /// The red indicator that stopped the hop early, if one did: the next hop waits.
     pub throttled: Option<Indicator>,
 }
 
-impl<A> Report<A> {
-    /// A hop that did nothing yet: finished, every count 0 (each of `reasons` listed).
-    pub fn new(reasons: &[&'static str]) -> Self {
+impl<R: Reason> Report<R> {
+    /// A hop that did nothing yet: finished, every count 0 (each reason listed), a row count
+    /// for each of `tables`.
+    pub fn new(tables: &[&'static str]) -> Self {
         Self {
             outcome: HopOutcome::Finished,
             window: 0,
             candidates: 0,
             pruned: 0,
-            retained: reasons.iter().map(|r| (*r, 0)).collect(),
-            rows: Vec::new(),
+            retained: R::ALL.iter().map(|r| (*r, 0)).collect(),
+            rows: tables.iter().map(|t| (*t, 0)).collect(),
             files: FileCounts::default(),
             owner_seconds: 0.0,
-            next: None,
             throttled: None,
         }
+    }
+
+    /// Counts `n` owners retained for `reason`.
+    pub fn retain(&mut self, reason: R, n: u64) {
+        if let Some((_, count)) = self.retained.iter_mut().find(|(r, _)| *r == reason) {
+            *count += n;
+        }
+    }
+
+    /// How many owners were retained for `reason`.
+    pub fn retained(&self, reason: R) -> u64 {
+        self.retained
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Counts `n` rows deleted from `table`.
+    pub fn deleted(&mut self, table: &str, n: u64) {
+        match self.rows.iter_mut().find(|(t, _)| *t == table) {
+            Some((_, count)) => *count += n,
+            None => debug_assert!(false, "{table} is not among the hop's tables"),
+        }
+    }
+
+    /// Rows deleted from `table`.
+    pub fn rows_of(&self, table: &str) -> u64 {
+        self.rows
+            .iter()
+            .find(|(t, _)| *t == table)
+            .map_or(0, |(_, n)| *n)
     }
 
     pub fn retained_total(&self) -> u64 {
         self.retained.iter().map(|(_, n)| n).sum()
     }
+
+    /// The retained counts by label.
+    pub fn retained_by_label(&self) -> Vec<(&'static str, u64)> {
+        self.retained
+            .iter()
+            .map(|(r, n)| (r.as_str(), *n))
+            .collect()
+    }
 }
 
 /// A job kind. Implement it in one module of this crate and register it in the worker with one
-/// line; nothing else in the worker changes.
-pub trait Job: Send + Sync + 'static {
-    /// Stable name: the metric and log label, and the queue `sexton.<NAME>`.
+/// line; nothing else in the worker changes. The pass around its hops — the envelope, the
+/// database's now, the carry rule, the next hop — is the engine's ([`crate::pass`]).
+pub trait Job: Sized + Send + Sync + 'static {
+    /// Stable name: the metric and log label, and the queue `sexton.<NAME>` ([`queue`]).
     const NAME: &'static str;
-    /// The queue's name in `apalis.jobs.job_type`: `sexton.<NAME>`, stable whatever the Rust
-    /// types are called.
-    const QUEUE: &'static str;
     /// Per account (one pass each) unless the kind is global.
     const SCOPE: Scope = Scope::Account;
     /// The configuration section of its settings.
     const SECTION: &'static str;
-    /// Connections one hop holds at once, the one carrying its scope lock included.
+    /// Connections one hop holds at once, the one carrying its scope lock included; a kind
+    /// that declares two drains its files beside its hop on the second.
     const CONNECTIONS: u32 = 1;
-    /// Every reason an owner may be retained for: metric label values, reported as 0 until
-    /// they happen.
-    const RETAIN_REASONS: &'static [&'static str];
+    /// The tables its hops delete rows of, counted in [`Report::rows`].
+    const TABLES: &'static [&'static str] = &[];
 
-    /// The typed, versioned payload of one hop.
-    type Args: Serialize + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static;
+    /// Why it leaves an owner in place.
+    type Reason: Reason;
+    /// What its pass prunes up to, carried from hop to hop.
+    type Cutoff: Cutoff;
+    /// Where a hop stops and the next one starts.
+    type Cursor: Payload;
     /// Its section as given, before it is checked (leaves are [`crate::settings::Raw`]).
     type Raw: DeserializeOwned;
     type Settings: fmt::Debug + Clone + Send + Sync + 'static;
-    type Error: std::error::Error + From<sqlx::Error> + Send + Sync + 'static;
+    type Error: std::error::Error + From<sqlx::Error> + From<DrainError> + Send + Sync + 'static;
 
     /// Checks the job's section as given (read into [`Job::Raw`], every default filled in);
     /// problems go to `check`, each naming its setting as `<SECTION>.<name>`.
@@ -293,22 +386,29 @@ pub trait Job: Send + Sync + 'static {
         every_account(conn, range)
     }
 
-    /// The first hop of a pass for a slot; `account` is set for a per-account job.
-    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Self::Args;
+    /// How much one hop may do.
+    fn bounds(settings: &Self::Settings) -> Bounds;
 
-    fn position(args: &Self::Args) -> Position;
+    /// Where its hops remove files, if they do: the removals an earlier hop recorded there are
+    /// drained before anything else.
+    fn removals(_settings: &Self::Settings, _paths: &PathSettings) -> Option<Removals> {
+        None
+    }
 
-    /// Runs one hop into `report` (made by [`Report::new`] from [`Job::RETAIN_REASONS`]),
-    /// which it keeps up to date with what it has committed as it goes: when the hop fails,
-    /// what `report` holds was done all the same, and the pass ledger and the metrics count it
-    /// (a retry finds it gone). A hop run twice (a retry, a duplicate delivery) ends in the
-    /// same state.
+    /// Its current cutoff for the account's pass (a global kind: none), measured back from the
+    /// pass's reference (EX-1), or why the pass ends here.
+    fn policy(
+        now: Now<'_, Self>,
+    ) -> impl Future<Output = Result<Policy<Self::Cutoff>, Self::Error>> + Send;
+
+    /// Runs one hop's loop into `report`, which it keeps up to date with what it has committed
+    /// as it goes: when the hop fails, what `report` holds was done all the same, and the pass
+    /// ledger and the metrics count it (a retry finds it gone). A hop run twice (a retry, a
+    /// duplicate delivery) ends in the same state. Where the next hop starts, if one follows.
     fn run(
-        env: Env<'_>,
-        settings: &Self::Settings,
-        args: &Self::Args,
-        report: &mut Report<Self::Args>,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+        step: Step<'_, Self>,
+        report: &mut Report<Self::Reason>,
+    ) -> impl Future<Output = Result<End<Self::Cursor>, Self::Error>> + Send;
 
     /// Whether a failed hop is tried again; a hop that can never succeed is failed for good.
     /// By default, every failure but the database's refusal of the statement itself
@@ -316,6 +416,24 @@ pub trait Job: Send + Sync + 'static {
     fn retryable(error: &Self::Error) -> bool {
         !refused(error)
     }
+}
+
+/// The envelope of `J`'s hops.
+pub type ArgsOf<J> = crate::pass::Args<<J as Job>::Cutoff, <J as Job>::Cursor>;
+
+/// The queue of a kind named `name`: `sexton.<name>`, stable whatever the Rust types are
+/// called. Spelled once per name for the life of the process.
+pub fn queue(name: &'static str) -> &'static str {
+    static QUEUES: std::sync::Mutex<Vec<(&str, &str)>> = std::sync::Mutex::new(Vec::new());
+    let mut queues = QUEUES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, queue)) = queues.iter().find(|(n, _)| *n == name) {
+        return queue;
+    }
+    let queue: &'static str = format!("sexton.{name}").leak();
+    queues.push((name, queue));
+    queue
 }
 
 /// What a read of a job kind's state is given: a connection, the kind's settings, the roots, and

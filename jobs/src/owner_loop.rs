@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 use crate::files::{self, Beside, DrainError, FileCounts, Root, Store};
 use crate::health::{Health, Indicator};
-use crate::job::{HopOutcome, Report};
+use crate::job::{HopOutcome, Reason, Report};
 
 /// How much one hop may do.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +37,12 @@ pub struct Bounds {
     pub window: Option<u32>,
     /// Time after which no further step is taken.
     pub budget: Duration,
+}
+
+impl Bounds {
+    pub const fn new(window: Option<u32>, budget: Duration) -> Self {
+        Self { window, budget }
+    }
 }
 
 /// The removals the hop's steps record, and where they go.
@@ -138,7 +144,7 @@ pub trait Progress {
     fn throttled(&mut self, red: Indicator);
 }
 
-impl<A> Progress for Report<A> {
+impl<R: Reason> Progress for Report<R> {
     fn took(&mut self, candidates: u64, seconds: f64) {
         self.candidates += candidates;
         self.owner_seconds += seconds;

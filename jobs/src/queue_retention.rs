@@ -8,7 +8,6 @@
 //! The slot keys that make a nightly slot exactly-once live in these rows, which is why the
 //! configuration refuses a catch-up window reaching past the retention.
 
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -16,13 +15,10 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::cutoff;
 use crate::files::PathSettings;
-use crate::health::Health;
-pub use crate::job::HopOutcome;
-use crate::job::{Env, Inspect, Job, Look, Position, Report, Scope};
-use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
-use crate::payload::V1;
+use crate::job::{Inspect, Job, Look, NoReason, Report, Scope};
+use crate::owner_loop::{Bounds, End, Owners, Then, Took};
+use crate::pass::{Now, Policy, Step};
 use crate::settings::{Check, Raw};
 
 /// Rows deleted together in one statement.
@@ -42,17 +38,10 @@ pub struct QueueRetentionSettings {
     pub retention: chrono::Duration,
 }
 
-/// One hop's payload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Args {
-    pub version: V1,
-    pub pass_started_at: DateTime<Utc>,
-    /// 0 for the first hop of a pass.
-    pub hop: u32,
-}
-
 pub use crate::owner_loop::Error;
+
+/// One hop's payload: the pass's envelope with its cutoff.
+pub type Args = crate::job::ArgsOf<QueueRetention>;
 
 /// The tables this job deletes from, in the order reports list them.
 pub const TABLES: [&str; 2] = ["apalis.jobs", "apalis.workers"];
@@ -64,68 +53,18 @@ const DELETE_FINISHED: &str = include_str!("queue_retention/delete_finished.sql"
 /// Worker registrations not seen since `$1` that no job names, at most `$2`.
 const DELETE_STALE_WORKERS: &str = include_str!("queue_retention/delete_stale_workers.sql");
 
-/// One hop: batches of finished jobs until none is old enough (or the budget is spent: the
-/// owner loop, [`owner_loop::run`]), then the stale registrations.
-///
-/// # Errors
-/// [`Error::Database`]; what was deleted stays deleted and the hop can be run again.
-pub async fn hop(
-    conn: &mut PgConnection,
-    health: &Health,
-    settings: &QueueRetentionSettings,
-    args: &Args,
-    stop: &AtomicBool,
-    report: &mut Report<Args>,
-) -> Result<(), Error> {
-    *report = Report::new(&[]);
-    report.window = BATCH_SIZE;
-    report.rows = TABLES.iter().map(|t| (*t, 0)).collect();
-    let bounds = Bounds {
-        window: None,
-        budget: HOP_BUDGET,
-    };
-    let hop = Hop::start(&mut *conn, health, stop, bounds, None, report).await?;
-    let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&mut *hop.conn)
-        .await?;
-    let reference = cutoff::reference(args.pass_started_at, database_now);
-    let mut finished = Finished {
-        before: reference - settings.retention,
-    };
-    let end = hop.run(&mut finished, None, report).await?;
-    report.outcome = end.outcome();
-    if end.next().is_some() {
-        report.next = Some(Args {
-            version: V1,
-            pass_started_at: args.pass_started_at,
-            hop: args.hop + 1,
-        });
-        return Ok(());
-    }
-
-    let workers = sqlx::query(DELETE_STALE_WORKERS)
-        .bind(reference - STALE_WORKER_AFTER)
-        .bind(i64::from(BATCH_SIZE))
-        .execute(&mut *conn)
-        .await;
-    match workers {
-        Ok(done) => report.rows[1].1 += done.rows_affected(),
-        // A job claimed by that worker in between (it was not dead after all): next pass.
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {}
-        Err(err) => return Err(err.into()),
-    }
-    Ok(())
-}
-
-/// Finished jobs as the owner loop takes them: each step one batch, deleted by one statement.
+/// Finished jobs as the owner loop takes them: each step one batch, deleted by one statement;
+/// the step that finds the last batch short removes the stale registrations too.
 struct Finished {
     before: DateTime<Utc>,
+    /// Registrations not seen since then are stale.
+    stale: DateTime<Utc>,
 }
 
 impl Owners for Finished {
     /// None: each batch takes the oldest left.
     type Cursor = ();
-    type Report = Report<Args>;
+    type Report = Report<NoReason>;
 
     const TABLES: &'static [&'static str] = &TABLES;
 
@@ -134,7 +73,7 @@ impl Owners for Finished {
         conn: &mut PgConnection,
         _at: Option<&()>,
         _room: Option<u32>,
-        report: &mut Report<Args>,
+        report: &mut Report<NoReason>,
     ) -> Result<Took<()>, Error> {
         let started = Instant::now();
         let deleted = sqlx::query(DELETE_FINISHED)
@@ -144,17 +83,33 @@ impl Owners for Finished {
             .await?
             .rows_affected();
         report.pruned += deleted;
-        report.rows[0].1 += deleted;
+        report.deleted(TABLES[0], deleted);
+        if deleted == u64::from(BATCH_SIZE) {
+            return Ok(Took {
+                read: deleted,
+                at: None,
+                recorded: 0,
+                seconds: started.elapsed().as_secs_f64(),
+                then: Then::More,
+            });
+        }
+        let workers = sqlx::query(DELETE_STALE_WORKERS)
+            .bind(self.stale)
+            .bind(i64::from(BATCH_SIZE))
+            .execute(&mut *conn)
+            .await;
+        match workers {
+            Ok(done) => report.deleted(TABLES[1], done.rows_affected()),
+            // A job claimed by that worker in between (it was not dead after all): next pass.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503") => {}
+            Err(err) => return Err(err.into()),
+        }
         Ok(Took {
             read: deleted,
             at: None,
             recorded: 0,
             seconds: started.elapsed().as_secs_f64(),
-            then: if deleted < u64::from(BATCH_SIZE) {
-                Then::End(None)
-            } else {
-                Then::More
-            },
+            then: Then::End(None),
         })
     }
 }
@@ -170,12 +125,13 @@ pub struct QueueRetention;
 
 impl Job for QueueRetention {
     const NAME: &'static str = "queue_retention";
-    const QUEUE: &'static str = "sexton.queue_retention";
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "queue";
-    const RETAIN_REASONS: &'static [&'static str] = &[];
+    const TABLES: &'static [&'static str] = &TABLES;
 
-    type Args = Args;
+    type Reason = NoReason;
+    type Cutoff = DateTime<Utc>;
+    type Cursor = ();
     type Raw = RawSettings;
     type Settings = QueueRetentionSettings;
     type Error = Error;
@@ -190,29 +146,26 @@ impl Job for QueueRetention {
         })
     }
 
-    fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
-        Args {
-            version: V1,
-            pass_started_at: slot,
-            hop: 0,
+    fn bounds(_settings: &QueueRetentionSettings) -> Bounds {
+        Bounds {
+            window: None,
+            budget: HOP_BUDGET,
         }
     }
 
-    fn position(args: &Args) -> Position {
-        Position {
-            account: None,
-            pass_started_at: args.pass_started_at,
-            hop: args.hop,
-        }
+    async fn policy(now: Now<'_, Self>) -> Result<Policy<DateTime<Utc>>, Error> {
+        Ok(Policy::Cutoff(now.reference - now.settings.retention))
     }
 
-    async fn run(
-        env: Env<'_>,
-        settings: &QueueRetentionSettings,
-        args: &Args,
-        report: &mut Report<Args>,
-    ) -> Result<(), Error> {
-        hop(env.conn, env.health, settings, args, env.stop, report).await
+    /// Batches of finished jobs until none is old enough (or the budget is spent), then the
+    /// stale registrations.
+    async fn run(step: Step<'_, Self>, report: &mut Report<NoReason>) -> Result<End<()>, Error> {
+        report.window = BATCH_SIZE;
+        let mut finished = Finished {
+            before: step.cutoff,
+            stale: step.reference - STALE_WORKER_AFTER,
+        };
+        Ok(step.hop.run(&mut finished, None, report).await?)
     }
 }
 

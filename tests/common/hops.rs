@@ -6,14 +6,19 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton_jobs::clock::ManualClock;
-use sexton_jobs::files::{Root, Store};
+use sexton_jobs::files::{PathSettings, Root, Store};
+use sexton_jobs::health::Health;
+use sexton_jobs::pass;
 use sexton_jobs::prune_execution_details::{
-    self as job, Args, HopReport, HopSettings, RetainReason,
+    self as job, Args, HopSettings, PruneExecutionDetails, RetainReason,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::fixture::{self, RunSpec, pass_start};
+
+/// What one hop of PruneExecutionDetails did, and where its pass goes on.
+pub type Hopped = super::run::Hopped<PruneExecutionDetails>;
 
 pub struct Env {
     pub pool: PgPool,
@@ -75,43 +80,45 @@ impl Env {
         fixture::run(&self.pool, &self.root(), spec).await
     }
 
+    /// The file roots the hops are given.
+    pub fn paths(&self) -> PathSettings {
+        super::backend::paths(self.dir.path())
+    }
+
     /// One hop, as the worker would run it.
     ///
     /// # Errors
     /// What the hop failed with.
-    pub async fn try_hop(&self, args: &Args) -> Result<HopReport, job::Error> {
-        job::run(
-            &self.pool,
-            &self.clock,
-            &self.settings,
-            args,
-            &AtomicBool::new(false),
-        )
-        .await
+    pub async fn try_hop(&self, args: &Args) -> Result<Hopped, job::Error> {
+        try_hop_at(&self.pool, &self.clock, &self.paths(), &self.settings, args).await
     }
 
-    pub async fn hop(&self, args: &Args) -> HopReport {
+    pub async fn hop(&self, args: &Args) -> Hopped {
         self.try_hop(args).await.unwrap()
     }
 
     /// One hop on a task of its own, for the cases where the test holds locks meanwhile.
-    pub fn spawn_hop(&self, args: Args) -> tokio::task::JoinHandle<HopReport> {
-        let (pool, clock, settings) =
-            (self.pool.clone(), self.clock.clone(), self.settings.clone());
+    pub fn spawn_hop(&self, args: Args) -> tokio::task::JoinHandle<Hopped> {
+        let (pool, clock, settings, paths) = (
+            self.pool.clone(),
+            self.clock.clone(),
+            self.settings.clone(),
+            self.paths(),
+        );
         tokio::spawn(async move {
-            job::run(&pool, &clock, &settings, &args, &AtomicBool::new(false))
+            try_hop_at(&pool, &clock, &paths, &settings, &args)
                 .await
                 .unwrap()
         })
     }
 
     /// A whole pass from `args`, hop after hop; returns every hop's report.
-    pub async fn pass_from(&self, mut args: Args) -> Vec<HopReport> {
+    pub async fn pass_from(&self, mut args: Args) -> Vec<Hopped> {
         let mut reports = Vec::new();
         loop {
-            let report = self.hop(&args).await;
-            let next = report.next.clone();
-            reports.push(report);
+            let hopped = self.hop(&args).await;
+            let next = hopped.next.clone();
+            reports.push(hopped);
             match next {
                 Some(next) => args = next,
                 None => return reports,
@@ -120,8 +127,9 @@ impl Env {
     }
 
     /// A whole nightly pass for one account at the fixtures' pass start.
-    pub async fn pass(&self, account: Uuid) -> Vec<HopReport> {
-        self.pass_from(Args::first(account, pass_start())).await
+    pub async fn pass(&self, account: Uuid) -> Vec<Hopped> {
+        self.pass_from(Args::first(Some(account), pass_start()))
+            .await
     }
 
     pub fn output_file(&self, account: Uuid, run: Uuid) -> std::path::PathBuf {
@@ -138,9 +146,28 @@ pub fn run_at(account: Uuid, conversation: Uuid, completed_at: DateTime<Utc>) ->
 }
 
 /// How many owners the hops of `reports` retained for `reason`.
-pub fn retained(reports: &[HopReport], reason: RetainReason) -> u32 {
-    reports
-        .iter()
-        .map(|r| r.retained.get(&reason).copied().unwrap_or_default())
-        .sum()
+pub fn retained(reports: &[Hopped], reason: RetainReason) -> u64 {
+    reports.iter().map(|r| r.retained(reason)).sum()
+}
+
+/// One hop at the time `clock` says, on a connection of `pool`.
+pub async fn try_hop_at(
+    pool: &PgPool,
+    clock: &ManualClock,
+    paths: &PathSettings,
+    settings: &HopSettings,
+    args: &Args,
+) -> Result<Hopped, job::Error> {
+    let mut conn = pool.acquire().await?;
+    let env = sexton_jobs::job::Env {
+        conn: &mut conn,
+        pool,
+        clock,
+        stop: &AtomicBool::new(false),
+        paths,
+        health: &Health::off(),
+    };
+    let mut report = sexton_jobs::job::Report::new(&job::DETAIL_TABLES);
+    let next = pass::hop::<PruneExecutionDetails>(env, settings, args, &mut report).await?;
+    Ok(Hopped { report, next })
 }

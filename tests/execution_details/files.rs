@@ -51,14 +51,14 @@ async fn ex3_a_file_recorded_before_a_crash_is_deleted_by_the_next_hop(pool: PgP
     .execute(&env.pool)
     .await
     .unwrap();
-    let report = env.hop(&Args::first(account, pass_start())).await;
+    let report = env.hop(&Args::first(Some(account), pass_start())).await;
     assert!(
         young_file.exists(),
         "a file a surviving run references was deleted"
     );
     assert!(fixture::has_detail(&env.pool, young.id).await);
     assert!(!leftover.exists());
-    assert_eq!(report.files_deleted, 1);
+    assert_eq!(report.files.deleted, 1);
 }
 
 /// Enough owners that their files are unlinked beside the hop (`files::Beside` starts once 100
@@ -95,7 +95,7 @@ async fn ex3_files_of_many_owners_go_beside_the_hop_each_counted_once(pool: PgPo
 
     let mut writer = env.pool.begin().await.unwrap();
     fixture::lock_conversation(&mut writer, held).await;
-    let hop = env.spawn_hop(Args::first(account, pass_start()));
+    let hop = env.spawn_hop(Args::first(Some(account), pass_start()));
     common::wait_for_lock_waiter(&env.pool, "conversations").await;
     poll_until(Duration::from_secs(60), || async {
         old[HELD..].iter().any(|run| !file(run).exists())
@@ -109,10 +109,10 @@ async fn ex3_files_of_many_owners_go_beside_the_hop_each_counted_once(pool: PgPo
     let report = hop.await.unwrap();
 
     assert_eq!(
-        (report.pruned, report.files_deleted),
-        (OWNERS as u32, OWNERS as u64)
+        (report.pruned, report.files.deleted),
+        (OWNERS as u64, OWNERS as u64)
     );
-    assert_eq!(report.bytes_reclaimed, OWNERS as u64 * 5);
+    assert_eq!(report.files.bytes, OWNERS as u64 * 5);
     assert!(old.iter().all(|run| !file(run).exists()));
     assert!(file(&young.id).exists());
     let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM sexton.pending_file_deletions")
@@ -221,8 +221,8 @@ async fn ex3_a_symlinked_directory_in_the_output_root_is_never_followed(pool: Pg
         "the control's file inside the root went"
     );
     assert!(fixture::is_pruned(&env.pool, evil.id).await);
-    assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 1);
-    assert_eq!(reports.iter().map(|r| r.files_deleted).sum::<u64>(), 1);
+    assert_eq!(reports.iter().map(|r| r.files.errors).sum::<u64>(), 1);
+    assert_eq!(reports.iter().map(|r| r.files.deleted).sum::<u64>(), 1);
 }
 
 #[sqlx::test]
@@ -286,7 +286,7 @@ async fn ex3_an_output_path_naming_a_directory_never_removes_a_tree(pool: PgPool
         !env.output_file(account, control.id).exists(),
         "the control's own file goes"
     );
-    assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 1);
+    assert_eq!(reports.iter().map(|r| r.files.errors).sum::<u64>(), 1);
 }
 
 #[sqlx::test]
@@ -381,7 +381,7 @@ async fn ex3_a_retained_run_naming_the_file_another_way_keeps_it(pool: PgPool) {
         assert!(fixture::is_pruned(&env.pool, young.id).await);
         assert!(!file.exists(), "left forever: {file:?}");
     }
-    assert_eq!(reports.iter().map(|r| r.file_errors).sum::<u64>(), 0);
+    assert_eq!(reports.iter().map(|r| r.files.errors).sum::<u64>(), 0);
 }
 
 #[sqlx::test]
@@ -448,9 +448,9 @@ async fn op3_bytes_reclaimed_counts_what_was_unlinked(pool: PgPool) {
 
     let reports = env.pass(account).await;
     assert!(!present_file.exists());
-    assert_eq!(reports.iter().map(|r| r.files_deleted).sum::<u64>(), 1);
+    assert_eq!(reports.iter().map(|r| r.files.deleted).sum::<u64>(), 1);
     assert_eq!(
-        reports.iter().map(|r| r.bytes_reclaimed).sum::<u64>(),
+        reports.iter().map(|r| r.files.bytes).sum::<u64>(),
         12,
         "the bytes of the one file unlinked, not what the rows said"
     );
@@ -469,7 +469,7 @@ async fn er3_a_missing_output_root_fails_the_hop_and_forgets_nothing(pool: PgPoo
     std::fs::rename(env.root(), &parked).unwrap();
 
     let err = env
-        .try_hop(&Args::first(account, pass_start()))
+        .try_hop(&Args::first(Some(account), pass_start()))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("cannot be opened"), "{err}");

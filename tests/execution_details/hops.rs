@@ -3,7 +3,6 @@
 //! the same end state, holds no more connections than it declares, and the preview counts what
 //! the pass then does.
 
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -33,7 +32,7 @@ async fn ex7_a_backlog_takes_several_hops_with_the_right_cursors(pool: PgPool) {
     .await
     .unwrap();
     let reports = env.pass(account).await;
-    let per_hop: Vec<u32> = reports.iter().map(|r| r.pruned).collect();
+    let per_hop: Vec<u64> = reports.iter().map(|r| r.pruned).collect();
     assert_eq!(per_hop, [3, 3, 1]);
     let cursors: Vec<(DateTime<Utc>, Uuid)> = reports
         .iter()
@@ -69,7 +68,7 @@ async fn ex7_the_cutoff_is_fixed_at_pass_start(pool: PgPool) {
     let almost = env
         .run(RunSpec::conversation(account, conversation, 29.5))
         .await;
-    let first = env.hop(&Args::first(account, pass_start())).await;
+    let first = env.hop(&Args::first(Some(account), pass_start())).await;
     // Two days pass during the pass: `almost` is now past the window, but waits for next night.
     env.clock.advance(chrono::Duration::days(2));
     let mut next = first.next;
@@ -99,7 +98,7 @@ async fn ex7_a_spent_budget_still_moves_every_hop_forward(pool: PgPool) {
     let young = env
         .run(RunSpec::conversation(account, conversation, 5.0))
         .await;
-    let mut args = Args::first(account, pass_start());
+    let mut args = Args::first(Some(account), pass_start());
     for _ in 0..20 {
         let report = env.hop(&args).await;
         match report.next {
@@ -132,7 +131,7 @@ async fn ex8_the_same_hop_twice_gives_the_same_end_state(pool: PgPool) {
                      (SELECT count(*) FROM run_tasks WHERE run_id = r.id),
                      (SELECT count(*) FROM output_files WHERE run_id = r.id)), ',' ORDER BY r.id)
                  FROM runs r";
-    let args = Args::first(account, pass_start());
+    let args = Args::first(Some(account), pass_start());
     let first = env.hop(&args).await;
     let after_first: String = sqlx::query_scalar(state)
         .fetch_one(&env.pool)
@@ -158,7 +157,7 @@ async fn er4_an_account_deleted_mid_pass_ends_it_quietly(pool: PgPool) {
         env.run(RunSpec::conversation(account, conversation, days))
             .await;
     }
-    let first = env.hop(&Args::first(account, pass_start())).await;
+    let first = env.hop(&Args::first(Some(account), pass_start())).await;
     sqlx::query("DELETE FROM accounts WHERE id = $1")
         .bind(account)
         .execute(&env.pool)
@@ -231,23 +230,36 @@ async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
             .filter(|file| file.exists() && !young.contains(file))
             .count()
     };
-    let stop = AtomicBool::new(false);
-    let args = |account| Args::first(account, pass_start());
+    let args = |account| Args::first(Some(account), pass_start());
 
     let exact = sized(declared).await;
-    let report = job::run(&exact, &env.clock, &env.settings, &args(accounts[0]), &stop)
-        .await
-        .unwrap();
+    let paths = env.paths();
+    let report = crate::common::hops::try_hop_at(
+        &exact,
+        &env.clock,
+        &paths,
+        &env.settings,
+        &args(accounts[0]),
+    )
+    .await
+    .unwrap();
     assert_eq!(
-        (report.pruned, report.files_deleted),
-        (OWNERS as u32, OWNERS as u64)
+        (report.pruned, report.files.deleted),
+        (OWNERS as u64, OWNERS as u64)
     );
     assert_eq!(files_left(accounts[0]), 0);
 
     exact.close().await;
 
     let short = sized(declared - 1).await;
-    let failed = job::run(&short, &env.clock, &env.settings, &args(accounts[1]), &stop).await;
+    let failed = crate::common::hops::try_hop_at(
+        &short,
+        &env.clock,
+        &paths,
+        &env.settings,
+        &args(accounts[1]),
+    )
+    .await;
     let err = failed.expect_err("the drain beside the hop had no connection to take");
     assert!(err.to_string().contains("pool timed out"), "{err}");
     short.close().await;
@@ -268,7 +280,7 @@ async fn fl6_a_hop_holds_at_most_the_connections_it_declares(pool: PgPool) {
     assert!(recorded > 0);
 
     let report = env.hop(&args(accounts[1])).await;
-    assert_eq!(report.files_deleted, recorded as u64);
+    assert_eq!(report.files.deleted, recorded as u64);
     assert_eq!(files_left(accounts[1]), 0);
     assert!(
         young.iter().all(|file| file.exists()),
@@ -311,7 +323,7 @@ async fn op1_the_preview_counts_what_the_next_pass_then_does(pool: PgPool) {
 
     assert_eq!(previews.len(), 1);
     let preview = &previews[0];
-    let pruned: u32 = reports.iter().map(|r| r.pruned).sum();
+    let pruned: u64 = reports.iter().map(|r| r.pruned).sum();
     assert_eq!((preview.eligible_owners, pruned), (3, 3));
     for reason in [
         RetainReason::PendingWork,
@@ -320,17 +332,17 @@ async fn op1_the_preview_counts_what_the_next_pass_then_does(pool: PgPool) {
     ] {
         assert_eq!(
             preview.retained.get(&reason).copied().unwrap_or_default(),
-            i64::from(retained(&reports, reason)),
+            retained(&reports, reason) as i64,
             "{reason:?}"
         );
         assert_eq!(retained(&reports, reason), 1, "{reason:?}");
     }
     for (table, expected) in &preview.rows {
-        let deleted: u64 = reports.iter().filter_map(|r| r.rows.get(table)).sum();
+        let deleted: u64 = reports.iter().map(|r| r.rows_of(table)).sum();
         assert_eq!(*expected as u64, deleted, "{table}");
     }
     assert_eq!(preview.rows.values().sum::<i64>(), 3 * 7);
-    let bytes: u64 = reports.iter().map(|r| r.bytes_reclaimed).sum();
+    let bytes: u64 = reports.iter().map(|r| r.files.bytes).sum();
     assert_eq!(
         (preview.bytes, bytes),
         (15, 15),

@@ -2,7 +2,6 @@
 //! skipped as busy, a writer that commits first wins, no deadlock — and readers, forks among
 //! them, see each owner whole or pruned.
 
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -12,7 +11,7 @@ use uuid::Uuid;
 
 use crate::common;
 use crate::common::fixture::{self, RunSpec, pass_start};
-use crate::common::hops::{Env, retained};
+use crate::common::hops::{self, Env, retained};
 
 #[sqlx::test]
 async fn ex6_a_conversation_held_busy_is_skipped_not_waited_on(pool: PgPool) {
@@ -56,7 +55,7 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
     // and queues behind the lock; the writer adds pending work and commits.
     let mut writer = env.pool.begin().await.unwrap();
     fixture::lock_conversation(&mut writer, conversation).await;
-    let hop = env.spawn_hop(Args::first(account, pass_start()));
+    let hop = env.spawn_hop(Args::first(Some(account), pass_start()));
     common::wait_for_lock_waiter(&env.pool, "conversations").await;
     sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
         .bind(run.id)
@@ -72,7 +71,7 @@ async fn ex6_a_writer_that_commits_pending_work_under_the_lock_wins(pool: PgPool
     .unwrap();
     writer.commit().await.unwrap();
     let report = hop.await.unwrap();
-    assert_eq!(report.retained.get(&RetainReason::PendingWork), Some(&1));
+    assert_eq!(report.retained(RetainReason::PendingWork), 1);
     assert_eq!(
         fixture::detail_counts(&env.pool, run.id).await,
         fixture::WITH_SECOND_ATTEMPT
@@ -97,17 +96,14 @@ async fn ex6_a_detail_row_an_application_holds_is_busy_not_a_failed_hop(pool: Pg
         .execute(&mut *app)
         .await
         .unwrap();
-    let report = env.hop(&Args::first(account, pass_start())).await;
+    let report = env.hop(&Args::first(Some(account), pass_start())).await;
     app.rollback().await.unwrap();
     assert!(!fixture::is_pruned(&env.pool, held.id).await);
     assert!(
         fixture::is_pruned(&env.pool, free.id).await,
         "the other owner still goes"
     );
-    assert_eq!(
-        report.retained.get(&job::RetainReason::Busy).copied(),
-        Some(1)
-    );
+    assert_eq!(Some(report.retained(job::RetainReason::Busy)), Some(1));
 }
 
 /// Many old owners over a few conversations, for the concurrency cases.
@@ -134,13 +130,14 @@ async fn many_owners(
 }
 
 /// Runs a whole pass in the background.
-fn spawn_pass(env: &Env, account: Uuid) -> tokio::task::JoinHandle<u32> {
+fn spawn_pass(env: &Env, account: Uuid) -> tokio::task::JoinHandle<u64> {
     let (pool, clock, settings) = (env.pool.clone(), env.clock.clone(), env.settings.clone());
+    let paths = env.paths();
     tokio::spawn(async move {
-        let mut args = Args::first(account, pass_start());
+        let mut args = Args::first(Some(account), pass_start());
         let mut pruned = 0;
         loop {
-            let report = job::run(&pool, &clock, &settings, &args, &AtomicBool::new(false))
+            let report = hops::try_hop_at(&pool, &clock, &paths, &settings, &args)
                 .await
                 .unwrap();
             pruned += report.pruned;
@@ -168,7 +165,7 @@ impl Overlap {
         &mut self,
         db: impl sqlx::PgExecutor<'e>,
         account: Uuid,
-        pass: &tokio::task::JoinHandle<u32>,
+        pass: &tokio::task::JoinHandle<u64>,
     ) {
         let (pruned, total): (i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE details_pruned_at IS NOT NULL), count(*)

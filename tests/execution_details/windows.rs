@@ -60,7 +60,7 @@ async fn ex1_disabled_mid_pass_the_next_hop_prunes_nothing_and_ends_the_pass(poo
                 .await,
         );
     }
-    let first = env.hop(&Args::first(account, pass_start())).await;
+    let first = env.hop(&Args::first(Some(account), pass_start())).await;
     assert_eq!(first.pruned, 1);
     sqlx::query("UPDATE accounts SET execution_details_retention_days = NULL WHERE id = $1")
         .bind(account)
@@ -92,7 +92,7 @@ async fn ex1_window_raised_mid_pass_nothing_newer_than_the_stricter_bound_goes(p
     let newest = env
         .run(RunSpec::conversation(account, conversation, 40.0))
         .await;
-    let first = env.hop(&Args::first(account, pass_start())).await;
+    let first = env.hop(&Args::first(Some(account), pass_start())).await;
     assert_eq!(first.pruned, 1);
     sqlx::query("UPDATE accounts SET execution_details_retention_days = 90 WHERE id = $1")
         .bind(account)
@@ -239,7 +239,7 @@ async fn ex1_a_slot_in_the_future_prunes_nothing_inside_the_window(pool: PgPool)
         .await;
     let future: DateTime<Utc> = "2027-06-01T03:00:00Z".parse().unwrap();
     env.clock.set(future);
-    env.pass_from(Args::first(account, future)).await;
+    env.pass_from(Args::first(Some(account), future)).await;
     assert!(
         !fixture::is_pruned(&env.pool, young.id).await,
         "a run one day old stays"
@@ -253,7 +253,7 @@ async fn ex1_a_slot_in_the_future_prunes_nothing_inside_the_window(pool: PgPool)
     let far = DateTime::<Utc>::from_timestamp(8_205_000_000_000, 0).unwrap();
     let payload = Args {
         cutoff: Some(far),
-        ..Args::first(account, far)
+        ..Args::first(Some(account), far)
     };
     env.clock.set(far);
     let reports = env.pass_from(payload).await;

@@ -5,7 +5,7 @@
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sexton_jobs::job::Report;
+use sexton_jobs::job::{Reason, Report};
 use sqlx::PgPool;
 
 use crate::ledger;
@@ -93,7 +93,7 @@ fn describe() {
 pub struct KindLabels {
     pub kind: &'static str,
     /// Its retain reasons (`sexton_owners_retained_total{reason}`).
-    pub reasons: &'static [&'static str],
+    pub reasons: Vec<&'static str>,
     /// The tables its hops count deleted rows of (`sexton_rows_deleted_total{table}`).
     pub tables: &'static [&'static str],
     /// Every outcome of its hops, `failed` included (`sexton_hops_total{outcome}`).
@@ -132,7 +132,7 @@ pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
         ] {
             counter!(name, "kind" => kind).increment(0);
         }
-        for reason in labels.reasons {
+        for reason in &labels.reasons {
             counter!("sexton_owners_retained_total", "kind" => kind, "reason" => *reason)
                 .increment(0);
         }
@@ -176,9 +176,9 @@ pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
     }
 }
 
-/// One hop of `kind`, whose owners may be retained for `reasons`.
-pub fn hop<A>(kind: &'static str, reasons: &[&'static str], report: &Report<A>, seconds: f64) {
-    committed(kind, reasons, report);
+/// One hop of `kind`.
+pub fn hop<R: Reason>(kind: &'static str, report: &Report<R>, seconds: f64) {
+    committed(kind, report);
     counter!("sexton_hops_total", "kind" => kind, "outcome" => report.outcome.as_str())
         .increment(1);
     histogram!("sexton_hop_duration_seconds", "kind" => kind).record(seconds);
@@ -186,15 +186,11 @@ pub fn hop<A>(kind: &'static str, reasons: &[&'static str], report: &Report<A>, 
 
 /// What a hop of `kind` did: its owners, rows and bytes (also for a hop that failed after
 /// committing some).
-pub fn committed<A>(kind: &'static str, reasons: &[&'static str], report: &Report<A>) {
+pub fn committed<R: Reason>(kind: &'static str, report: &Report<R>) {
     counter!("sexton_owners_pruned_total", "kind" => kind).increment(report.pruned);
-    for reason in reasons {
-        let n = report
-            .retained
-            .iter()
-            .find(|(r, _)| r == reason)
-            .map_or(0, |(_, n)| *n);
-        counter!("sexton_owners_retained_total", "kind" => kind, "reason" => *reason).increment(n);
+    for (reason, n) in &report.retained {
+        let reason = reason.as_str();
+        counter!("sexton_owners_retained_total", "kind" => kind, "reason" => reason).increment(*n);
     }
     for (table, rows) in &report.rows {
         counter!("sexton_rows_deleted_total", "kind" => kind, "table" => *table).increment(*rows);

@@ -5,14 +5,12 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::cutoff::{self, days_before};
-use crate::explain::LEGAL_HOLD;
 use crate::files::{Entry, Opened, Root, Unseen};
-use crate::job::{Env, HopOutcome, Report};
-use crate::owner_loop::{Bounds, Candidates, Chunks, Files, Hop, Taken, Window, Windowed};
-use crate::payload::V1;
+use crate::job::Report;
+use crate::owner_loop::{Candidates, Chunks, End, Taken, Window, Windowed};
+use crate::pass::Step;
 
-use super::{Args, AttachmentSettings, CHUNK, Error, RETAIN_REASONS};
+use super::{AttachmentExpiry, AttachmentReason, CHUNK, Error};
 
 /// What a row's file is, as far as expiry goes.
 pub(super) enum Verdict {
@@ -20,7 +18,7 @@ pub(super) enum Verdict {
     /// compares before it deletes).
     Expired(Option<String>),
     Young,
-    Kept(&'static str),
+    Kept(AttachmentReason),
 }
 
 pub(super) async fn judge(root: &Opened, relative: &str, cutoff: DateTime<Utc>) -> Verdict {
@@ -45,82 +43,35 @@ fn verdict(entry: Result<Option<Entry>, Unseen>, cutoff: DateTime<Utc>) -> Verdi
     match entry {
         Ok(Some(Entry::File { modified, etag })) if modified < cutoff => Verdict::Expired(etag),
         Ok(Some(Entry::File { .. })) => Verdict::Young,
-        Ok(Some(Entry::Symlink)) | Err(Unseen::OutsideRoot) => Verdict::Kept("outside_root"),
-        Ok(Some(Entry::Other)) => Verdict::Kept("not_regular"),
-        Ok(None) => Verdict::Kept("missing"),
-        Err(Unseen::Unreadable) => Verdict::Kept("unreadable"),
+        Ok(Some(Entry::Symlink)) | Err(Unseen::OutsideRoot) => {
+            Verdict::Kept(AttachmentReason::OutsideRoot)
+        }
+        Ok(Some(Entry::Other)) => Verdict::Kept(AttachmentReason::NotRegular),
+        Ok(None) => Verdict::Kept(AttachmentReason::Missing),
+        Err(Unseen::Unreadable) => Verdict::Kept(AttachmentReason::Unreadable),
     }
 }
 
-/// One hop over one window of an account's live attachments (the owner loop, [`Hop::run`]).
+/// One hop over one window of an account's live attachments (the owner loop,
+/// [`crate::owner_loop::Hop::run`]).
 ///
 /// # Errors
 /// [`Error`]; what was committed stays, and the hop can be run again.
 pub async fn hop(
-    env: Env<'_>,
-    settings: &AttachmentSettings,
-    args: &Args,
-    report: &mut Report<Args>,
-) -> Result<(), Error> {
-    let store = env.paths.store(Root::Attachments);
-    *report = Report::new(&RETAIN_REASONS);
-    // Rows are marked, never deleted: what expired is counted in `pruned` and the files.
-    report.window = settings.window_size;
-    let bounds = Bounds {
-        window: Some(settings.window_size),
-        budget: settings.budget,
-    };
-    let files = Files {
-        root: Root::Attachments,
-        store: &store,
-        scope: Some(args.account_id),
-        beside: None,
-    };
-    let hop = Hop::start(env.conn, env.health, env.stop, bounds, Some(files), report).await?;
-    let (database_now, exists): (DateTime<Utc>, bool) =
-        sqlx::query_as("SELECT now(), EXISTS (SELECT 1 FROM accounts WHERE id = $1)")
-            .bind(args.account_id)
-            .fetch_one(&mut *hop.conn)
-            .await?;
-    if !exists {
-        report.outcome = HopOutcome::AccountGone;
-        return Ok(());
-    }
-    if settings.max_age_days == 0 {
-        report.outcome = HopOutcome::Disabled;
-        return Ok(());
-    }
-    let current = days_before(
-        cutoff::reference(args.pass_started_at, database_now),
-        settings.max_age_days,
-    );
-    let cutoff = match args.cutoff {
-        Some(carried) => current.map(|c| c.min(carried)),
-        None => current,
-    };
-    let Some(cutoff) = cutoff else {
-        return Ok(());
-    };
+    step: Step<'_, AttachmentExpiry>,
+    report: &mut Report<AttachmentReason>,
+) -> Result<End<Uuid>, Error> {
+    let store = step.env.paths.store(Root::Attachments);
     let root = Opened::open(&store)?;
     let mut live = Windowed::new(
         Live {
-            account_id: args.account_id,
-            cutoff,
+            account_id: step.account.unwrap_or_default(),
+            cutoff: step.cutoff,
             root,
         },
         Chunks::Fixed(CHUNK),
     );
-    let end = hop.run(&mut live, args.after, report).await?;
-    report.outcome = end.outcome();
-    report.next = end.next().map(|after| Args {
-        version: V1,
-        account_id: args.account_id,
-        pass_started_at: args.pass_started_at,
-        cutoff: Some(cutoff),
-        after,
-        hop: args.hop + 1,
-    });
-    Ok(())
+    Ok(step.hop.run(&mut live, step.cursor, report).await?)
 }
 
 /// An account's live attachments, in id order, as the owner loop takes them.
@@ -135,7 +86,7 @@ impl Window for Live {
     type Candidate = (Uuid, String);
     /// The last attachment looked at.
     type Cursor = Uuid;
-    type Report = Report<Args>;
+    type Report = Report<AttachmentReason>;
 
     const TABLES: &'static [&'static str] = &["attachments", "pending_file_deletions"];
 
@@ -144,7 +95,7 @@ impl Window for Live {
         conn: &mut PgConnection,
         at: Option<&Uuid>,
         room: u32,
-        _report: &mut Report<Args>,
+        _report: &mut Report<AttachmentReason>,
     ) -> Result<Candidates<(Uuid, String), Uuid>, Error> {
         let candidates = sqlx::query_as(
             "SELECT id, relative_path FROM attachments
@@ -170,7 +121,7 @@ impl Window for Live {
         &mut self,
         conn: &mut PgConnection,
         chunk: &[(Uuid, String)],
-        report: &mut Report<Args>,
+        report: &mut Report<AttachmentReason>,
     ) -> Result<Taken, Error> {
         let (mut expired, mut judged, mut etags) = (Vec::new(), Vec::new(), Vec::new());
         let paths: Vec<&str> = chunk.iter().map(|(_, path)| path.as_str()).collect();
@@ -183,7 +134,7 @@ impl Window for Live {
                     etags.push(etag);
                 }
                 Verdict::Young => {}
-                Verdict::Kept(reason) => retain(report, reason),
+                Verdict::Kept(reason) => report.retain(reason, 1),
             }
         }
         if expired.is_empty() {
@@ -199,9 +150,13 @@ impl Window for Live {
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;
-        for _ in marked.len()..expired.len() {
-            retain(report, if held { LEGAL_HOLD } else { "busy" });
-        }
+        let unmarked = (expired.len() - marked.len()) as u64;
+        let reason = if held {
+            AttachmentReason::LegalHold
+        } else {
+            AttachmentReason::Busy
+        };
+        report.retain(reason, unmarked);
         report.pruned += marked.len() as u64;
         Ok(Taken {
             recorded: marked.len() as u64,
@@ -210,13 +165,9 @@ impl Window for Live {
     }
 }
 
-pub(super) fn retain(report: &mut Report<Args>, reason: &'static str) {
-    count(&mut report.retained, reason);
-}
-
 /// Adds one to `reason`'s count in a list of [`RETAIN_REASONS`] counts.
-pub(super) fn count(counts: &mut [(&'static str, u64)], reason: &'static str) {
-    if let Some((_, n)) = counts.iter_mut().find(|(r, _)| *r == reason) {
+pub(super) fn count(counts: &mut [(&'static str, u64)], reason: AttachmentReason) {
+    if let Some((_, n)) = counts.iter_mut().find(|(r, _)| *r == reason.as_str()) {
         *n += 1;
     }
 }

@@ -16,19 +16,20 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::explain::LEGAL_HOLD;
+use crate::cutoff::days_before;
 use crate::files::{self, PathSettings, Root};
-use crate::job::{AccountRange, Env, Job, Position, Report};
-use crate::payload::V1;
+use crate::job::{AccountRange, HopOutcome, Job, Report};
+use crate::owner_loop::{Bounds, End};
+use crate::pass::{Now, Policy, Removals, Step};
 use crate::settings::{Check, Raw};
 
 mod hop;
 mod read;
-pub use hop::*;
+use hop::{Verdict, count, hop, judge, judge_all};
 pub use read::*;
 
 /// The `[attachments]` section as given.
@@ -51,9 +52,27 @@ pub struct AttachmentSettings {
     pub budget: Duration,
 }
 
-/// Why an attachment kept its bytes this pass.
+crate::reasons! {
+    /// Why an attachment kept its bytes this pass.
+    pub enum AttachmentReason {
+        /// A hold covers its account (HD-2).
+        LegalHold = "legal_hold",
+        /// Its path leads out of the root (absolute, `..`, a symlink on the way).
+        OutsideRoot = "outside_root",
+        /// Not a regular file.
+        NotRegular = "not_regular",
+        /// No file at its path: nothing says how old its bytes were.
+        Missing = "missing",
+        /// Its file could not be looked at.
+        Unreadable = "unreadable",
+        /// An application holds its row.
+        Busy = "busy",
+    }
+}
+
+/// The labels of [`AttachmentReason`], in order: the counts of a preview line.
 pub const RETAIN_REASONS: [&str; 6] = [
-    LEGAL_HOLD,
+    "legal_hold",
     "outside_root",
     "not_regular",
     "missing",
@@ -64,33 +83,22 @@ pub const RETAIN_REASONS: [&str; 6] = [
 /// Rows marked together in one transaction.
 const CHUNK: usize = 200;
 
-/// One hop's payload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Args {
-    pub version: V1,
-    pub account_id: Uuid,
-    pub pass_started_at: DateTime<Utc>,
-    /// Fixed by the first hop and carried.
-    pub cutoff: Option<DateTime<Utc>>,
-    /// The last attachment looked at.
-    pub after: Option<Uuid>,
-    /// 0 for the first hop of a pass.
-    pub hop: u32,
-}
-
 pub use crate::owner_loop::Error;
+
+/// One hop's payload: the pass's envelope with this kind's cutoff and cursor.
+pub type Args = crate::job::ArgsOf<AttachmentExpiry>;
 
 /// The job kind, as the worker registers it.
 pub struct AttachmentExpiry;
 
 impl Job for AttachmentExpiry {
     const NAME: &'static str = "attachment_expiry";
-    const QUEUE: &'static str = "sexton.attachment_expiry";
     const SECTION: &'static str = "attachments";
-    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
 
-    type Args = Args;
+    type Reason = AttachmentReason;
+    type Cutoff = DateTime<Utc>;
+    /// The last attachment looked at.
+    type Cursor = Uuid;
     type Raw = RawSettings;
     type Settings = AttachmentSettings;
     type Error = Error;
@@ -139,31 +147,39 @@ impl Job for AttachmentExpiry {
             .await
     }
 
-    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
-        Args {
-            version: V1,
-            account_id: account.unwrap_or_default(),
-            pass_started_at: slot,
-            cutoff: None,
-            after: None,
-            hop: 0,
+    fn bounds(settings: &AttachmentSettings) -> Bounds {
+        Bounds {
+            window: Some(settings.window_size),
+            budget: settings.budget,
         }
     }
 
-    fn position(args: &Args) -> Position {
-        Position {
-            account: Some(args.account_id),
-            pass_started_at: args.pass_started_at,
-            hop: args.hop,
-        }
+    fn removals(_settings: &AttachmentSettings, paths: &PathSettings) -> Option<Removals> {
+        Some(Removals {
+            root: Root::Attachments,
+            store: paths.store(Root::Attachments),
+        })
+    }
+
+    async fn policy(now: Now<'_, Self>) -> Result<Policy<DateTime<Utc>>, Error> {
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM accounts WHERE id = $1)")
+                .bind(now.account)
+                .fetch_one(now.conn)
+                .await?;
+        Ok(if !exists {
+            Policy::Ends(HopOutcome::AccountGone)
+        } else if now.settings.max_age_days == 0 {
+            Policy::Ends(HopOutcome::Disabled)
+        } else {
+            Policy::up_to(days_before(now.reference, now.settings.max_age_days))
+        })
     }
 
     async fn run(
-        env: Env<'_>,
-        settings: &AttachmentSettings,
-        args: &Args,
-        report: &mut Report<Args>,
-    ) -> Result<(), Error> {
-        hop(env, settings, args, report).await
+        step: Step<'_, Self>,
+        report: &mut Report<AttachmentReason>,
+    ) -> Result<End<Uuid>, Error> {
+        hop(step, report).await
     }
 }

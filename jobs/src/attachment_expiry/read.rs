@@ -6,12 +6,13 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::cutoff::days_before;
-use crate::explain::{Explanation, LEGAL_HOLD, Reason as ExplainReason, Verdict as ExplainVerdict};
+use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{Entry, Opened, Root};
 use crate::job::{Inspect, Job, Look};
 
 use super::{
-    AttachmentExpiry, AttachmentSettings, Error, RETAIN_REASONS, Verdict, count, judge, judge_all,
+    AttachmentExpiry, AttachmentReason, AttachmentSettings, Error, RETAIN_REASONS, Verdict, count,
+    judge, judge_all,
 };
 
 /// The mtime decides (AT-1): measuring a backlog would mean a stat per live attachment at every
@@ -99,7 +100,7 @@ impl Inspect for AttachmentExpiry {
                 let preview = &mut previews[at];
                 match verdict {
                     Verdict::Expired(_) if held.contains(account) => {
-                        count(&mut preview.kept, LEGAL_HOLD);
+                        count(&mut preview.kept, AttachmentReason::LegalHold);
                     }
                     Verdict::Expired(_) => preview.expired += 1,
                     Verdict::Young => {}
@@ -217,13 +218,15 @@ async fn verdict(
         ),
         Verdict::Kept(reason) => ExplainReason::new(
             "AT-1",
-            reason,
+            reason.as_str(),
             match reason {
-                "outside_root" => format!(
+                AttachmentReason::OutsideRoot => format!(
                     "{path:?} leaves the attachments root (absolute, `..` or a symlink): never followed"
                 ),
-                "missing" => format!("no file at {path:?}: counted, the row left unmarked"),
-                "not_regular" => format!("{path:?} is not a regular file"),
+                AttachmentReason::Missing => {
+                    format!("no file at {path:?}: counted, the row left unmarked")
+                }
+                AttachmentReason::NotRegular => format!("{path:?} is not a regular file"),
                 _ => format!("{path:?} cannot be read"),
             },
         ),

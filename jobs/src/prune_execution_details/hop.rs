@@ -2,109 +2,41 @@
 //! of owners in one transaction under the platform's lock order (EX-6), re-checked under those
 //! locks (EX-1, EX-2, EX-5).
 
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::cutoff::{EARLIEST, days_before};
-use crate::files::Root;
-use crate::health::Health;
-use crate::owner_loop::{
-    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Taken, Window, Windowed, busy_or,
-};
-use crate::payload::V1;
+use crate::job::Report;
+use crate::owner_loop::{self, Candidates, Chunks, End, Mode, Taken, Window, Windowed, busy_or};
+use crate::pass::{Now, Policy, Step};
 
 use super::sql::{PRUNE_LOCKED, PRUNE_WAITING, WINDOW};
 use super::{
-    Args, Cursor, Error, HopOutcome, HopReport, HopSettings, Locked, RetainReason, WRITTEN,
-    pruned_runner_effects,
+    Cursor, Error, HopOutcome, HopSettings, Locked, PruneExecutionDetails, RetainReason, WRITTEN,
+    pruned_runner_effects, record,
 };
 
-/// Runs one hop, with two connections of `pool` (see [`hop`]). When `stop` is raised
-/// (shutdown, FL-5) the hop finishes the owner in hand, takes no more, and hands the rest of
-/// its window to the next hop.
+/// One hop: the owner loop ([`crate::owner_loop::Hop::run`]) over one window of the account's
+/// candidates, each chunk of owners in one transaction.
 ///
 /// # Errors
 /// [`Error::Database`] when the database fails; nothing is half-done, and the hop can be run
 /// again.
-pub async fn run(
-    pool: &PgPool,
-    clock: &dyn Clock,
-    settings: &HopSettings,
-    args: &Args,
-    stop: &AtomicBool,
-) -> Result<HopReport, Error> {
-    let mut conn = pool.acquire().await?;
-    hop(&mut conn, pool, clock, &Health::off(), settings, args, stop).await
-}
-
-/// [`run`] on a connection of the caller's: one connection for the owner transactions, no
-/// pool round trip per owner transaction, and one more from `pool`, while the hop runs, for
-/// unlinking the files of the owners pruned meanwhile ([`files::Beside`]): a hop needs two
-/// connections, as [`Job::CONNECTIONS`] declares.
-///
-/// # Errors
-/// As [`run`].
-pub async fn hop(
-    conn: &mut PgConnection,
-    pool: &PgPool,
-    clock: &dyn Clock,
-    health: &Health,
-    settings: &HopSettings,
-    args: &Args,
-    stop: &AtomicBool,
-) -> Result<HopReport, Error> {
-    let mut report = HopReport::new();
-    hop_into(conn, pool, clock, health, settings, args, stop, &mut report).await?;
-    Ok(report)
-}
-
-/// [`hop`] into `report`, which holds what was committed when it fails: the owner loop
-/// ([`Hop::run`]) over one window of the account's candidates.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn hop_into(
-    conn: &mut PgConnection,
-    pool: &PgPool,
-    clock: &dyn Clock,
-    health: &Health,
-    settings: &HopSettings,
-    args: &Args,
-    stop: &AtomicBool,
-    report: &mut HopReport,
-) -> Result<(), Error> {
-    let bounds = Bounds {
-        window: Some(settings.window_size),
-        budget: settings.budget,
-    };
-    let files = Files {
-        root: Root::Outputs,
-        store: &settings.outputs,
-        scope: Some(args.account_id),
-        beside: Some(pool),
-    };
-    let hop = Hop::start(conn, health, stop, bounds, Some(files), report).await?;
-    let Some((days, database_now)) = window_days(hop.conn, args.account_id, report).await? else {
-        return Ok(());
-    };
-    // A slot, a payload or a clock in the future never moves a cutoff past the database's
-    // now (EX-1).
-    let reference = crate::cutoff::reference(args.pass_started_at, database_now);
-    let Some(current) = days_before(reference, days) else {
-        // A window longer than the calendar: nothing is old enough, the pass ends (EX-1).
-        return Ok(());
-    };
-    let cutoff = args.cutoff.unwrap_or(current);
+pub(super) async fn hop(
+    step: Step<'_, PruneExecutionDetails>,
+    report: &mut Report<RetainReason>,
+) -> Result<End<Cursor>, Error> {
+    let settings = step.settings;
     let pass = Pass {
-        account_id: args.account_id,
-        clock,
+        account_id: step.account.unwrap_or_default(),
+        clock: step.env.clock,
         settings,
-        // Never past the stricter of the carried cutoff and the current setting (EX-1, EX-7).
-        bound: cutoff.min(current),
-        reference,
+        bound: step.cutoff,
+        reference: step.reference,
     };
     let chunks = Chunks::Timed {
         first: FIRST_TOGETHER,
@@ -112,54 +44,42 @@ pub(super) async fn hop_into(
         target: settings.transaction_target,
     };
     let mut owners = Windowed::new(pass, chunks);
-    let end = hop.run(&mut owners, args.cursor, report).await?;
-    report.outcome = end.outcome();
-    report.next = end.next().map(|cursor| Args {
-        version: V1,
-        account_id: args.account_id,
-        pass_started_at: args.pass_started_at,
-        cutoff: Some(cutoff),
-        cursor,
-        hop: args.hop + 1,
-    });
-    Ok(())
+    Ok(step.hop.run(&mut owners, step.cursor, report).await?)
 }
 
-/// The account's window in days and the database's now, or `None` (the outcome or the
-/// retained reason set) when the account is gone, its retention disabled or its window not one
-/// (EX-1).
-async fn window_days(
-    conn: &mut PgConnection,
-    account_id: Uuid,
-    report: &mut HopReport,
-) -> Result<Option<(i32, DateTime<Utc>)>, Error> {
-    let account: Option<(Option<i32>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT execution_details_retention_days, now() FROM accounts WHERE id = $1",
-    )
-    .bind(account_id)
-    .fetch_optional(conn)
-    .await?;
+/// The account's current cutoff, measured back from `reference` (EX-1), or why its pass ends:
+/// the account is gone, its retention disabled, or its window not one (counted
+/// `invalid_window`, never "everything is old") or past the calendar.
+pub(super) async fn policy(
+    now: Now<'_, PruneExecutionDetails>,
+) -> Result<Policy<DateTime<Utc>>, Error> {
+    let Now {
+        conn,
+        account,
+        reference,
+        report,
+        ..
+    } = now;
+    let account_id = account.unwrap_or_default();
+    let account: Option<Option<i32>> =
+        sqlx::query_scalar("SELECT execution_details_retention_days FROM accounts WHERE id = $1")
+            .bind(account_id)
+            .fetch_optional(conn)
+            .await?;
     Ok(match account {
-        None => {
-            report.outcome = HopOutcome::AccountGone;
-            None
-        }
-        Some((None, _)) => {
-            report.outcome = HopOutcome::Disabled;
-            None
-        }
-        Some((Some(days), _)) if !crate::cutoff::valid_window(days) => {
-            // Never "everything is old": nothing of the account is (EX-1).
+        None => Policy::Ends(HopOutcome::AccountGone),
+        Some(None) => Policy::Ends(HopOutcome::Disabled),
+        Some(Some(days)) if !crate::cutoff::valid_window(days) => {
             tracing::warn!(
                 account = %account_id,
                 execution_details_retention_days = days,
                 "the account's execution_details_retention_days is not a window (must be > 0): \
                  nothing of it is pruned"
             );
-            report.retain(RetainReason::InvalidWindow);
-            None
+            report.retain(RetainReason::InvalidWindow, 1);
+            Policy::Ends(HopOutcome::Finished)
         }
-        Some((Some(days), now)) => Some((days, now)),
+        Some(Some(days)) => Policy::up_to(days_before(reference, days)),
     })
 }
 
@@ -172,7 +92,7 @@ impl Window for Pass<'_> {
     /// A run, its conversation, its age.
     type Candidate = (Uuid, Uuid, DateTime<Utc>);
     type Cursor = Cursor;
-    type Report = HopReport;
+    type Report = Report<RetainReason>;
 
     const TABLES: &'static [&'static str] = &WRITTEN;
 
@@ -181,7 +101,7 @@ impl Window for Pass<'_> {
         conn: &mut PgConnection,
         at: Option<&Cursor>,
         room: u32,
-        _report: &mut HopReport,
+        _report: &mut Report<RetainReason>,
     ) -> Result<Candidates<Self::Candidate, Cursor>, Error> {
         let after = at.copied().unwrap_or(Cursor {
             age: EARLIEST,
@@ -212,7 +132,7 @@ impl Window for Pass<'_> {
         &mut self,
         conn: &mut PgConnection,
         chunk: &[Self::Candidate],
-        report: &mut HopReport,
+        report: &mut Report<RetainReason>,
     ) -> Result<Taken, Error> {
         let owners: Vec<Owner> = chunk
             .iter()
@@ -221,7 +141,7 @@ impl Window for Pass<'_> {
                 conversation_id: *conversation_id,
             })
             .collect();
-        let files_before = report.rows["output_files"];
+        let files_before = report.rows_of("output_files");
         let started = Instant::now();
         // Together first; whoever could not be locked at once goes alone, with a bounded wait.
         let alone = prune_together(conn, self, &owners, report).await?;
@@ -230,7 +150,7 @@ impl Window for Pass<'_> {
             prune_owner(conn, self, &owner, report).await?;
         }
         Ok(Taken {
-            recorded: report.rows["output_files"] - files_before,
+            recorded: report.rows_of("output_files") - files_before,
             sized_by: Some(together),
         })
     }
@@ -294,7 +214,7 @@ pub(super) async fn prune_together(
     conn: &mut PgConnection,
     pass: &Pass<'_>,
     owners: &[Owner],
-    report: &mut HopReport,
+    report: &mut Report<RetainReason>,
 ) -> Result<Vec<Owner>, Error> {
     let mut tx = begin(conn, pass).await?;
     let conversations: Vec<Uuid> = owners.iter().map(|o| o.conversation_id).collect();
@@ -312,7 +232,7 @@ pub(super) async fn prune_together(
         return Ok(owners.to_vec());
     };
     tx.commit().await?;
-    report.record(&locked);
+    record(report, &locked);
     Ok(owners
         .iter()
         .filter(|o| !locked.iter().any(|l| l.id == o.run_id))
@@ -326,7 +246,7 @@ pub(super) async fn prune_owner(
     conn: &mut PgConnection,
     pass: &Pass<'_>,
     owner: &Owner,
-    report: &mut HopReport,
+    report: &mut Report<RetainReason>,
 ) -> Result<(), Error> {
     let mut tx = begin(conn, pass).await?;
     // The conversation first, then the run: the order every platform writer uses.
@@ -335,7 +255,7 @@ pub(super) async fn prune_owner(
         .fetch_optional(&mut *tx)
         .await;
     match busy_or(conversation)? {
-        None => report.retain(RetainReason::Busy),
+        None => report.retain(RetainReason::Busy, 1),
         Some(None) => {}
         Some(Some(_)) => {
             // The run's lock is taken by a statement of its own, so that the re-check below
@@ -346,7 +266,7 @@ pub(super) async fn prune_owner(
                 .fetch_optional(&mut *tx)
                 .await;
             if busy_or(run)?.is_none() {
-                report.retain(RetainReason::Busy);
+                report.retain(RetainReason::Busy, 1);
                 return Ok(());
             }
             let locked = run_prune_locked(
@@ -358,10 +278,10 @@ pub(super) async fn prune_owner(
             )
             .await;
             match busy_or(locked)? {
-                None => report.retain(RetainReason::Busy),
+                None => report.retain(RetainReason::Busy, 1),
                 Some(locked) => {
                     tx.commit().await?;
-                    report.record(&locked);
+                    record(report, &locked);
                 }
             }
         }

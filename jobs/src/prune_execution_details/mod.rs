@@ -10,7 +10,6 @@
 //! commits. The hop then reports the next hop's arguments — same cutoff, advanced cursor — if
 //! the window was full or its time budget ran out.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -18,18 +17,18 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::files::{self, PathSettings, Root, Store};
-use crate::health::Indicator;
+use crate::files::{PathSettings, Root, Store};
 pub use crate::job::HopOutcome;
-use crate::job::{AccountRange, Env, Job, Position, Report};
-use crate::owner_loop::Progress;
-use crate::payload::V1;
+use crate::job::{AccountRange, Job, Report};
+use crate::owner_loop::{Bounds, End};
+use crate::pass::{Now, Policy, Removals, Step};
 use crate::settings::{Check, Raw};
 
 mod hop;
 mod read;
 mod sql;
-pub use hop::*;
+pub use hop::FIRST_TOGETHER;
+use hop::{hop, policy};
 pub use read::*;
 use sql::{BLOCKERS, PRUNE_WAITING};
 
@@ -73,35 +72,8 @@ const WRITTEN: [&str; DETAIL_TABLES.len() + 3] = {
     written
 };
 
-/// One hop's payload: which account, which pass, where the window starts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Args {
-    pub version: V1,
-    pub account_id: Uuid,
-    /// When the pass started (the nightly slot); the cutoff is measured back from it.
-    pub pass_started_at: DateTime<Utc>,
-    /// Fixed by the first hop and carried by every later one.
-    pub cutoff: Option<DateTime<Utc>>,
-    /// The last candidate a previous hop visited; the window starts after it.
-    pub cursor: Option<Cursor>,
-    /// 0 for the first hop of a pass.
-    pub hop: u32,
-}
-
-impl Args {
-    /// The first hop of an account's pass.
-    pub fn first(account_id: Uuid, pass_started_at: DateTime<Utc>) -> Self {
-        Self {
-            version: V1,
-            account_id,
-            pass_started_at,
-            cutoff: None,
-            cursor: None,
-            hop: 0,
-        }
-    }
-}
+/// One hop's payload: the pass's envelope with this kind's cutoff and cursor.
+pub type Args = crate::job::ArgsOf<PruneExecutionDetails>;
 
 /// A position in the (age, id) order of candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -199,107 +171,27 @@ impl RetainReason {
     }
 }
 
-/// What one hop did.
-#[derive(Debug, Clone, Serialize)]
-pub struct HopReport {
-    pub outcome: HopOutcome,
-    pub candidates: u32,
-    pub pruned: u32,
-    pub retained: BTreeMap<RetainReason, u32>,
-    /// Detail rows deleted, per table.
-    pub rows: BTreeMap<&'static str, u64>,
-    pub files_deleted: u64,
-    pub bytes_reclaimed: u64,
-    /// Files that could not be deleted (unreadable, escaping the root): counted, not retried.
-    pub file_errors: u64,
-    /// The next hop, if the pass goes on.
-    pub next: Option<Args>,
-    /// Time spent inside owners' transactions, from begin to commit or rollback.
-    pub owner_seconds: f64,
-    /// The red indicator that stopped the hop early, if one did.
-    pub throttled: Option<Indicator>,
-}
+impl crate::job::Reason for RetainReason {
+    const ALL: &'static [Self] = &RetainReason::ALL;
 
-impl HopReport {
-    fn new() -> Self {
-        Self {
-            outcome: HopOutcome::Finished,
-            candidates: 0,
-            pruned: 0,
-            retained: BTreeMap::new(),
-            rows: DETAIL_TABLES.iter().map(|t| (*t, 0)).collect(),
-            files_deleted: 0,
-            bytes_reclaimed: 0,
-            file_errors: 0,
-            next: None,
-            owner_seconds: 0.0,
-            throttled: None,
-        }
-    }
-
-    /// In the terms every job shares.
-    fn shared(&self, window: u32) -> Report<Args> {
-        Report {
-            outcome: self.outcome,
-            window,
-            candidates: self.candidates.into(),
-            pruned: self.pruned.into(),
-            retained: self
-                .retained
-                .iter()
-                .map(|(reason, n)| (reason.as_str(), u64::from(*n)))
-                .collect(),
-            rows: self.rows.iter().map(|(t, n)| (*t, *n)).collect(),
-            files: files::FileCounts {
-                deleted: self.files_deleted,
-                bytes: self.bytes_reclaimed,
-                errors: self.file_errors,
-            },
-            owner_seconds: self.owner_seconds,
-            next: self.next.clone(),
-            throttled: self.throttled,
-        }
-    }
-
-    fn retain(&mut self, reason: RetainReason) {
-        *self.retained.entry(reason).or_default() += 1;
-    }
-
-    /// Counts what one owner transaction's statement found and did.
-    fn record(&mut self, locked: &[Locked]) {
-        for owner in locked {
-            match owner.verdict() {
-                Verdict::Prune => self.pruned += 1,
-                Verdict::Retain(reason) => self.retain(reason),
-                Verdict::AlreadyPruned => {}
-            }
-        }
-        if let Some(first) = locked.first() {
-            for (table, deleted) in DETAIL_TABLES.iter().zip(&first.deleted) {
-                *self.rows.entry(table).or_default() += (*deleted).max(0) as u64;
-            }
-        }
-    }
-
-    fn add_files(&mut self, files: files::FileCounts) {
-        self.files_deleted += files.deleted;
-        self.bytes_reclaimed += files.bytes;
-        self.file_errors += files.errors;
+    fn as_str(self) -> &'static str {
+        RetainReason::as_str(self)
     }
 }
 
-impl Progress for HopReport {
-    fn took(&mut self, candidates: u64, seconds: f64) {
-        self.candidates += u32::try_from(candidates).unwrap_or(u32::MAX);
-        self.owner_seconds += seconds;
+/// Counts what one owner transaction's statement found and did.
+fn record(report: &mut Report<RetainReason>, locked: &[Locked]) {
+    for owner in locked {
+        match owner.verdict() {
+            Verdict::Prune => report.pruned += 1,
+            Verdict::Retain(reason) => report.retain(reason, 1),
+            Verdict::AlreadyPruned => {}
+        }
     }
-
-    fn files(&mut self, counts: files::FileCounts) {
-        self.add_files(counts);
-    }
-
-    fn throttled(&mut self, red: Indicator) {
-        self.throttled = Some(red);
+    if let Some(first) = locked.first() {
+        for (table, deleted) in DETAIL_TABLES.iter().zip(&first.deleted) {
+            report.deleted(table, (*deleted).max(0) as u64);
+        }
     }
 }
 
@@ -351,13 +243,14 @@ pub struct PruneExecutionDetails;
 
 impl Job for PruneExecutionDetails {
     const NAME: &'static str = "prune_execution_details";
-    const QUEUE: &'static str = "sexton.prune_execution_details";
     const SECTION: &'static str = "execution_details";
     /// The owner transactions' and the files' drain beside them ([`files::Beside`]).
     const CONNECTIONS: u32 = 2;
-    const RETAIN_REASONS: &'static [&'static str] = &RetainReason::NAMES;
+    const TABLES: &'static [&'static str] = &DETAIL_TABLES;
 
-    type Args = Args;
+    type Reason = RetainReason;
+    type Cutoff = DateTime<Utc>;
+    type Cursor = Cursor;
     type Raw = RawSettings;
     type Settings = HopSettings;
     type Error = Error;
@@ -398,36 +291,29 @@ impl Job for PruneExecutionDetails {
         due(conn, slot, range).await
     }
 
-    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
-        Args::first(account.unwrap_or_default(), slot)
-    }
-
-    fn position(args: &Args) -> Position {
-        Position {
-            account: Some(args.account_id),
-            pass_started_at: args.pass_started_at,
-            hop: args.hop,
+    fn bounds(settings: &HopSettings) -> Bounds {
+        Bounds {
+            window: Some(settings.window_size),
+            budget: settings.budget,
         }
     }
 
+    fn removals(_settings: &HopSettings, paths: &PathSettings) -> Option<Removals> {
+        Some(Removals {
+            root: Root::Outputs,
+            store: paths.store(Root::Outputs),
+        })
+    }
+
+    async fn policy(now: Now<'_, Self>) -> Result<Policy<DateTime<Utc>>, Error> {
+        policy(now).await
+    }
+
     async fn run(
-        env: Env<'_>,
-        settings: &HopSettings,
-        args: &Args,
-        report: &mut Report<Args>,
-    ) -> Result<(), Error> {
-        // The worker's roots are the ones in force, whatever the settings were loaded with.
-        let settings = &HopSettings {
-            outputs: env.paths.store(Root::Outputs),
-            ..settings.clone()
-        };
-        let mut done = HopReport::new();
-        let result = hop_into(
-            env.conn, env.pool, env.clock, env.health, settings, args, env.stop, &mut done,
-        )
-        .await;
-        *report = done.shared(settings.window_size);
-        result
+        step: Step<'_, Self>,
+        report: &mut Report<RetainReason>,
+    ) -> Result<End<Cursor>, Error> {
+        hop(step, report).await
     }
 }
 
@@ -445,15 +331,5 @@ mod tests {
         g("prune_execution_details/backlog", &BACKLOG);
         g("prune_execution_details/backlog_scan", &BACKLOG_SCAN);
         g("prune_execution_details/preview", &PREVIEW);
-    }
-
-    #[test]
-    fn fl1_args_round_trip_and_refuse_unknown_fields() {
-        let args = Args::first(Uuid::nil(), "2026-12-01T03:00:00Z".parse().unwrap());
-        let json = serde_json::to_value(&args).unwrap();
-        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
-        let mut bad = json;
-        bad["surprise"] = serde_json::json!(1);
-        assert!(serde_json::from_value::<Args>(bad).is_err());
     }
 }

@@ -7,13 +7,12 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
-use crate::cutoff::{self, EARLIEST, days_before};
-use crate::health::Health;
+use crate::cutoff::EARLIEST;
 use crate::job::Report;
-use crate::owner_loop::{Bounds, Hop, Owners, Then, Took};
-use crate::payload::V1;
+use crate::owner_loop::{End, Owners, Then, Took};
+use crate::pass::Step;
 
-use super::{Args, Error, ExpirySettings, HopOutcome, RETAIN_REASONS, Record, sql};
+use super::{Error, Expire, Record, RecordReason, sql};
 
 /// What one batch read and did.
 #[derive(sqlx::FromRow)]
@@ -26,59 +25,24 @@ pub(super) struct Batch {
 }
 
 /// One hop: batches until the expired rows run out, the budget is spent or the worker stops
-/// (the owner loop, [`Hop::run`]).
+/// (the owner loop, [`crate::owner_loop::Hop::run`]).
 ///
 /// # Errors
 /// [`Error::Database`]; every batch before the failing one is committed, and the hop can be
 /// run again.
-pub async fn hop<R: Record>(
-    conn: &mut PgConnection,
-    health: &Health,
-    settings: &ExpirySettings,
-    args: &Args,
-    stop: &std::sync::atomic::AtomicBool,
-    report: &mut Report<Args>,
-) -> Result<(), Error> {
-    *report = Report::new(&RETAIN_REASONS);
+pub(super) async fn hop<R: Record>(
+    step: Step<'_, Expire<R>>,
+    report: &mut Report<RecordReason>,
+) -> Result<End<(DateTime<Utc>, String)>, Error> {
+    let settings = step.settings;
     report.window = settings.batch_size;
-    report.rows = vec![(R::TABLE, 0)];
-    let bounds = Bounds {
-        window: None,
-        budget: settings.budget,
-    };
-    let hop = Hop::start(conn, health, stop, bounds, None, report).await?;
-    let days = R::days(settings);
-    if days == 0 {
-        report.outcome = HopOutcome::Disabled;
-        return Ok(());
-    }
-    let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&mut *hop.conn)
-        .await?;
-    let current = days_before(cutoff::reference(args.pass_started_at, database_now), days);
-    let cutoff = match args.cutoff {
-        Some(carried) => current.map(|current| current.min(carried)),
-        None => current,
-    };
-    let Some(cutoff) = cutoff else {
-        return Ok(());
-    };
     let mut batches = Batches::<R> {
-        cutoff,
+        cutoff: step.cutoff,
         size: settings.batch_size,
         sql: sql::batch::<R>(),
         kind: PhantomData,
     };
-    let end = hop.run(&mut batches, args.after.clone(), report).await?;
-    report.outcome = end.outcome();
-    report.next = end.next().map(|after| Args {
-        version: V1,
-        pass_started_at: args.pass_started_at,
-        cutoff: Some(cutoff),
-        after,
-        hop: args.hop + 1,
-    });
-    Ok(())
+    Ok(step.hop.run(&mut batches, step.cursor, report).await?)
 }
 
 /// A pass over one record kind as the owner loop takes it: each step one batch, read, locked,
@@ -94,7 +58,7 @@ pub(super) struct Batches<R> {
 impl<R: Record> Owners for Batches<R> {
     /// The last row visited: its age and id as text.
     type Cursor = (DateTime<Utc>, String);
-    type Report = Report<Args>;
+    type Report = Report<RecordReason>;
 
     const TABLES: &'static [&'static str] = &[R::TABLE];
 
@@ -103,7 +67,7 @@ impl<R: Record> Owners for Batches<R> {
         conn: &mut PgConnection,
         at: Option<&Self::Cursor>,
         _room: Option<u32>,
-        report: &mut Report<Args>,
+        report: &mut Report<RecordReason>,
     ) -> Result<Took<Self::Cursor>, Error> {
         let (after_at, after_id) = at
             .cloned()
@@ -123,9 +87,9 @@ impl<R: Record> Owners for Batches<R> {
         let [read, held, deleted] =
             [batch.read, batch.held, batch.deleted].map(|n| n.max(0) as u64);
         report.pruned += deleted;
-        report.rows[0].1 += deleted;
-        report.retained[0].1 += read.saturating_sub(deleted + held);
-        report.retained[1].1 += held;
+        report.deleted(R::TABLE, deleted);
+        report.retain(RecordReason::Busy, read.saturating_sub(deleted + held));
+        report.retain(RecordReason::LegalHold, held);
         Ok(Took {
             read,
             at: batch.last_at.zip(batch.last_id),

@@ -15,7 +15,6 @@ impl Record for Handoffs {
     const ROW: &'static str =
         "SELECT account_id, created_at, false FROM handoffs WHERE id = $1::uuid";
     const JOB: &'static str = "expire_handoffs";
-    const QUEUE: &'static str = "sexton.expire_handoffs";
     const TABLE: &'static str = "handoffs";
     const RULE: &'static str = "TTL-1";
     const SETTING: &'static str = "expiry.handoffs_days";
@@ -36,7 +35,6 @@ impl Record for DreamPreloads {
     const ROW: &'static str =
         "SELECT account_id, created_at, false FROM dream_preloads WHERE id = $1::uuid";
     const JOB: &'static str = "expire_dream_preloads";
-    const QUEUE: &'static str = "sexton.expire_dream_preloads";
     const TABLE: &'static str = "dream_preloads";
     const RULE: &'static str = "TTL-2";
     const SETTING: &'static str = "expiry.dream_preloads_days";
@@ -58,7 +56,6 @@ impl Record for WorkingRecords {
     const ROW: &'static str =
         "SELECT account_id, updated_at, pinned FROM working_records WHERE id = $1::uuid";
     const JOB: &'static str = "expire_working_records";
-    const QUEUE: &'static str = "sexton.expire_working_records";
     const TABLE: &'static str = "working_records";
     const RULE: &'static str = "TTL-3";
     const SETTING: &'static str = "expiry.working_records_days";
@@ -82,7 +79,6 @@ impl Record for ConversationEvents {
     const SUBJECT: &'static str = "conversation_event";
     const ROW: &'static str = "SELECT c.account_id, e.created_at, false FROM conversation_events e JOIN conversations c ON c.id = e.conversation_id WHERE e.id = $1::bigint";
     const JOB: &'static str = "expire_conversation_events";
-    const QUEUE: &'static str = "sexton.expire_conversation_events";
     const TABLE: &'static str = "conversation_events";
     const RULE: &'static str = "TTL-4";
     const SETTING: &'static str = "expiry.conversation_events_days";

@@ -17,20 +17,21 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use uuid::Uuid;
+use serde::Deserialize;
 
+use crate::cutoff::days_before;
 use crate::files::PathSettings;
 pub use crate::job::HopOutcome;
-use crate::job::{Cadence, Env, Job, Position, Report, Scope};
-use crate::payload::V1;
+use crate::job::{Cadence, Job, Report, Scope};
+use crate::owner_loop::{Bounds, End};
+use crate::pass::{Now, Policy, Step};
 use crate::settings::{Check, Raw};
 
 mod hop;
 mod kinds;
 mod read;
 mod sql;
-pub use hop::*;
+use hop::hop;
 pub use kinds::*;
 pub use read::*;
 
@@ -52,7 +53,6 @@ pub struct ExpirySettings {
 pub trait Record: Send + Sync + 'static {
     /// The job's name, and so its metric label and queue (`sexton.<JOB>`).
     const JOB: &'static str;
-    const QUEUE: &'static str;
     const TABLE: &'static str;
     /// The rule it implements, for logs and `preview`.
     const RULE: &'static str;
@@ -81,41 +81,21 @@ pub trait Record: Send + Sync + 'static {
     fn days(settings: &ExpirySettings) -> i32;
 }
 
-/// One hop's payload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Args {
-    pub version: V1,
-    pub pass_started_at: DateTime<Utc>,
-    /// Fixed by the first hop and carried by every later one; a later hop never prunes past
-    /// the cutoff in force when it runs either (EX-1's rule).
-    pub cutoff: Option<DateTime<Utc>>,
-    /// The last row visited (its age and id as text); `None` at the start of the pass.
-    pub after: Option<(DateTime<Utc>, String)>,
-    /// 0 for the first hop of a pass.
-    pub hop: u32,
-}
-
-impl Args {
-    pub fn first(pass_started_at: DateTime<Utc>) -> Self {
-        Self {
-            version: V1,
-            pass_started_at,
-            cutoff: None,
-            after: None,
-            hop: 0,
-        }
+crate::reasons! {
+    /// Why a record was left in place this pass.
+    pub enum RecordReason {
+        /// Locked by an application, or changed (made young again, pinned) since it was read.
+        Busy = "busy",
+        /// A hold covers it (HD-2).
+        LegalHold = "legal_hold",
     }
 }
 
-/// Why a record was left in place this pass.
-pub const RETAIN_REASONS: [&str; 2] = [
-    // Locked by an application, or changed (made young again, pinned) since it was read.
-    "busy",
-    crate::explain::LEGAL_HOLD,
-];
-
 pub use crate::owner_loop::Error;
+
+/// One hop's payload, the same for every record kind: the pass's envelope with its cutoff and
+/// the last row visited (its age and id as text).
+pub type Args = crate::pass::Args<DateTime<Utc>, (DateTime<Utc>, String)>;
 
 /// A short-lived record kind as a job.
 pub struct Expire<R>(PhantomData<R>);
@@ -168,12 +148,14 @@ fn settings(s: RawSettings, c: &mut Check<'_>) -> Option<ExpirySettings> {
 
 impl<R: Record> Job for Expire<R> {
     const NAME: &'static str = R::JOB;
-    const QUEUE: &'static str = R::QUEUE;
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "expiry";
-    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
+    const TABLES: &'static [&'static str] = &[R::TABLE];
 
-    type Args = Args;
+    type Reason = RecordReason;
+    type Cutoff = DateTime<Utc>;
+    /// The last row visited: its age and id as text.
+    type Cursor = (DateTime<Utc>, String);
     type Raw = RawSettings;
     type Settings = ExpirySettings;
     type Error = Error;
@@ -195,25 +177,26 @@ impl<R: Record> Job for Expire<R> {
         }
     }
 
-    fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
-        Args::first(slot)
-    }
-
-    fn position(args: &Args) -> Position {
-        Position {
-            account: None,
-            pass_started_at: args.pass_started_at,
-            hop: args.hop,
+    fn bounds(settings: &ExpirySettings) -> Bounds {
+        Bounds {
+            window: None,
+            budget: settings.budget,
         }
     }
 
+    /// Off at `0` days: the pass ends; a window past the calendar expires nothing.
+    async fn policy(now: Now<'_, Self>) -> Result<Policy<DateTime<Utc>>, Error> {
+        Ok(match R::days(now.settings) {
+            0 => Policy::Ends(HopOutcome::Disabled),
+            days => Policy::up_to(days_before(now.reference, days)),
+        })
+    }
+
     async fn run(
-        env: Env<'_>,
-        settings: &ExpirySettings,
-        args: &Args,
-        report: &mut Report<Args>,
-    ) -> Result<(), Error> {
-        hop::<R>(env.conn, env.health, settings, args, env.stop, report).await
+        step: Step<'_, Self>,
+        report: &mut Report<RecordReason>,
+    ) -> Result<End<(DateTime<Utc>, String)>, Error> {
+        hop::<R>(step, report).await
     }
 }
 
@@ -242,19 +225,6 @@ mod tests {
         golden::<DreamPreloads>();
         golden::<WorkingRecords>();
         golden::<ConversationEvents>();
-    }
-
-    #[test]
-    fn fl1_args_round_trip_and_refuse_unknown_fields() {
-        let args = Args {
-            after: Some(("2026-10-01T00:00:00Z".parse().unwrap(), "42".to_owned())),
-            ..Args::first("2026-12-01T03:00:00Z".parse().unwrap())
-        };
-        let json = serde_json::to_value(&args).unwrap();
-        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
-        let mut bad = json;
-        bad["surprise"] = serde_json::json!(1);
-        assert!(serde_json::from_value::<Args>(bad).is_err());
     }
 
     #[test]

@@ -2,119 +2,46 @@
 //! kind, a few sessions per transaction with their agents share-locked and the verdict
 //! re-checked under the locks (SS-5), each session's whole history with it (SS-6).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
-
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::EARLIEST;
-use crate::files::{FileCounts, Root};
-use crate::health::Health;
-use crate::owner_loop::{
-    self, Bounds, Candidates, Chunks, Files, Hop, Mode, Taken, Window, Windowed,
-};
-use crate::payload::V1;
+use crate::job::Report;
+use crate::owner_loop::{self, Candidates, Chunks, End, Mode, Taken, Window, Windowed};
+use crate::pass::Step;
 
 use super::sql::{DELETE_SESSIONS, WINDOW};
 use super::{
-    Ages, Args, Cursor, Cutoffs, Error, HopOutcome, HopReport, HopSettings, INVALID_POLICY, Policy,
-    PolicyRow, RETAIN_REASONS, SessionKind, TABLES, WRITTEN,
+    Ages, Cursor, Cutoffs, Error, HopOutcome, HopSettings, Policy, PolicyRow, SessionKind,
+    SessionReason, SessionRetention, TABLES, WRITTEN,
 };
 
-impl HopReport {
-    pub(super) fn new() -> Self {
-        Self {
-            outcome: HopOutcome::Finished,
-            candidates: 0,
-            deleted: 0,
-            retained: BTreeMap::new(),
-            rows: TABLES.iter().map(|t| (*t, 0)).collect(),
-            handoffs_unlinked: 0,
-            files: FileCounts::default(),
-            owner_seconds: 0.0,
-            next: None,
-            throttled: None,
-        }
-    }
-
-    pub(super) fn retain(&mut self, reason: &str) {
-        let reason = RETAIN_REASONS
-            .iter()
-            .find(|r| **r == reason)
-            .copied()
-            .unwrap_or("not_eligible");
-        *self.retained.entry(reason).or_default() += 1;
-    }
-}
-
-/// Runs one hop on a connection of the pool (tests, and `sexton sessions prune`).
+/// One hop: the owner loop ([`crate::owner_loop::Hop::run`]) over one window of the account's
+/// sessions, kind after kind, in short transactions.
 ///
 /// # Errors
 /// [`Error`] when the database or the file root fails; nothing is half-done and the hop can
 /// be run again.
-pub async fn run(
-    pool: &PgPool,
-    settings: &HopSettings,
-    args: &Args,
-    stop: &AtomicBool,
-) -> Result<HopReport, Error> {
-    let mut conn = pool.acquire().await?;
-    hop(&mut conn, &Health::off(), settings, args, stop).await
-}
-
-/// One hop on the caller's connection: one window of sessions, kind after kind, in short
-/// transactions.
-///
-/// # Errors
-/// As [`run`].
-pub async fn hop(
-    conn: &mut PgConnection,
-    health: &Health,
-    settings: &HopSettings,
-    args: &Args,
-    stop: &AtomicBool,
-) -> Result<HopReport, Error> {
-    let mut report = HopReport::new();
-    hop_into(conn, health, settings, args, stop, &mut report).await?;
-    Ok(report)
-}
-
-/// [`hop`] into `report`, which holds what was committed when it fails: the owner loop
-/// ([`Hop::run`]) over the account's sessions, kind after kind.
-pub(super) async fn hop_into(
-    conn: &mut PgConnection,
-    health: &Health,
-    settings: &HopSettings,
-    args: &Args,
-    stop: &AtomicBool,
-    report: &mut HopReport,
-) -> Result<(), Error> {
-    let bounds = Bounds {
-        window: Some(settings.window_size),
-        budget: settings.budget,
+pub(super) async fn hop(
+    step: Step<'_, SessionRetention>,
+    report: &mut Report<SessionReason>,
+) -> Result<End<Cursor>, Error> {
+    let settings = step.settings;
+    let account_id = step.account.unwrap_or_default();
+    let hop = step.hop;
+    // The ages again, for the kinds a policy gives no valid age (counted once per pass).
+    let ages = match ages(&mut *hop.conn, account_id, settings.policy).await? {
+        Ok(ages) => ages,
+        Err(_) => return Ok(End::Finished),
     };
-    let files = Files {
-        root: Root::Sessions,
-        store: &settings.sessions,
-        scope: Some(args.account_id),
-        beside: None,
-    };
-    let hop = Hop::start(conn, health, stop, bounds, Some(files), report).await?;
-    let Some((ages, database_now)) = ages(hop.conn, args.account_id, args.policy, report).await?
-    else {
-        return Ok(());
-    };
-    let current = ages.cutoffs(crate::cutoff::reference(args.pass_started_at, database_now));
-    let cutoffs = args.cutoffs.unwrap_or(current);
     // The kinds share the hop and its chain: it hands over only when its window or its budget
     // is spent, not when a kind runs out (FL-8).
     let mut sessions = Windowed::new(
         Sessions {
-            account_id: args.account_id,
+            account_id,
             ages,
-            bound: cutoffs.min(&current),
+            bound: step.cutoff,
             kind: SessionKind::Main,
             settings,
         },
@@ -124,18 +51,7 @@ pub(super) async fn hop_into(
             target: settings.transaction_target,
         },
     );
-    let end = hop.run(&mut sessions, args.cursor, report).await?;
-    report.outcome = end.outcome();
-    report.next = end.next().map(|cursor| Args {
-        version: V1,
-        account_id: args.account_id,
-        pass_started_at: args.pass_started_at,
-        policy: args.policy,
-        cutoffs: Some(cutoffs),
-        cursor,
-        hop: args.hop + 1,
-    });
-    Ok(())
+    Ok(hop.run(&mut sessions, step.cursor, report).await?)
 }
 
 /// Sessions taken together by a hop's first transaction, before any has been measured.
@@ -155,12 +71,12 @@ pub(super) struct Sessions<'a> {
 
 /// A session as the window read it: its id, its agent, its last activity and its verdict
 /// (`None`: it goes).
-pub(super) type Candidate = (Uuid, Uuid, DateTime<Utc>, Option<String>);
+pub(super) type Candidate = (Uuid, Uuid, DateTime<Utc>, Option<SessionReason>);
 
 impl Window for Sessions<'_> {
     type Candidate = Candidate;
     type Cursor = Cursor;
-    type Report = HopReport;
+    type Report = Report<SessionReason>;
 
     const TABLES: &'static [&'static str] = &WRITTEN;
 
@@ -169,7 +85,7 @@ impl Window for Sessions<'_> {
         conn: &mut PgConnection,
         at: Option<&Cursor>,
         room: u32,
-        report: &mut HopReport,
+        report: &mut Report<SessionReason>,
     ) -> Result<Candidates<Candidate, Cursor>, Error> {
         let cursor = at.copied().unwrap_or(Cursor {
             kind: SessionKind::Main,
@@ -186,7 +102,7 @@ impl Window for Sessions<'_> {
                 "the account's session retention policy gives this kind an age of 0 or less \
                  (must be > 0): none of its sessions is pruned"
             );
-            report.retain(INVALID_POLICY);
+            report.retain(SessionReason::InvalidPolicy, 1);
         }
         let (after_at, after_id) = cursor.after.unwrap_or((EARLIEST, Uuid::nil()));
         // The verdict is taken first without locks, so that only sessions that would go are
@@ -223,14 +139,14 @@ impl Window for Sessions<'_> {
         &mut self,
         conn: &mut PgConnection,
         chunk: &[Candidate],
-        report: &mut HopReport,
+        report: &mut Report<SessionReason>,
     ) -> Result<Taken, Error> {
-        let deleted_before = report.deleted;
+        let deleted_before = report.pruned;
         let mut sessions: Vec<(Uuid, Uuid)> = Vec::with_capacity(chunk.len());
         for (session, agent, _, verdict) in chunk {
             match verdict {
                 None => sessions.push((*session, *agent)),
-                Some(reason) => report.retain(reason),
+                Some(reason) => report.retain(*reason, 1),
             }
         }
         if sessions.is_empty() {
@@ -239,7 +155,7 @@ impl Window for Sessions<'_> {
         let (settings, account, kind) = (self.settings, self.account_id, self.kind);
         let cutoff = self.bound.of(kind);
         match delete_sessions(conn, settings, account, kind, cutoff, &sessions).await? {
-            Deleted::Done(outcome) => report.record(&outcome),
+            Deleted::Done(outcome) => record(report, &outcome),
             // The store guard saw what the statement's snapshot did not (an agent pointed at a
             // session just now): take them one by one, and keep the one it guards.
             Deleted::Guarded => {
@@ -247,56 +163,41 @@ impl Window for Sessions<'_> {
                     match delete_sessions(conn, settings, account, kind, cutoff, &[*session])
                         .await?
                     {
-                        Deleted::Done(outcome) => report.record(&outcome),
-                        Deleted::Guarded => report.retain("protected_pointer"),
+                        Deleted::Done(outcome) => record(report, &outcome),
+                        Deleted::Guarded => report.retain(SessionReason::ProtectedPointer, 1),
                     }
                 }
             }
         }
         Ok(Taken {
-            recorded: report.deleted - deleted_before,
+            recorded: report.pruned - deleted_before,
             sized_by: None,
         })
     }
 }
 
-/// The ages in force for the account and the database's now, or `None` (with the outcome set)
-/// when the account is gone or its policy prunes nothing (SS-1).
+/// The ages in force for the account, or why its pass ends: the account is gone, or its
+/// policy prunes nothing (SS-1).
 pub(super) async fn ages(
     conn: &mut PgConnection,
     account_id: Uuid,
     policy: Policy,
-    report: &mut HopReport,
-) -> Result<Option<(Ages, DateTime<Utc>)>, Error> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        #[sqlx(flatten)]
-        persisted: PolicyRow,
-        now: DateTime<Utc>,
-    }
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT p.enabled, p.main_days, p.task_days, p.subagent_days, now() AS now
+) -> Result<Result<Ages, HopOutcome>, Error> {
+    let row: Option<PolicyRow> = sqlx::query_as(
+        "SELECT p.enabled, p.main_days, p.task_days, p.subagent_days
          FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
          WHERE a.id = $1",
     )
     .bind(account_id)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some(Row { persisted, now }) = row else {
-        report.outcome = HopOutcome::AccountGone;
-        return Ok(None);
+    let Some(persisted) = row else {
+        return Ok(Err(HopOutcome::AccountGone));
     };
-    let ages = match policy {
-        Policy::Fixed(ages) => ages,
-        Policy::Persisted => match persisted.ages() {
-            Some(ages) => ages,
-            None => {
-                report.outcome = HopOutcome::Disabled;
-                return Ok(None);
-            }
-        },
-    };
-    Ok(Some((ages, now)))
+    Ok(match policy {
+        Policy::Fixed(ages) => Ok(ages),
+        Policy::Persisted => persisted.ages().ok_or(HopOutcome::Disabled),
+    })
 }
 
 /// What one deletion transaction found and did.
@@ -304,10 +205,9 @@ pub(super) struct Outcome {
     /// Sessions of the chunk that could not be locked at once.
     busy: u64,
     /// The verdict on each session locked: `None` for deleted.
-    verdicts: Vec<Option<String>>,
+    verdicts: Vec<Option<SessionReason>>,
     /// Rows deleted per table of [`TABLES`].
     rows: [i64; 4],
-    handoffs: i64,
 }
 
 pub(super) enum Deleted {
@@ -316,21 +216,17 @@ pub(super) enum Deleted {
     Guarded,
 }
 
-impl HopReport {
-    fn record(&mut self, outcome: &Outcome) {
-        for _ in 0..outcome.busy {
-            self.retain("busy");
+/// Counts what one deletion transaction found and did.
+fn record(report: &mut Report<SessionReason>, outcome: &Outcome) {
+    report.retain(SessionReason::Busy, outcome.busy);
+    for verdict in &outcome.verdicts {
+        match verdict {
+            None => report.pruned += 1,
+            Some(reason) => report.retain(*reason, 1),
         }
-        for verdict in &outcome.verdicts {
-            match verdict {
-                None => self.deleted += 1,
-                Some(reason) => self.retain(reason),
-            }
-        }
-        for (table, n) in TABLES.iter().zip(outcome.rows) {
-            *self.rows.entry(table).or_default() += n.max(0) as u64;
-        }
-        self.handoffs_unlinked += outcome.handoffs.max(0) as u64;
+    }
+    for (table, n) in TABLES.iter().zip(outcome.rows) {
+        report.deleted(table, n.max(0) as u64);
     }
 }
 
@@ -376,7 +272,6 @@ pub(super) async fn delete_sessions(
                 busy: chunk.len() as u64,
                 verdicts: Vec::new(),
                 rows: [0; 4],
-                handoffs: 0,
             }));
         }
         Err(err) => return Err(err.into()),
@@ -388,14 +283,13 @@ pub(super) async fn delete_sessions(
         busy: (chunk.len() - rows.len()) as u64,
         verdicts: rows.into_iter().map(|r| r.verdict).collect(),
         rows: [count(0), count(1), count(2), count(3)],
-        handoffs: count(4),
     }))
 }
 
 /// One session as the deletion statement found it under lock.
 #[derive(sqlx::FromRow)]
 pub(super) struct Judged {
-    verdict: Option<String>,
+    verdict: Option<SessionReason>,
     /// The same on every row: see [`DELETE_SESSIONS`].
     counts: Vec<i64>,
 }

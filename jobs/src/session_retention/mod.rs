@@ -17,7 +17,6 @@
 //! store guard (`sexton.guard_protected_session`) refuses the delete of a protected session
 //! independently of all this.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -26,18 +25,17 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::days_before;
-use crate::files::{FileCounts, PathSettings, Root, Store};
-use crate::health::Indicator;
+use crate::files::{PathSettings, Root, Store};
 pub use crate::job::HopOutcome;
-use crate::job::{AccountRange, Env, Job, Position, Report};
-use crate::owner_loop::Progress;
-use crate::payload::V1;
+use crate::job::{AccountRange, Job, Report};
+use crate::owner_loop::{Bounds, End};
+use crate::pass::{self, Now, Removals, Step};
 use crate::settings::{Check, Raw};
 
 mod hop;
 mod read;
 mod sql;
-pub use hop::*;
+use hop::{ages, hop};
 pub use read::*;
 pub use sql::{delete_statement, window_statement};
 
@@ -186,35 +184,8 @@ pub struct Cursor {
     pub after: Option<(DateTime<Utc>, Uuid)>,
 }
 
-/// One hop's payload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Args {
-    pub version: V1,
-    pub account_id: Uuid,
-    pub pass_started_at: DateTime<Utc>,
-    pub policy: Policy,
-    /// Fixed by the first hop and carried by every later one.
-    pub cutoffs: Option<Cutoffs>,
-    pub cursor: Option<Cursor>,
-    /// 0 for the first hop of a pass.
-    pub hop: u32,
-}
-
-impl Args {
-    /// The first hop of an account's pass under `policy`.
-    pub fn first(account_id: Uuid, pass_started_at: DateTime<Utc>, policy: Policy) -> Self {
-        Self {
-            version: V1,
-            account_id,
-            pass_started_at,
-            policy,
-            cutoffs: None,
-            cursor: None,
-            hop: 0,
-        }
-    }
-}
+/// One hop's payload: the pass's envelope with this kind's cutoffs and cursor.
+pub type Args = crate::job::ArgsOf<SessionRetention>;
 
 /// The `[sessions]` section as given.
 #[derive(Debug, Deserialize)]
@@ -243,23 +214,27 @@ pub struct HopSettings {
     pub lock_timeout: Duration,
     /// Where the per-session archive frame directories are.
     pub sessions: Store,
+    /// Where the ages come from: the account's persisted policy (the nightly job), or ages the
+    /// operator gave (`sexton sessions prune`).
+    pub policy: Policy,
 }
 
-/// Why a session was left in place this pass, as counted in metrics. `invalid_policy` counts a
-/// kind whose policy age is 0 or less, once per pass (SS-1).
-pub const RETAIN_REASONS: [&str; 9] = [
-    "not_eligible",
-    crate::explain::LEGAL_HOLD,
-    "protected_state",
-    "protected_pointer",
-    "missing_evidence",
-    "malformed_evidence",
-    "task_not_terminal",
-    "busy",
-    INVALID_POLICY,
-];
-
-const INVALID_POLICY: &str = "invalid_policy";
+crate::reasons! {
+    /// Why a session was left in place this pass, as counted in metrics: the verdicts of
+    /// `sexton.session_verdict`, and what the hop itself finds.
+    pub enum SessionReason {
+        NotEligible = "not_eligible",
+        LegalHold = "legal_hold",
+        ProtectedState = "protected_state",
+        ProtectedPointer = "protected_pointer",
+        MissingEvidence = "missing_evidence",
+        MalformedEvidence = "malformed_evidence",
+        TaskNotTerminal = "task_not_terminal",
+        Busy = "busy",
+        /// A kind whose policy age is 0 or less, counted once per pass (SS-1).
+        InvalidPolicy = "invalid_policy",
+    }
+}
 
 /// The history tables, in the order reports list them; `sessions` itself last.
 pub const TABLES: [&str; 4] = [
@@ -279,40 +254,6 @@ const WRITTEN: [&str; 6] = [
     "pending_file_deletions",
 ];
 
-/// What one hop did.
-#[derive(Debug, Clone, Serialize)]
-pub struct HopReport {
-    pub outcome: HopOutcome,
-    pub candidates: u64,
-    /// Sessions deleted.
-    pub deleted: u64,
-    pub retained: BTreeMap<&'static str, u64>,
-    /// Rows deleted per table of [`TABLES`].
-    pub rows: BTreeMap<&'static str, u64>,
-    /// Handoffs whose reference to a deleted session was nulled.
-    pub handoffs_unlinked: u64,
-    pub files: FileCounts,
-    pub owner_seconds: f64,
-    pub next: Option<Args>,
-    /// The red indicator that stopped the hop early, if one did.
-    pub throttled: Option<Indicator>,
-}
-
-impl Progress for HopReport {
-    fn took(&mut self, candidates: u64, seconds: f64) {
-        self.candidates += candidates;
-        self.owner_seconds += seconds;
-    }
-
-    fn files(&mut self, counts: FileCounts) {
-        self.files.add(counts);
-    }
-
-    fn throttled(&mut self, red: Indicator) {
-        self.throttled = Some(red);
-    }
-}
-
 pub use crate::owner_loop::Error;
 
 /// The job kind, as the worker registers it.
@@ -320,11 +261,12 @@ pub struct SessionRetention;
 
 impl Job for SessionRetention {
     const NAME: &'static str = "session_retention";
-    const QUEUE: &'static str = "sexton.session_retention";
     const SECTION: &'static str = "sessions";
-    const RETAIN_REASONS: &'static [&'static str] = &RETAIN_REASONS;
+    const TABLES: &'static [&'static str] = &TABLES;
 
-    type Args = Args;
+    type Reason = SessionReason;
+    type Cutoff = Cutoffs;
+    type Cursor = Cursor;
     type Raw = RawSettings;
     type Settings = HopSettings;
     type Error = Error;
@@ -348,6 +290,7 @@ impl Job for SessionRetention {
             budget: budget?,
             lock_timeout: lock_timeout?,
             sessions: paths.store(Root::Sessions),
+            policy: Policy::Persisted,
         })
     }
 
@@ -360,64 +303,46 @@ impl Job for SessionRetention {
         due(conn, slot, range).await
     }
 
-    fn first(account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
-        Args::first(account.unwrap_or_default(), slot, Policy::Persisted)
-    }
-
-    fn position(args: &Args) -> Position {
-        Position {
-            account: Some(args.account_id),
-            pass_started_at: args.pass_started_at,
-            hop: args.hop,
+    fn bounds(settings: &HopSettings) -> Bounds {
+        Bounds {
+            window: Some(settings.window_size),
+            budget: settings.budget,
         }
     }
 
+    fn removals(_settings: &HopSettings, paths: &PathSettings) -> Option<Removals> {
+        Some(Removals {
+            root: Root::Sessions,
+            store: paths.store(Root::Sessions),
+        })
+    }
+
+    async fn policy(now: Now<'_, Self>) -> Result<pass::Policy<Cutoffs>, Error> {
+        let account = now.account.unwrap_or_default();
+        Ok(match ages(now.conn, account, now.settings.policy).await? {
+            Ok(ages) => pass::Policy::Cutoff(ages.cutoffs(now.reference)),
+            Err(outcome) => pass::Policy::Ends(outcome),
+        })
+    }
+
     async fn run(
-        env: Env<'_>,
-        settings: &HopSettings,
-        args: &Args,
-        report: &mut Report<Args>,
-    ) -> Result<(), Error> {
-        // The worker's roots are the ones in force, whatever the settings were loaded with.
-        let settings = &HopSettings {
-            sessions: env.paths.store(Root::Sessions),
-            ..settings.clone()
-        };
-        let mut done = HopReport::new();
-        let result = hop_into(env.conn, env.health, settings, args, env.stop, &mut done).await;
-        *report = Report {
-            outcome: done.outcome,
-            window: settings.window_size,
-            candidates: done.candidates,
-            pruned: done.deleted,
-            retained: done.retained.iter().map(|(r, n)| (*r, *n)).collect(),
-            rows: done.rows.iter().map(|(t, n)| (*t, *n)).collect(),
-            files: done.files,
-            owner_seconds: done.owner_seconds,
-            next: done.next,
-            throttled: done.throttled,
-        };
-        result
+        step: Step<'_, Self>,
+        report: &mut Report<SessionReason>,
+    ) -> Result<End<Cursor>, Error> {
+        hop(step, report).await
+    }
+}
+
+impl pass::Cutoff for Cutoffs {
+    /// Kind by kind.
+    fn stricter(&self, other: &Cutoffs) -> Cutoffs {
+        self.min(other)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fl1_args_round_trip_and_refuse_unknown_fields() {
-        let args = Args::first(
-            Uuid::nil(),
-            "2026-12-01T03:00:00Z".parse().unwrap(),
-            Policy::Fixed(Ages::FALLBACK),
-        );
-        let json = serde_json::to_value(&args).unwrap();
-        assert_eq!(serde_json::from_value::<Args>(json.clone()).unwrap(), args);
-        let mut bad = json;
-        bad["surprise"] = serde_json::json!(1);
-        assert!(serde_json::from_value::<Args>(bad).is_err());
-    }
 
     #[test]
     fn ss1_cutoffs_take_the_stricter_of_carried_and_current_kind_by_kind() {

@@ -16,7 +16,7 @@ use crate::job::{AccountRange, Inspect, Job, Look};
 
 use super::sql::{BACKLOG, BACKLOG_SCAN, DUE, PREVIEW};
 use super::{
-    Ages, Cutoffs, Error, HopSettings, INVALID_POLICY, PolicyRow, SessionKind, SessionRetention,
+    Ages, Cutoffs, Error, HopSettings, PolicyRow, SessionKind, SessionReason, SessionRetention,
     TABLES,
 };
 
@@ -246,7 +246,7 @@ impl Preview {
         if let Some(invalid) = ages.map(|ages| ages.invalid().count() as i64)
             && invalid > 0
         {
-            retained.insert(INVALID_POLICY.to_owned(), invalid);
+            retained.insert(SessionReason::InvalidPolicy.as_str().to_owned(), invalid);
         }
         Self {
             account_id,
@@ -408,7 +408,7 @@ async fn judge(
     if let Some(days) = invalid {
         explanation.reasons.push(ExplainReason::new(
             "SS-1",
-            INVALID_POLICY,
+            SessionReason::InvalidPolicy.as_str(),
             format!(
                 "the policy's age for a {kind} session is {days} days, which is not an age \
                  (it must be more than 0): none of its kind is old"

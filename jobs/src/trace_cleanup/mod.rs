@@ -30,10 +30,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::cutoff;
 use crate::files::{FileCounts, PathSettings, Root};
-use crate::job::{Cadence, Env, HopOutcome, Job, Position, Report, Scope};
-use crate::payload::V1;
+use crate::job::{Cadence, HopOutcome, Job, Report, Scope};
+use crate::owner_loop::{Bounds, End};
+use crate::pass::{Now, Policy, Step};
 use crate::settings::{Check, Raw};
 use crate::shown::Shown;
 
@@ -67,7 +67,23 @@ const MAX_DEPTH: usize = 32;
 /// Entries of a directory listed, then looked at together.
 const LISTED: usize = 512;
 
-/// What is kept, and why (TR-3, ER-3): the labels of reports and metrics.
+crate::reasons! {
+    /// Why a trace file was kept (TR-3, ER-3), as the background job's hops count it.
+    pub enum TraceReason {
+        LegalHold = "legal_hold",
+        BadSignature = "bad_signature",
+        NotRegular = "not_regular",
+        OutsideRoot = "outside_root",
+        Unreadable = "unreadable",
+        LiveSession = "live_session",
+        Changed = "changed",
+        Vanished = "vanished",
+        Error = "error",
+    }
+}
+
+/// What is kept, and why (TR-3, ER-3): the labels of [`TraceReason`], which the cleaner's
+/// reports count by.
 pub const KEPT_REASONS: [&str; 9] = [
     crate::explain::LEGAL_HOLD,
     "bad_signature",
@@ -204,15 +220,8 @@ pub enum Error {
     /// The object store does not answer for the traces root.
     #[error("traces root {root} cannot be read: {why}")]
     Store { root: String, why: String },
-}
-
-/// One run's payload: the period it belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Args {
-    pub version: V1,
-    /// The start of the cadence period (the pass's slot).
-    pub pass_started_at: DateTime<Utc>,
+    #[error(transparent)]
+    Files(#[from] crate::files::DrainError),
 }
 
 /// The `[traces]` section as given.
@@ -311,12 +320,14 @@ pub struct TraceCleanup;
 
 impl Job for TraceCleanup {
     const NAME: &'static str = "trace_cleanup";
-    const QUEUE: &'static str = "sexton.trace_cleanup";
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "traces";
-    const RETAIN_REASONS: &'static [&'static str] = &KEPT_REASONS;
 
-    type Args = Args;
+    type Reason = TraceReason;
+    /// None: its limits are measured when it runs (TR-1).
+    type Cutoff = ();
+    /// None: a run walks the whole root.
+    type Cursor = ();
     type Raw = RawSettings;
     type Settings = TraceSettings;
     type Error = Error;
@@ -337,82 +348,65 @@ impl Job for TraceCleanup {
         }
     }
 
-    fn first(_account: Option<Uuid>, slot: DateTime<Utc>) -> Args {
-        Args {
-            version: V1,
-            pass_started_at: slot,
+    fn bounds(_settings: &TraceSettings) -> Bounds {
+        Bounds {
+            window: None,
+            budget: std::time::Duration::MAX,
         }
     }
 
-    fn position(args: &Args) -> Position {
-        Position {
-            account: None,
-            pass_started_at: args.pass_started_at,
-            hop: 0,
-        }
+    async fn policy(now: Now<'_, Self>) -> Result<Policy<()>, Error> {
+        Ok(if now.settings.enabled {
+            Policy::Cutoff(())
+        } else {
+            Policy::Ends(HopOutcome::Disabled)
+        })
     }
 
-    async fn run(
-        env: Env<'_>,
-        settings: &TraceSettings,
-        args: &Args,
-        report: &mut Report<Args>,
-    ) -> Result<(), Error> {
-        let root = env.paths.store(Root::Traces);
-        *report = Report {
-            outcome: HopOutcome::Finished,
-            window: 0,
-            candidates: 0,
-            pruned: 0,
-            retained: KEPT_REASONS.iter().map(|r| (*r, 0)).collect(),
-            rows: Vec::new(),
-            files: FileCounts::default(),
-            owner_seconds: 0.0,
-            next: None,
-            throttled: None,
-        };
-        if !settings.enabled {
-            report.outcome = HopOutcome::Disabled;
-            return Ok(());
-        }
-        let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *env.conn)
-            .await?;
-        let now = cutoff::reference(args.pass_started_at, database_now);
-        let holder = holder("sexton worker (trace_cleanup)", database_now);
-        let mut lease = match Lease::take(env.conn, &root, &holder).await {
+    /// One run under the lease, the whole root.
+    async fn run(step: Step<'_, Self>, report: &mut Report<TraceReason>) -> Result<End<()>, Error> {
+        let settings = step.settings;
+        let root = step.env.paths.store(Root::Traces);
+        let conn = step.hop.conn;
+        let now = step.reference;
+        let holder = holder("sexton worker (trace_cleanup)", now);
+        let mut lease = match Lease::take(&mut *conn, &root, &holder).await {
             Ok(lease) => lease,
             Err(Error::LeaseHeld { holder }) => {
                 tracing::info!(holder = %Shown(&holder), "another trace cleaner holds the lease; nothing deleted");
                 report.outcome = HopOutcome::LeaseHeld;
-                return Ok(());
+                return Ok(End::Finished);
             }
             Err(err) => return Err(err),
         };
         let started = std::time::Instant::now();
         let done = clean(
-            env.conn,
+            &mut *conn,
             &root,
             settings.limits,
             now,
             Some(&mut lease),
             &mut Quiet,
-            env.stop,
+            step.env.stop,
         )
         .await;
-        lease.release(env.conn).await?;
+        lease.release(conn).await?;
         let done = done?;
         report.owner_seconds = started.elapsed().as_secs_f64();
         report.candidates = done.candidates;
         report.pruned = done.deleted;
-        for (reason, n) in &mut report.retained {
-            *n = done.kept.get(reason).copied().unwrap_or_default();
+        for (label, n) in &done.kept {
+            let reason = <TraceReason as crate::job::Reason>::ALL
+                .iter()
+                .find(|r| r.as_str() == *label);
+            debug_assert!(reason.is_some(), "{label} is not a TraceReason");
+            report.retain(reason.copied().unwrap_or(TraceReason::Error), *n);
         }
         report.files = FileCounts {
             deleted: done.deleted,
             bytes: done.deleted_bytes,
-            errors: done.kept.get("error").copied().unwrap_or_default(),
+            errors: report.retained(TraceReason::Error),
         };
-        Ok(())
+        Ok(End::Finished)
     }
 }

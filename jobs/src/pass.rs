@@ -1,0 +1,279 @@
+//! The pass, for every job kind, written once (EX-7): a chain of hops, each a queue job whose
+//! payload is the envelope [`Args`] — the scope, when the pass started, the cutoff it fixed, the
+//! kind's cursor and the hop's number. The engine ([`hop`]) reads the database's now once per
+//! hop, asks the kind for its current cutoff ([`Job::policy`]), applies the carry rule, runs the
+//! kind's loop ([`Job::run`]) and builds the next hop's envelope; a kind supplies its policy
+//! and its cursor type, and never writes an envelope.
+//!
+//! **The carry rule (EX-1, EX-7), its one meaning:** the first hop of a pass fixes the cutoff
+//! the account's policy gives it then, and every later hop carries that same cutoff; a hop
+//! prunes up to the stricter ([`Cutoff::stricter`]) of the carried cutoff and the one the
+//! policy gives when it runs — never past either. Tightening a policy mid-pass takes effect at
+//! the next hop; loosening it waits for the next pass.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::cutoff;
+use crate::files::{Root, Store};
+use crate::job::{Env, HopOutcome, Job, Position, Report};
+use crate::owner_loop::{End, Files, Hop};
+use crate::payload::V1;
+
+/// What a hop's payload may carry: serialized into the queue and back.
+pub trait Payload:
+    Serialize + DeserializeOwned + Clone + fmt::Debug + PartialEq + Send + Sync + 'static
+{
+}
+
+impl<T> Payload for T where
+    T: Serialize + DeserializeOwned + Clone + fmt::Debug + PartialEq + Send + Sync + 'static
+{
+}
+
+/// A kind's cutoff: what its pass prunes up to.
+pub trait Cutoff: Payload {
+    /// The stricter of two cutoffs: nothing younger than either is pruned.
+    #[must_use]
+    fn stricter(&self, other: &Self) -> Self;
+}
+
+impl Cutoff for DateTime<Utc> {
+    fn stricter(&self, other: &Self) -> Self {
+        *self.min(other)
+    }
+}
+
+/// A kind whose pass carries no cutoff (it measures what it keeps on its own, as the trace
+/// cleaner's quota does).
+impl Cutoff for () {
+    fn stricter(&self, _other: &Self) -> Self {}
+}
+
+/// One hop's payload, the same envelope for every kind (FL-1: versioned, unknown fields
+/// refused).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Args<T, C> {
+    pub version: V1,
+    /// The account, for a per-account kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_id: Option<Uuid>,
+    /// When the pass started (its slot): the cutoff is measured back from it.
+    pub pass_started_at: DateTime<Utc>,
+    /// Fixed by the first hop and carried by every later one (the carry rule above).
+    #[serde(default = "none")]
+    pub cutoff: Option<T>,
+    /// Where the previous hop stopped; the first hop starts at the beginning.
+    #[serde(default = "none")]
+    pub cursor: Option<C>,
+    /// 0 for the first hop of a pass.
+    #[serde(default)]
+    pub hop: u32,
+}
+
+fn none<T>() -> Option<T> {
+    None
+}
+
+impl<T, C> Args<T, C> {
+    /// The first hop of a pass for `slot` (of `account`, for a per-account kind).
+    pub fn first(account_id: Option<Uuid>, pass_started_at: DateTime<Utc>) -> Self {
+        Self {
+            version: V1,
+            account_id,
+            pass_started_at,
+            cutoff: None,
+            cursor: None,
+            hop: 0,
+        }
+    }
+
+    /// Where the hop stands: whose pass, which pass, which hop.
+    pub fn position(&self) -> Position {
+        Position {
+            account: self.account_id,
+            pass_started_at: self.pass_started_at,
+            hop: self.hop,
+        }
+    }
+}
+
+/// What a kind's policy says of its pass when a hop runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy<T> {
+    /// Prune up to this cutoff (before the carry rule).
+    Cutoff(T),
+    /// The pass ends here, nothing removed: the policy turns the kind off
+    /// ([`HopOutcome::Disabled`]), the account is gone ([`HopOutcome::AccountGone`]), or nothing
+    /// is old enough ([`HopOutcome::Finished`]).
+    Ends(HopOutcome),
+}
+
+impl<T> Policy<T> {
+    /// Prune up to `cutoff`, or, `None` (a window past the calendar), nothing is old enough.
+    pub fn up_to(cutoff: Option<T>) -> Self {
+        cutoff.map_or(Policy::Ends(HopOutcome::Finished), Policy::Cutoff)
+    }
+}
+
+/// What a kind's policy is asked with ([`Job::policy`]).
+pub struct Now<'a, J: Job> {
+    pub conn: &'a mut sqlx::PgConnection,
+    pub settings: &'a J::Settings,
+    /// The account, for a per-account kind.
+    pub account: Option<Uuid>,
+    /// What the pass measures its windows back from (EX-1: its start, or the database's now
+    /// if that is earlier).
+    pub reference: DateTime<Utc>,
+    /// Anything the policy counts (an invalid window).
+    pub report: &'a mut Report<J::Reason>,
+}
+
+/// A hop as the kind's loop gets it ([`Job::run`]): the owner loop started (the files an
+/// earlier hop recorded drained), and where the pass stands.
+pub struct Step<'a, J: Job> {
+    pub hop: Hop<'a>,
+    pub env: Rest<'a>,
+    pub settings: &'a J::Settings,
+    /// The account, for a per-account kind.
+    pub account: Option<Uuid>,
+    /// What this hop prunes up to: the stricter of the carried and the current cutoff.
+    pub cutoff: J::Cutoff,
+    /// Where the previous hop stopped.
+    pub cursor: Option<J::Cursor>,
+    /// What the pass measures its windows back from (EX-1: its start, or the database's now
+    /// if that is earlier).
+    pub reference: DateTime<Utc>,
+}
+
+/// What a hop works with besides its connection (which the owner loop holds).
+#[derive(Clone, Copy)]
+pub struct Rest<'a> {
+    pub pool: &'a sqlx::PgPool,
+    pub clock: &'a dyn crate::clock::Clock,
+    pub paths: &'a crate::files::PathSettings,
+    pub stop: &'a std::sync::atomic::AtomicBool,
+    pub health: &'a crate::health::Health,
+}
+
+/// Where a kind's hops remove files: the root, and how it is reached.
+pub struct Removals {
+    pub root: Root,
+    pub store: Store,
+}
+
+/// Runs one hop of `J` from its envelope `args` into `report`: the files an earlier hop left
+/// drained first (whatever the pass then finds), the database's now read once, the kind's
+/// policy asked, the carry rule applied, the kind's loop run; the next hop's envelope if the
+/// pass goes on. `report` holds what was committed when it fails.
+///
+/// # Errors
+/// The kind's error; what was committed stays counted in `report`.
+pub async fn hop<J: Job>(
+    env: Env<'_>,
+    settings: &J::Settings,
+    args: &Args<J::Cutoff, J::Cursor>,
+    report: &mut Report<J::Reason>,
+) -> Result<Option<Args<J::Cutoff, J::Cursor>>, J::Error> {
+    let Env {
+        conn,
+        pool,
+        clock,
+        stop,
+        paths,
+        health,
+    } = env;
+    let removals = J::removals(settings, paths);
+    let files = removals.as_ref().map(|r| Files {
+        root: r.root,
+        store: &r.store,
+        scope: args.account_id,
+        // A kind that declares a second connection drains beside its hop.
+        beside: (J::CONNECTIONS > 1).then_some(pool),
+    });
+    let bounds = J::bounds(settings);
+    report.window = bounds.window.unwrap_or(report.window);
+    let hop = Hop::start(conn, health, stop, bounds, files, report).await?;
+    let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *hop.conn)
+        .await?;
+    let reference = cutoff::reference(args.pass_started_at, database_now);
+    let now = Now {
+        conn: &mut *hop.conn,
+        settings,
+        account: args.account_id,
+        reference,
+        report: &mut *report,
+    };
+    let current = match J::policy(now).await? {
+        Policy::Cutoff(current) => current,
+        Policy::Ends(outcome) => {
+            report.outcome = outcome;
+            return Ok(None);
+        }
+    };
+    let carried = args.cutoff.clone().unwrap_or_else(|| current.clone());
+    let step = Step {
+        hop,
+        settings,
+        env: Rest {
+            pool,
+            clock,
+            paths,
+            stop,
+            health,
+        },
+        account: args.account_id,
+        cutoff: carried.stricter(&current),
+        cursor: args.cursor.clone(),
+        reference,
+    };
+    let end: End<J::Cursor> = J::run(step, report).await?;
+    // A kind may end its hop with an outcome of its own (the trace cleaner's lease held
+    // elsewhere); otherwise the loop's end says how it ended.
+    if report.outcome == HopOutcome::Finished {
+        report.outcome = end.outcome();
+    }
+    Ok(end.next().map(|cursor| Args {
+        cutoff: Some(carried),
+        cursor,
+        hop: args.hop + 1,
+        ..args.clone()
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Prune = Args<DateTime<Utc>, (DateTime<Utc>, Uuid)>;
+
+    #[test]
+    fn fl1_the_envelope_round_trips_and_refuses_unknown_fields() {
+        let args = Prune {
+            cursor: Some(("2026-10-01T00:00:00Z".parse().unwrap(), Uuid::nil())),
+            cutoff: Some("2026-09-01T00:00:00Z".parse().unwrap()),
+            hop: 3,
+            ..Prune::first(Some(Uuid::nil()), "2026-12-01T03:00:00Z".parse().unwrap())
+        };
+        let json = serde_json::to_value(&args).unwrap();
+        assert_eq!(serde_json::from_value::<Prune>(json.clone()).unwrap(), args);
+        let mut bad = json;
+        bad["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Prune>(bad).is_err());
+    }
+
+    #[test]
+    fn ex7_the_carried_cutoff_is_the_first_and_a_hop_never_passes_either() {
+        let first: DateTime<Utc> = "2026-09-01T00:00:00Z".parse().unwrap();
+        let tighter: DateTime<Utc> = "2026-08-01T00:00:00Z".parse().unwrap();
+        let looser: DateTime<Utc> = "2026-10-01T00:00:00Z".parse().unwrap();
+        assert_eq!(first.stricter(&tighter), tighter);
+        assert_eq!(first.stricter(&looser), first);
+    }
+}
