@@ -26,9 +26,20 @@ pub fn subjects_help() -> String {
     format!("What to explain: {}", subjects().join(", "))
 }
 
-/// The help of `explain`'s ID: the form of id each subject takes, as its job's own check of
-/// an id says it (the usual form first, then each exception).
+/// The help of `explain`'s ID: the form of id each subject takes (the usual form first, then
+/// each exception).
 pub fn ids_help() -> String {
+    let (usual, exceptions) = id_forms();
+    let mut help = format!("The subject's id: {usual}");
+    for (subject, form) in exceptions {
+        help.push_str(&format!("; for {subject}, {form}"));
+    }
+    help
+}
+
+/// The form of id the subjects take, as each job's own check of an id says it: the form most
+/// take, then every subject whose id takes another, with its own, in the registry's order.
+pub fn id_forms() -> (String, Vec<(&'static str, String)>) {
     let forms: Vec<(&str, String)> = KINDS
         .iter()
         .flat_map(|kind| {
@@ -42,11 +53,11 @@ pub fn ids_help() -> String {
         .max_by_key(|(_, form)| forms.iter().filter(|(_, f)| f == form).count())
         .map(|(_, form)| form.clone())
         .unwrap_or_default();
-    let mut help = format!("The subject's id: {usual}");
-    for (subject, form) in forms.iter().filter(|(_, form)| *form != usual) {
-        help.push_str(&format!("; for {subject}, {form}"));
-    }
-    help
+    let exceptions = forms
+        .into_iter()
+        .filter(|(_, form)| *form != usual)
+        .collect();
+    (usual, exceptions)
 }
 
 /// The form of `subject`'s id, from what its job says of an empty one ("expected a UUID, got

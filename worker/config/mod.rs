@@ -191,6 +191,15 @@ impl Settings {
         Self::from_figment(&raw::layers(file)?, jobs)
     }
 
+    /// The built-in defaults alone, with no file or environment over them: what the docs and
+    /// the deploy files describe (what `sexton generate` renders into them).
+    ///
+    /// # Errors
+    /// As [`Settings::load`], only if `config/default.toml` itself is invalid.
+    pub fn defaults(jobs: &[&dyn Section]) -> Result<Self, ConfigError> {
+        Self::from_figment(&raw::defaults(), jobs)
+    }
+
     fn from_figment(figment: &Figment, jobs: &[&dyn Section]) -> Result<Self, ConfigError> {
         let mut problems = Vec::new();
         let given = raw::read(figment, &mut problems)?;

@@ -20,13 +20,18 @@ pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 /// Prefix of environment overrides; sections and settings are separated by a double underscore.
 const ENV_PREFIX: &str = "SEXTON_";
 
+/// The built-in defaults alone.
+pub(super) fn defaults() -> Figment {
+    Figment::from(Toml::string(DEFAULT_TOML))
+}
+
 /// The layers merged, later ones winning: the defaults, `file`, then the environment.
 ///
 /// # Errors
 /// [`ConfigError::FileNotFound`] when `file` does not exist, [`ConfigError::Directory`] or
 /// [`ConfigError::NotAFile`] when it is not a regular file.
 pub(super) fn layers(file: Option<&Path>) -> Result<Figment, ConfigError> {
-    let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
+    let mut figment = defaults();
     if let Some(path) = file {
         match std::fs::metadata(path) {
             Ok(meta) if meta.is_file() => {}
@@ -58,9 +63,7 @@ pub(super) struct Given {
 /// have the shape of the defaults.
 pub(super) fn read(figment: &Figment, problems: &mut Vec<Problem>) -> Result<Given, ConfigError> {
     let unreadable = |e| ConfigError::Unreadable(Box::new(e));
-    let defaults: Dict = Figment::from(Toml::string(DEFAULT_TOML))
-        .extract()
-        .map_err(unreadable)?;
+    let defaults: Dict = defaults().extract().map_err(unreadable)?;
     let merged: Dict = figment.extract().map_err(unreadable)?;
     unknown_settings(&defaults, &merged, "", problems);
     let settings = figment.extract().map_err(unreadable)?;
