@@ -133,6 +133,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "status_page",
             "explain",
             "gauges",
+            "generated",
             "preview",
             "sessions",
             "traces",

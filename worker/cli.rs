@@ -10,8 +10,8 @@ use clap::{ArgGroup, Parser, Subcommand};
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
 use crate::{
-    clock, db, demo, doctor, explain, holds, preview, registry, sessions, status, tick, traces,
-    worker,
+    clock, db, demo, doctor, explain, generated, holds, preview, registry, sessions, status, tick,
+    traces, worker,
 };
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
@@ -139,6 +139,15 @@ pub enum Command {
         /// Volume of demo data.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
         scale: u64,
+    },
+    /// For developers, from the repository's root: rewrite what the docs, config/default.toml
+    /// and the alert rules repeat from the code (the pool budget, explain's subjects, the kinds
+    /// not run nightly) from the registry under the built-in defaults.
+    #[command(hide = true)]
+    Generate {
+        /// Write nothing; exit 1 naming every block that is out of date.
+        #[arg(long)]
+        check: bool,
     },
 }
 
@@ -357,7 +366,27 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             run_seed(&settings, &options, force, json).await
         }
         Command::Demo { scale } => demo::run(&settings, scale).await,
+        Command::Generate { check } => run_generate(check),
     }
+}
+
+/// `sexton generate [--check]`, in the current directory: the repository's root.
+fn run_generate(check: bool) -> anyhow::Result<()> {
+    let root = std::path::Path::new(".");
+    let facts = generated::Facts::defaults()?;
+    if check {
+        generated::check(root, &facts)?;
+        println!("every generated block is up to date");
+    } else {
+        let written = generated::write(root, &facts)?;
+        if written.is_empty() {
+            println!("every generated block is up to date");
+        }
+        for file in written {
+            println!("wrote {file}");
+        }
+    }
+    Ok(())
 }
 
 /// `sexton tick`: the slot due at `at` (the database's now by default), enqueued once.

@@ -10,8 +10,8 @@
 //! 2. the queue and one hop off it: queue, hop;
 //! 3. the job kinds: registry;
 //! 4. what runs over the kinds: tick (slots and their fan-out), status, status_page (`/status`
-//!    and `/status.json`), explain, gauges (kept current between scrapes), preview, sessions,
-//!    traces;
+//!    and `/status.json`), explain, gauges (kept current between scrapes), generated (the facts
+//!    the docs and deploy files repeat, rendered into them), preview, sessions, traces;
 //! 5. the runtime: worker;
 //! 6. the CLI: demo, cli.
 
@@ -25,6 +25,7 @@ pub mod doctor;
 pub mod event;
 pub mod explain;
 pub mod gauges;
+pub mod generated;
 pub mod holds;
 pub mod hop;
 pub mod http;

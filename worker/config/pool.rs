@@ -1,6 +1,7 @@
 //! The pool a worker needs (FL-6): no hop may fail for want of a connection. What the
 //! registered job kinds hold at once, computed here alone: the check of
-//! `database.max_connections` uses it, and tests hold `config/default.toml` and the README to it.
+//! `database.max_connections` uses it, and `sexton generate` writes it into `config/default.toml`
+//! and docs/operating.md.
 
 use super::Section;
 
