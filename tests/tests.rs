@@ -10,8 +10,6 @@ mod crash;
 mod database_faults;
 // OP-7: `sexton doctor`, each finding caused for real.
 mod doctor;
-// Figures and lists the docs and deploy files repeat, held to the registry.
-mod drift;
 // EX-1 … EX-9: PruneExecutionDetails, one module per group of its rules.
 mod execution_details;
 // TTL-1 … TTL-5, FL-7: short-lived records and the queue's own rows expire.
@@ -24,6 +22,8 @@ mod failures;
 mod fanout;
 // FL-2 … FL-6: real worker processes on one database.
 mod fleet;
+// FL-6, OP-1, OP-5: what the docs and deploy files repeat from the code is generated from it.
+mod generated;
 // HL-1 … HL-4: hops throttled by the database's health.
 mod health;
 // HD-2 … HD-4: what a hold covers stays, in every job kind and its files.
