@@ -7,31 +7,60 @@
 //! cutoff (31–400 days before the pass), the rest after it (1–29 days), and one row in a
 //! thousand has no file. Nothing else is in the database, so the pass's other jobs find nothing.
 
-use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt as _;
+mod plain;
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
-use futures::StreamExt as _;
-use serde::Serialize;
-use sexton_jobs::files::object::ObjectRoot;
+use futures::future::LocalBoxFuture;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
+use self::plain::{plain, plain_objects};
+use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
-use crate::disk::{self, Rng};
-use crate::method::{Method, method};
+use crate::disk::{self, Rng, files_left};
+use crate::method::Method;
 use crate::objects::Server;
-use crate::results::{Section, machine, write_results};
-use crate::sexton::{Pass, ROOTS, pass_start, run_sexton, sexton};
-use crate::{Cli, Part};
+use crate::part::Bench;
+use crate::results::{machine, member};
+use crate::sexton::{Pass, ROOTS, Worker, pass_start, run_sexton, sexton};
+use crate::table::{Column, columns, f, facts, mb, measured, or_dash};
 
-/// The heading the attachment bytes' section starts with, in latest.md.
-pub const ATTACHMENTS_HEADING: &str = "## Attachment bytes";
+/// The methods, in the order they run; the `… s3` ones only with an object store.
+const METHODS: [&str; 6] = [
+    "sexton",
+    "sexton c=1",
+    "plain",
+    "plain+record",
+    "sexton s3",
+    "plain s3",
+];
+
+/// The part: measured, then written into the results.
+pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
+    Box::pin(async move {
+        let attachments = measure(bench.cli, bench.admin, bench.base).await?;
+        bench
+            .report
+            .write(&[("attachments", member(&attachments)?)])?;
+        Ok(())
+    })
+}
+
+/// The part's section of latest.md, from latest.json's `attachments`.
+pub fn render(json: &serde_json::Value) -> anyhow::Result<Option<String>> {
+    let Some(attachments) = json.get("attachments") else {
+        return Ok(None);
+    };
+    Ok(Some(markdown(&serde_json::from_value(
+        attachments.clone(),
+    )?)))
+}
 
 /// The database every method's copy is made from.
 const TEMPLATE: &str = "benchatt_template";
@@ -40,10 +69,8 @@ const SEED: u64 = 0xa77a_c4ed_0001;
 const MAX_AGE_DAYS: i64 = 30;
 /// One row in this many has no file.
 const MISSING_EVERY: u64 = 1000;
-/// Rows the plain loop reads, checks and marks together.
-const PLAIN_BATCH: i64 = 1000;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Attachments {
     measured_at: DateTime<Utc>,
     machine: String,
@@ -64,7 +91,7 @@ pub struct Attachments {
     methods: Vec<AttachmentMethod>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct AttachmentMethod {
     /// As the other parts: seconds, rates (of rows examined), hop latencies, peak RSS.
     #[serde(flatten)]
@@ -138,26 +165,13 @@ fn write_tree(root: &Path, rows: &[Row]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Files left under `root` (its subdirectories walked).
-pub fn files_left(root: &Path) -> anyhow::Result<u64> {
-    let mut n = 0;
-    let mut dirs = vec![root.to_owned()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                dirs.push(entry.path());
-            } else {
-                n += 1;
-            }
-        }
-    }
-    Ok(n)
-}
-
 /// The attachment bytes: sexton through the queue (two hops at a time, the default, and one),
-/// and the plain loop.
-pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::Result<()> {
+/// and the plain loops.
+async fn measure(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+) -> anyhow::Result<Attachments> {
     let scratch = Scratch::make(cli.scratch.join("attachments"))?;
     eprintln!("attachments: {} rows", cli.attachment_rows);
     let started = Instant::now();
@@ -174,34 +188,45 @@ pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyh
         Some(server) => Some((server, Scratch::make(server.bucket("benchatt"))?)),
         None => None,
     };
-    let mut names = vec!["sexton", "sexton c=1", "plain", "plain+record"];
-    if bucket.is_some() {
-        names.extend(["sexton s3", "plain s3"]);
-    }
-    for name in names {
+    let place = |name: &str| match &bucket {
+        Some((server, bucket)) if name.ends_with(" s3") => (bucket, Some(*server)),
+        _ => (&scratch, None),
+    };
+    let on_copy = async |name: &'static str, binary: &Path| {
         let db = format!("benchatt_{}", name.replace([' ', '=', '+'], "_"));
         recreate(admin, &db, Some(TEMPLATE)).await?;
-        let (place, scratch) = match &bucket {
-            Some((server, bucket)) if name.ends_with(" s3") => (Some(*server), bucket),
-            _ => (None, &scratch),
-        };
+        let (scratch, server) = place(name);
         write_tree(&scratch.root, &rows)?;
-        fill_seconds.get_or_insert(started.elapsed().as_secs_f64());
-        dropped &= disk::start_alike(&scratch.root, cli.warm);
+        let dropped = disk::start_alike(&scratch.root, cli.warm);
         eprintln!("attachments: {name}");
-        let method = measure_method(cli, admin, base, scratch, place, &db, name, &counts);
-        methods.push(method.await?);
+        let on = On {
+            scratch,
+            server,
+            db: &db,
+            counts: &counts,
+        };
+        let method = measure_method(cli, admin, base, &on, name, binary).await?;
         drop_db(admin, &db).await?;
+        anyhow::Ok((method, dropped))
+    };
+    for name in METHODS {
+        if name.ends_with(" s3") && bucket.is_none() {
+            continue;
+        }
+        let (method, cold) = on_copy(name, &cli.sexton).await?;
+        fill_seconds.get_or_insert(started.elapsed().as_secs_f64());
+        dropped &= cold;
+        methods.push(method);
     }
     drop_db(admin, TEMPLATE).await?;
     let _ = std::fs::remove_dir_all(&scratch.dir);
     if let Some((_, bucket)) = &bucket {
         let _ = std::fs::remove_dir_all(&bucket.dir);
     }
-    let attachments = Attachments {
+    Ok(Attachments {
         measured_at: Utc::now(),
         machine: machine(),
-        separate_run: !cli.only.is_empty() && !cli.only.contains(&Part::Scales),
+        separate_run: !cli.with_scales(),
         cache: disk::cache_state(dropped).to_owned(),
         load_average: format!("{load_before} / {}", disk::load_average()),
         rows: cli.attachment_rows,
@@ -211,10 +236,7 @@ pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyh
         max_age_days: MAX_AGE_DAYS,
         fill_seconds: fill_seconds.unwrap_or_default(),
         methods,
-    };
-    write_results(cli, Section::Attachments(&attachments))?;
-    println!("{}", markdown(&attachments));
-    Ok(())
+    })
 }
 
 /// The part's scratch: its directory and the roots sexton is given under it, the attachments'
@@ -275,7 +297,7 @@ async fn template(
     rows: &[Row],
 ) -> anyhow::Result<()> {
     recreate(admin, TEMPLATE, None).await?;
-    if !sexton(cli, TEMPLATE, roots, &["migrate"])
+    if !sexton(&cli.sexton, TEMPLATE, roots, &["migrate"])
         .status()
         .await?
         .success()
@@ -326,49 +348,59 @@ async fn fill(pool: &PgPool, accounts: u32, rows: &[Row]) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Method `name` on database `db` and the tree written for it, its database backends' CPU
-/// time sampled; checked to end as `counts` says, and scored by the rows it examined.
-#[allow(clippy::too_many_arguments)]
+/// What a method runs on: the scratch its tree was written in (in a bucket of `server`, for an
+/// `… s3` method), its copy of the database, and what every method must end with.
+struct On<'a> {
+    scratch: &'a Scratch,
+    server: Option<&'a Server>,
+    db: &'a str,
+    counts: &'a Counts,
+}
+
+/// Method `name` (sexton's by the build `binary`) on its copy and the tree written for it, its
+/// database backends' CPU time sampled; checked to end as the counts say, and scored by the
+/// rows it examined.
 async fn measure_method(
     cli: &Cli,
     admin: &PgPool,
     base: &PgConnectOptions,
-    scratch: &Scratch,
-    server: Option<&Server>,
-    db: &str,
+    on: &On<'_>,
     name: &'static str,
-    counts: &Counts,
+    binary: &Path,
 ) -> anyhow::Result<AttachmentMethod> {
+    let On {
+        scratch,
+        server,
+        db,
+        counts,
+    } = *on;
     let attachment_expiry = Pass {
         job: "attachment_expiry",
         global: false,
     };
     let (mut method, db_cpu_seconds) = match (name, server) {
         ("sexton" | "sexton c=1" | "sexton s3", _) => {
-            let concurrency = if name == "sexton c=1" { 1 } else { 2 };
             let env = match server {
                 Some(server) => server.env("ATTACHMENTS_ROOT", &scratch.root)?,
                 None => Vec::new(),
             };
-            let run = run_sexton(
-                cli,
-                admin,
-                db,
-                &scratch.roots,
+            let worker = Worker {
+                binary,
                 name,
-                concurrency,
-                &attachment_expiry,
-                &env,
-            );
+                concurrency: if name == "sexton c=1" { 1 } else { 2 },
+                pass: &attachment_expiry,
+                env: &env,
+            };
+            let run = run_sexton(cli, admin, db, &scratch.roots, &worker);
             disk::with_backend_cpu(base, db, "sexton", run).await?
         }
         (_, Some(server)) => {
-            let run = plain_objects(base, db, server.root(&scratch.root)?);
+            let run = plain_objects(base, db, server.root(&scratch.root)?, cutoff());
             disk::with_backend_cpu(base, db, "bench-plain", run).await?
         }
         (_, None) => {
             let record = name == "plain+record";
-            let run = plain(base, db, &scratch.root, record);
+            let run = plain(base, db, &scratch.root, cutoff(), record);
             disk::with_backend_cpu(base, db, "bench-plain", run).await?
         }
     };
@@ -415,190 +447,55 @@ async fn check(
     Ok(left)
 }
 
-/// The plain loop: the next thousand live rows in id order, a stat of each file (not following a
-/// symlink), the old ones unlinked, then their rows marked in one statement. With `record`, the
-/// order a crash cannot break instead (what sexton's durable file record costs, ER-3): the old
-/// rows marked and their files recorded in one statement and committed, the files unlinked,
-/// then their records deleted.
-async fn plain(
-    base: &PgConnectOptions,
-    db: &str,
-    root: &Path,
-    record: bool,
-) -> anyhow::Result<Method> {
-    let started = Instant::now();
-    let pool = connect(base, db, "bench-plain").await?;
-    let cutoff = cutoff().timestamp();
-    let mut after = Uuid::nil();
-    loop {
-        let batch = live_rows(&pool, after).await?;
-        let Some((last, _)) = batch.last() else {
-            break;
-        };
-        after = *last;
-        let mut expired = Vec::new();
-        for (id, path) in &batch {
-            let path = root.join(path);
-            if let Ok(meta) = std::fs::symlink_metadata(&path)
-                && meta.is_file()
-                && meta.mtime() < cutoff
-            {
-                if !record {
-                    std::fs::remove_file(&path)?;
-                }
-                expired.push(*id);
-            }
-        }
-        if !record {
-            mark(&pool, &expired).await?;
-            continue;
-        }
-        let recorded: Vec<(i64, String)> = sqlx::query_as(
-            "WITH marked AS (
-                 UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)
-                 RETURNING account_id, relative_path)
-             INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path)
-             SELECT 'attachments', account_id, relative_path FROM marked
-             RETURNING id, relative_path",
-        )
-        .bind(&expired)
-        .fetch_all(&pool)
-        .await?;
-        for (_, path) in &recorded {
-            std::fs::remove_file(root.join(path))?;
-        }
-        let ids: Vec<i64> = recorded.iter().map(|(id, _)| *id).collect();
-        sqlx::query("DELETE FROM sexton.pending_file_deletions WHERE id = ANY($1)")
-            .bind(&ids)
-            .execute(&pool)
-            .await?;
-    }
-    pool.close().await;
-    let mut m = method(if record { "plain+record" } else { "plain" });
-    m.seconds = started.elapsed().as_secs_f64();
-    Ok(m)
+/// The attachment bytes' section of latest.md: the facts, then a row per method.
+fn markdown(a: &Attachments) -> String {
+    let mut md = facts(&[
+        (
+            "measured",
+            measured(&a.measured_at, &a.machine, !a.separate_run),
+        ),
+        ("page cache", a.cache.clone()),
+        ("1-minute load before / after", a.load_average.clone()),
+        ("rows", a.rows.to_string()),
+        ("accounts", a.accounts.to_string()),
+        ("expired (files past the age)", a.expired.to_string()),
+        ("rows without a file", a.missing.to_string()),
+        ("max_age_days", a.max_age_days.to_string()),
+        ("template and first tree in s", f(a.fill_seconds, 1)),
+    ]);
+    let methods: Vec<(&Attachments, &AttachmentMethod)> =
+        a.methods.iter().map(|m| (a, m)).collect();
+    md.push_str(&format!(
+        "\n### Methods\n\n{}",
+        columns(METHOD_COLUMNS, &methods)
+    ));
+    md
 }
 
-/// The plain loops' next thousand live rows after `after`, in id order.
-async fn live_rows(pool: &PgPool, after: Uuid) -> anyhow::Result<Vec<(Uuid, String)>> {
-    Ok(sqlx::query_as(
-        "SELECT id, relative_path FROM attachments
-         WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT $2",
-    )
-    .bind(after)
-    .bind(PLAIN_BATCH)
-    .fetch_all(pool)
-    .await?)
-}
-
-/// The plain loops' marking of `expired` rows, in one statement.
-async fn mark(pool: &PgPool, expired: &[Uuid]) -> anyhow::Result<()> {
-    sqlx::query("UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)")
-        .bind(expired)
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
-/// The plain loop on the object store: one listing of the root for every object's
-/// `LastModified`, then the next thousand live rows in id order, the old ones' objects deleted in
-/// one DeleteObjects call, their rows marked in one statement.
-async fn plain_objects(
-    base: &PgConnectOptions,
-    db: &str,
-    root: Arc<ObjectRoot>,
-) -> anyhow::Result<Method> {
-    let started = Instant::now();
-    let pool = connect(base, db, "bench-plain").await?;
-    let mut modified = HashMap::new();
-    let mut listing = root.list_all();
-    while let Some(meta) = listing.next().await {
-        let meta = meta?;
-        if let Some(relative) = root.relative(&meta.location) {
-            modified.insert(relative, meta.last_modified);
-        }
-    }
-    let mut after = Uuid::nil();
-    loop {
-        let batch = live_rows(&pool, after).await?;
-        let Some((last, _)) = batch.last() else {
-            break;
-        };
-        after = *last;
-        let (mut expired, mut keys) = (Vec::new(), Vec::new());
-        for (id, path) in &batch {
-            if modified.get(path).is_some_and(|at| *at < cutoff()) {
-                keys.push(root.key(path).map_err(anyhow::Error::msg)?);
-                expired.push(*id);
-            }
-        }
-        for outcome in root.delete(&keys).await {
-            outcome.map_err(anyhow::Error::msg)?;
-        }
-        mark(&pool, &expired).await?;
-    }
-    pool.close().await;
-    let mut m = method("plain s3");
-    m.seconds = started.elapsed().as_secs_f64();
-    Ok(m)
-}
-
-/// The attachment bytes' section of latest.md.
-pub fn markdown(a: &Attachments) -> String {
-    let when = if a.separate_run {
-        "in a separate run from the tables above (`bash bench/run.sh --only attachments`)"
-    } else {
-        "in the same run as the tables above"
-    };
-    let mut md = format!(
-        "{ATTACHMENTS_HEADING}\n\nMeasured {} on {}, {when}. {} attachment rows over {} accounts, each with a 1–4 KiB file under `account-N/xx/<id>.bin`; {} files were last modified before the cutoff (31–400 days before the pass, `max_age_days = {}`), the rest after it (1–29 days), and {} rows have no file. Each method runs on its own copy of the database with its own tree, written from the same seed; page cache: {}. sexton: `sexton tick` at the pass start, then one worker (`--exit-when-idle`, default settings: `window_size = 1000`) running `queue.concurrency` hops at a time (one account each), timed from the worker taking the nightly slot to its last `attachment_expiry` hop; its files go through `files::drain` within the hops. plain: `SELECT id, relative_path … WHERE bytes_expired_at IS NULL AND id > $1 ORDER BY id LIMIT 1000`, `lstat` each file, unlink the old ones, `UPDATE attachments SET bytes_expired_at = now() WHERE id = ANY($1)`, one lane, timed from connecting to its last batch. plain+record: the same, but in the order a crash cannot break (sexton's, ER-3): the old rows marked and their files recorded in `sexton.pending_file_deletions` in one statement, committed, the files unlinked, then their records deleted — without sexton's lock and re-check of each row, hold check or second look at each file before its unlink. `… s3`: the same on an S3-compatible server on loopback (s3s-fs, each object a file of the same tree in a bucket's directory): sexton with its attachments root `s3://…` (each object read with a HEAD before it is judged and again just before its batched delete, OS-2), plain s3 one listing of the root for every `LastModified`, then per thousand rows one DeleteObjects call of the old ones; each `… s3` ratio is against plain s3. Rows examined per second count every live row; database CPU is that of the method's backends (sampled from `/proc`). 1-minute load average before the first method and after the last: {}.\n\n| rows | expired | method | seconds | rows examined/s | vs plain | rows marked | files deleted | hop median / p99 ms | database CPU s | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
-        a.measured_at.format("%Y-%m-%d"),
-        a.machine,
-        a.rows,
-        a.accounts,
-        a.expired,
-        a.max_age_days,
-        a.missing,
-        a.cache,
-        a.load_average,
-    );
-    // Each method against the plain loop on the same backend: the disk's, or the object store's.
-    let plain = |name: &str| {
-        let floor = if name.ends_with(" s3") {
+/// A row per method: its time and rate against the plain loop on the same backend (the disk's
+/// or the object store's), what it marked and deleted, its hops, database CPU and memory.
+const METHOD_COLUMNS: &[Column<Attachments, AttachmentMethod>] = &[
+    ("method", |_, m| m.method.name.clone()),
+    ("s", |_, m| f(m.method.seconds, 1)),
+    ("rows examined/s", |_, m| f(m.method.rows_per_s, 0)),
+    ("vs plain", |a, m| {
+        let floor = if m.method.name.ends_with(" s3") {
             "plain s3"
         } else {
             "plain"
         };
-        a.methods
-            .iter()
-            .find(|m| m.method.name == floor)
-            .map_or(0.0, |m| m.method.rows_per_s)
-    };
-    for AttachmentMethod {
-        method: m,
-        marked,
-        files_deleted,
-        db_cpu_seconds,
-    } in &a.methods
-    {
-        md.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.0} | {:.2}× | {} | {} | {} | {} | {} |\n",
-            a.rows,
-            a.expired,
-            m.name,
-            m.seconds,
-            m.rows_per_s,
-            m.rows_per_s / plain(m.name),
-            marked,
-            files_deleted,
-            m.hop.map_or("—".into(), |h| format!(
-                "{:.0} / {:.0}",
-                h.p50_ms, h.p99_ms
-            )),
-            db_cpu_seconds.map_or("—".into(), |s| format!("{s:.1}")),
-            m.peak_rss_kb
-                .map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
-        ));
-    }
-    md
-}
+        let floor = a.methods.iter().find(|f| f.method.name == floor);
+        or_dash(floor, |f| {
+            format!("{:.2}×", m.method.rows_per_s / f.method.rows_per_s)
+        })
+    }),
+    ("rows marked", |_, m| m.marked.to_string()),
+    ("files deleted", |_, m| m.files_deleted.to_string()),
+    ("hop median / p99 ms", |_, m| {
+        or_dash(m.method.hop, |h| h.median_p99())
+    }),
+    ("database CPU s", |_, m| {
+        or_dash(m.db_cpu_seconds, |s| f(s, 1))
+    }),
+    ("peak RSS MB", |_, m| mb(m.method.peak_rss_kb)),
+];

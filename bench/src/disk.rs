@@ -244,3 +244,20 @@ fn cpu_ticks(pid: i32) -> Option<u64> {
     // utime and stime are fields 14 and 15 of stat(5): 12 and 13 after the name.
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
+
+/// Files left under `root` (its subdirectories walked).
+pub fn files_left(root: &Path) -> anyhow::Result<u64> {
+    let mut n = 0;
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                dirs.push(entry.path());
+            } else {
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}

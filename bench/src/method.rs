@@ -1,12 +1,12 @@
 //! A measured method's figures, as every part records them: its time and rates, what the
 //! application writer beside it saw, its longest write transaction and, for sexton, its hops.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::sampler::Longest;
 use crate::writer::Writes;
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Latency {
     pub p50_ms: f64,
     pub p99_ms: f64,
@@ -15,6 +15,23 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// p50 / p99 / max, in ms with one decimal ("—" with no samples).
+    pub fn ms(&self) -> String {
+        if self.samples == 0 {
+            return "—".to_owned();
+        }
+        format!(
+            "{:.1} / {:.1} / {:.1}",
+            self.p50_ms, self.p99_ms, self.max_ms
+        )
+    }
+
+    /// The median and p99, in whole ms: a hop's.
+    pub fn median_p99(&self) -> String {
+        format!("{:.0} / {:.0}", self.p50_ms, self.p99_ms)
+    }
+
+    /// The latency of `ms`, each sample's milliseconds.
     pub fn of(mut ms: Vec<f64>) -> Self {
         ms.sort_by(f64::total_cmp);
         let at = |q: f64| {
@@ -33,9 +50,9 @@ impl Latency {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Method {
-    pub name: &'static str,
+    pub name: String,
     pub seconds: f64,
     pub owners_per_s: f64,
     pub rows_per_s: f64,
@@ -80,9 +97,9 @@ pub struct Method {
 }
 
 /// Method `name` before its figures are filled in.
-pub fn method(name: &'static str) -> Method {
+pub fn method(name: &str) -> Method {
     Method {
-        name,
+        name: name.to_owned(),
         seconds: 0.0,
         owners_per_s: 0.0,
         rows_per_s: 0.0,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sexton_jobs::files::object::{ObjectRoot, StorageSettings};
 
-use crate::Cli;
+use crate::cli::Cli;
 
 /// The credentials bench/run.sh starts the server with (scripts/lib.sh's `with_s3s_fs`).
 const ACCESS_KEY: &str = "sexton-test";

@@ -1,103 +1,166 @@
-//! The results files, `latest.json` and `latest.md` under `--out`: each part's figures and
-//! section written in, the other parts' kept as the files hold them.
+//! The results files, `latest.json` and `latest.md` under `--out`. A part's figures are written
+//! in as members of latest.json, and its section of latest.md is rendered from the file as it
+//! then stands; the other parts' members and sections are kept as the files hold them. The
+//! parts are known here only as the [`Section`]s main hands over, in their order in latest.md.
+
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use chrono::Utc;
 use serde::Serialize;
 
-use crate::{Cli, attachments, expiry, scales, tenants, traces};
+/// How a section's body is rendered from the whole of latest.json: `None` when the file holds
+/// none of its figures.
+pub type Render = fn(&serde_json::Value) -> anyhow::Result<Option<String>>;
 
-/// What a run writes: the scales measured so far, the short-lived records, the run traces
-/// measured so far, the attachment bytes, or the many accounts' nights.
-pub enum Section<'a> {
-    Scales(&'a [scales::Scale]),
-    Expiry(&'a expiry::Expiry),
-    Traces(&'a traces::Traces),
-    Attachments(&'a attachments::Attachments),
-    Tenants(&'a tenants::Tenants),
+/// A section of latest.md: its heading, and how its body is rendered.
+#[derive(Clone, Copy)]
+pub struct Section {
+    pub heading: &'static str,
+    pub render: Render,
 }
 
-/// The headed sections of latest.md, in their order there, after the scales' tables (which
-/// have no heading of their own).
-const HEADINGS: [&str; 4] = [
-    expiry::EXPIRY_HEADING,
-    traces::TRACES_HEADING,
-    attachments::ATTACHMENTS_HEADING,
-    tenants::TENANTS_HEADING,
-];
+/// The results files under `--out`, with the sections of latest.md in their order.
+pub struct Results {
+    out: PathBuf,
+    sections: Vec<Section>,
+}
 
-/// Writes `section` into latest.json (`scales`, `expiry`, `traces`, `attachments` or `tenants`) and
-/// latest.md (the tables at the top, or the section under its heading of [`HEADINGS`]), keeping
-/// what the files hold of the other parts.
-pub fn write_results(cli: &Cli, section: Section<'_>) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&cli.out)?;
-    let (json_path, md_path) = (cli.out.join("latest.json"), cli.out.join("latest.md"));
-    let mut json = match std::fs::read_to_string(&json_path) {
-        Ok(text) => json_members(&text)
-            .with_context(|| format!("{} is not a JSON object", json_path.display()))?,
-        Err(_) => Vec::new(),
-    };
-    let md = std::fs::read_to_string(&md_path).unwrap_or_default();
-    // parts[0]: the scales' tables; parts[1 + i]: the section under HEADINGS[i].
-    let mut starts: Vec<(usize, usize)> = HEADINGS
-        .iter()
-        .enumerate()
-        .filter_map(|(i, heading)| {
-            md.match_indices(heading)
-                .map(|(at, _)| at)
-                .find(|&at| at == 0 || md[..at].ends_with('\n'))
-                .map(|at| (at, i + 1))
-        })
-        .collect();
-    starts.sort();
-    let mut parts = vec![String::new(); HEADINGS.len() + 1];
-    parts[0] = md[..starts.first().map_or(md.len(), |(at, _)| *at)].to_owned();
-    for (n, &(at, part)) in starts.iter().enumerate() {
-        let end = starts.get(n + 1).map_or(md.len(), |(next, _)| *next);
-        parts[part] = md[at..end].to_owned();
-    }
-    match section {
-        Section::Scales(results) => {
-            let machine = machine();
-            set_member(&mut json, "machine", &machine)?;
-            set_member(&mut json, "measured_at", &Utc::now().to_rfc3339())?;
-            set_member(&mut json, "scales", results)?;
-            set_member(&mut json, "targets", &scales::targets(results))?;
-            parts[0] = format!(
-                "Measured {} on {machine}.\n\n{}",
-                Utc::now().format("%Y-%m-%d"),
-                scales::markdown(results)
-            );
-        }
-        Section::Expiry(e) => {
-            set_member(&mut json, "expiry", e)?;
-            parts[1] = expiry::markdown(e);
-        }
-        Section::Traces(t) => {
-            set_member(&mut json, "traces", t)?;
-            parts[2] = traces::markdown(t);
-        }
-        Section::Attachments(a) => {
-            set_member(&mut json, "attachments", a)?;
-            parts[3] = attachments::markdown(a);
-        }
-        Section::Tenants(t) => {
-            set_member(&mut json, "tenants", t)?;
-            parts[4] = tenants::markdown(t);
+/// One part's handle on the results files: writes its members and re-renders its section.
+#[derive(Clone, Copy)]
+pub struct Report<'a> {
+    results: &'a Results,
+    section: usize,
+}
+
+impl Results {
+    pub fn new(out: &Path, sections: Vec<Section>) -> Self {
+        Self {
+            out: out.to_owned(),
+            sections,
         }
     }
-    let members: Vec<String> = json
-        .iter()
-        .map(|(key, value)| format!("  {}: {value}", serde_json::Value::from(key.as_str())))
-        .collect();
-    std::fs::write(&json_path, format!("{{\n{}\n}}", members.join(",\n")))?;
-    let parts: Vec<&str> = parts
-        .iter()
-        .map(|part| part.trim_end())
-        .filter(|part| !part.is_empty())
-        .collect();
-    std::fs::write(&md_path, parts.join("\n\n") + "\n")?;
-    Ok(())
+
+    /// The handle of the section at `index` of those given to [`Results::new`].
+    pub fn report(&self, index: usize) -> Report<'_> {
+        Report {
+            results: self,
+            section: index,
+        }
+    }
+
+    fn json_path(&self) -> PathBuf {
+        self.out.join("latest.json")
+    }
+
+    fn md_path(&self) -> PathBuf {
+        self.out.join("latest.md")
+    }
+
+    /// latest.json's members, as written (an empty list when there is no file yet).
+    fn members(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let path = self.json_path();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => json_members(&text)
+                .with_context(|| format!("{} is not a JSON object", path.display())),
+            Err(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// latest.md cut into the sections' texts, each from its heading on. Text before the first
+    /// heading found belongs to the first section (written by a build whose first section had
+    /// no heading), unless that section's heading is found.
+    fn sections_text(&self) -> Vec<String> {
+        let md = std::fs::read_to_string(self.md_path()).unwrap_or_default();
+        let mut starts: Vec<(usize, usize)> = self
+            .sections
+            .iter()
+            .enumerate()
+            .filter_map(|(i, section)| {
+                md.match_indices(section.heading)
+                    .map(|(at, _)| at)
+                    .find(|&at| {
+                        (at == 0 || md[..at].ends_with('\n'))
+                            && md[at + section.heading.len()..].starts_with('\n')
+                    })
+                    .map(|at| (at, i))
+            })
+            .collect();
+        starts.sort();
+        let mut texts = vec![String::new(); self.sections.len()];
+        texts[0] = md[..starts.first().map_or(md.len(), |(at, _)| *at)].to_owned();
+        for (n, &(at, section)) in starts.iter().enumerate() {
+            let end = starts.get(n + 1).map_or(md.len(), |(next, _)| *next);
+            texts[section] = md[at..end].to_owned();
+        }
+        texts
+    }
+
+    /// Writes latest.json from `members` and latest.md from `texts`, the sections in order.
+    fn save(&self, members: &[(String, String)], texts: &[String]) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.out)?;
+        let members: Vec<String> = members
+            .iter()
+            .map(|(key, value)| format!("  {}: {value}", serde_json::Value::from(key.as_str())))
+            .collect();
+        std::fs::write(self.json_path(), format!("{{\n{}\n}}", members.join(",\n")))?;
+        let texts: Vec<&str> = texts
+            .iter()
+            .map(|text| text.trim_end())
+            .filter(|text| !text.is_empty())
+            .collect();
+        std::fs::write(self.md_path(), texts.join("\n\n") + "\n")?;
+        Ok(())
+    }
+
+    /// The section at `index`, heading and body, rendered from `members`.
+    fn render(&self, index: usize, members: &[(String, String)]) -> anyhow::Result<Option<String>> {
+        let text = format!(
+            "{{{}}}",
+            members
+                .iter()
+                .map(|(key, value)| format!("{}: {value}", serde_json::Value::from(key.as_str())))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let json: serde_json::Value = serde_json::from_str(&text)?;
+        let section = self.sections[index];
+        Ok((section.render)(&json)?.map(|body| format!("{}\n\n{body}", section.heading)))
+    }
+
+    /// Writes latest.md anew from latest.json: every section whose figures the file holds.
+    pub fn render_all(&self) -> anyhow::Result<()> {
+        let members = self.members()?;
+        if members.is_empty() {
+            bail!("{} holds no figures to render", self.json_path().display());
+        }
+        let mut texts = Vec::new();
+        for index in 0..self.sections.len() {
+            texts.push(self.render(index, &members)?.unwrap_or_default());
+        }
+        self.save(&members, &texts)
+    }
+}
+
+impl Report<'_> {
+    /// Sets `members` of latest.json (each a [`member`], appended if new) and renders this
+    /// part's section of latest.md from the file as it then stands.
+    pub fn write(&self, members: &[(&str, String)]) -> anyhow::Result<()> {
+        let results = self.results;
+        let mut json = results.members()?;
+        for (key, text) in members {
+            set_member(&mut json, key, text);
+        }
+        let mut texts = results.sections_text();
+        texts[self.section] = results
+            .render(self.section, &json)?
+            .context("a section that renders nothing from the figures just written")?;
+        results.save(&json, &texts)
+    }
+}
+
+/// `value` as a member of latest.json's top level: pretty-printed, indented once.
+pub fn member(value: &(impl Serialize + ?Sized)) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(value)?.replace('\n', "\n  "))
 }
 
 /// The members of a JSON object's text in order, each as its key and its value's text, as
@@ -149,19 +212,13 @@ fn json_members(text: &str) -> anyhow::Result<Vec<(String, String)>> {
     Ok(members)
 }
 
-/// Sets member `key` of an object held as [`json_members`] to `value`, pretty-printed as a
-/// member of the top level (appended if it is new).
-fn set_member(
-    members: &mut Vec<(String, String)>,
-    key: &str,
-    value: &(impl Serialize + ?Sized),
-) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(value)?.replace('\n', "\n  ");
+/// Sets member `key` of an object held as [`json_members`] to `text`, a member's pretty-printed
+/// value (appended if it is new).
+fn set_member(members: &mut Vec<(String, String)>, key: &str, text: &str) {
     match members.iter_mut().find(|(name, _)| name == key) {
-        Some(member) => member.1 = text,
-        None => members.push((key.to_owned(), text)),
+        Some(member) => text.clone_into(&mut member.1),
+        None => members.push((key.to_owned(), text.to_owned())),
     }
-    Ok(())
 }
 
 /// The machine, as the results name it: cores and CPU model.
@@ -183,4 +240,65 @@ pub fn machine() -> String {
             )
             .unwrap_or_default()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render_a(json: &serde_json::Value) -> anyhow::Result<Option<String>> {
+        Ok(json.get("a").map(|a| format!("a is {a}")))
+    }
+
+    fn render_b(json: &serde_json::Value) -> anyhow::Result<Option<String>> {
+        Ok(json.get("b").map(|b| format!("b is {b}")))
+    }
+
+    fn results(dir: &Path) -> Results {
+        let sections = vec![
+            Section {
+                heading: "## A",
+                render: render_a,
+            },
+            Section {
+                heading: "## B",
+                render: render_b,
+            },
+        ];
+        Results::new(dir, sections)
+    }
+
+    #[test]
+    fn a_part_written_alone_keeps_the_other_parts_members_and_sections_as_written() {
+        let dir = std::env::temp_dir().join(format!("sexton-bench-results-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // As an earlier build wrote them: a figure whose last digit a reprint would change, and
+        // the first section without its heading.
+        std::fs::write(
+            dir.join("latest.json"),
+            "{\n  \"a\": 0.30000000000000004\n}",
+        )
+        .unwrap();
+        std::fs::write(dir.join("latest.md"), "the first part, as written\n").unwrap();
+        let results = results(&dir);
+        results
+            .report(1)
+            .write(&[("b", member(&2).unwrap())])
+            .unwrap();
+        let json = std::fs::read_to_string(dir.join("latest.json")).unwrap();
+        assert_eq!(json, "{\n  \"a\": 0.30000000000000004,\n  \"b\": 2\n}");
+        let md = std::fs::read_to_string(dir.join("latest.md")).unwrap();
+        assert_eq!(md, "the first part, as written\n\n## B\n\nb is 2\n");
+        // Written again, the first part's section is rendered in its place, the second kept.
+        results
+            .report(0)
+            .write(&[("a", member(&1).unwrap())])
+            .unwrap();
+        let md = std::fs::read_to_string(dir.join("latest.md")).unwrap();
+        assert_eq!(md, "## A\n\na is 1\n\n## B\n\nb is 2\n");
+        results.render_all().unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("latest.md")).unwrap(), md);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -2,13 +2,14 @@
 //! seed` and, on identical copies of it, the execution-details methods — sexton, sexton at
 //! concurrency 1, the raw floors and the naive delete, and once sexton under a WAL budget —
 //! then SessionRetention's, sexton and its raw floor, each with an application writer beside it
-//! and checked against the rules' end state. The figures are [`Scale`]'s; [`markdown()`] renders
-//! them, [`targets()`] holds them to SPEC §8.
+//! and checked against the rules' end state. The figures are [`Scale`]'s; [`render`] writes
+//! them as markdown, [`targets()`] holds them to SPEC §8.
 
 mod markdown;
 mod naive;
 mod raw;
 mod seed;
+mod sessions;
 mod targets;
 mod writers;
 
@@ -18,29 +19,59 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use serde::Serialize;
+use chrono::{DateTime, Utc};
+use futures::future::LocalBoxFuture;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
-use uuid::Uuid;
 
-pub use self::markdown::markdown;
 use self::naive::run_naive;
 use self::raw::{
-    Floor, SAME_END, SAME_END_BOUNDED, SAME_END_LOCKED, SAME_END_RULES, SESSIONS_SAME_END,
-    SESSIONS_SAME_END_LOCKED, SESSIONS_SAME_END_RULES, run_raw, run_raw_sessions, run_rules,
-    run_session_rules,
+    Floor, SAME_END, SAME_END_BOUNDED, SAME_END_LOCKED, SAME_END_RULES, run_raw, run_rules,
 };
 use self::seed::{Template, seed};
-pub use self::targets::targets;
-use self::writers::{append_at_rate, write_at_rate};
-use crate::Cli;
+use self::sessions::{SESSION_METHODS, session_methods};
+use self::targets::targets;
+use self::writers::write_at_rate;
+use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::method::{Latency, Method, score};
-use crate::sexton::{Pass, run_sexton};
+use crate::part::Bench;
+use crate::results::{machine, member};
+use crate::sexton::{Pass, Worker, run_sexton};
 use crate::writer::{beside, idle_baseline};
 
+/// The part: every scale of `--scales` in turn, each written into the results as it is done.
+pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
+    Box::pin(async move {
+        let mut results = Vec::new();
+        for &scale in &bench.cli.scales {
+            results.push(measure(bench.cli, bench.admin, bench.base, scale).await?);
+            bench.report.write(&[
+                ("machine", member(&machine())?),
+                ("measured_at", member(&Utc::now())?),
+                ("scales", member(&results)?),
+                ("targets", member(&targets(&results))?),
+            ])?;
+        }
+        Ok(())
+    })
+}
+
+/// The part's section of latest.md, from latest.json's `scales` (and when and where they were
+/// measured).
+pub fn render(json: &serde_json::Value) -> anyhow::Result<Option<String>> {
+    let Some(scales) = json.get("scales") else {
+        return Ok(None);
+    };
+    let scales: Vec<Scale> = serde_json::from_value(scales.clone())?;
+    let measured_at: DateTime<Utc> = serde_json::from_value(json["measured_at"].clone())?;
+    let machine = json["machine"].as_str().unwrap_or_default();
+    Ok(Some(markdown::markdown(&scales, &measured_at, machine)))
+}
+
 /// A scale's figures: its template's, the writers' idle baselines, and every method's.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Scale {
     scale: u64,
     runs: i64,
@@ -58,7 +89,9 @@ pub struct Scale {
     /// SessionRetention: sessions a pass deletes, their history rows, and the methods.
     sessions: i64,
     session_rows: i64,
-    /// The sessions' appending writer alone: its latency and the WAL bytes per second it wrote.
+    /// The sessions' appending writer alone: its latency (none in results files of runs
+    /// before it was kept) and the WAL bytes per second it wrote.
+    #[serde(default)]
     idle_appender: Latency,
     idle_appender_wal_bytes_per_s: f64,
     session_methods: Vec<Method>,
@@ -67,7 +100,7 @@ pub struct Scale {
 /// sexton once more after its unbudgeted pass, on a fresh copy, with
 /// `health.max_wal_bytes_per_second` at a quarter of the rate that pass wrote at (its
 /// `wal_bytes` ÷ its seconds); the other health indicators stay off.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct WalBudget {
     budget_bytes_per_s: u64,
     /// The WAL rate over the pass, `wal_bytes` ÷ seconds, measured as for every method: the
@@ -100,19 +133,15 @@ fn budget_scale(scales: &[u64]) -> Option<u64> {
     small.or_else(|| scales.iter().copied().min())
 }
 
-/// The jobs the scales' sexton passes are timed by.
+/// The job the execution-details passes are timed by.
 const PED: Pass = Pass {
     job: "prune_execution_details",
-    global: false,
-};
-const SESSIONS: Pass = Pass {
-    job: "session_retention",
     global: false,
 };
 
 /// Measures scale `scale`: seeds its template, then on copies of it the execution-details
 /// methods and SessionRetention's, each after its writer's idle baseline.
-pub async fn measure(
+async fn measure(
     cli: &Cli,
     admin: &PgPool,
     base: &PgConnectOptions,
@@ -184,7 +213,8 @@ async fn detail_methods(
             }
             _ => None,
         };
-        let mut method = detail_method(cli, admin, base, template, name, budget).await?;
+        let sexton = &cli.sexton;
+        let mut method = detail_method(cli, admin, base, template, name, budget, sexton).await?;
         net_wal(&mut method, template.owners, idle_wal);
         match budget {
             Some(budget) => wal_budget = Some(WalBudget::of(budget, method)),
@@ -194,9 +224,10 @@ async fn detail_methods(
     Ok((methods, wal_budget))
 }
 
-/// Execution-details method `name` on a fresh copy, the writer beside it (sexton with
-/// `budget` WAL bytes per second, if given), checked to leave none of the owners' detail rows
-/// (nor, for sexton and [`SAME_END`], their unreferenced output files), and scored.
+/// Execution-details method `name` on a fresh copy, the writer beside it (sexton's methods by
+/// the build `binary`, with `budget` WAL bytes per second if given), checked to leave none of
+/// the owners' detail rows (nor, for sexton and [`SAME_END`], their unreferenced output files),
+/// and scored.
 async fn detail_method(
     cli: &Cli,
     admin: &PgPool,
@@ -204,6 +235,7 @@ async fn detail_method(
     template: &Template,
     name: &'static str,
     budget: Option<u64>,
+    binary: &Path,
 ) -> anyhow::Result<Method> {
     let (db, run_files) = fresh_copy(cli, admin, template, name).await?;
     let writer_pool = connect(base, &db, "bench-writer").await?;
@@ -231,9 +263,16 @@ async fn detail_method(
         .collect();
     // Each method times itself (sexton from its worker taking the nightly slot, see
     // `run_sexton`).
+    let worker = |concurrency, env| Worker {
+        binary,
+        name,
+        concurrency,
+        pass: &PED,
+        env,
+    };
     let mut method = match name {
-        "sexton" | BUDGETED => run_sexton(cli, admin, &db, &run_files, name, 2, &PED, &env).await?,
-        "sexton c=1" => run_sexton(cli, admin, &db, &run_files, name, 1, &PED, &[]).await?,
+        "sexton" | BUDGETED => run_sexton(cli, admin, &db, &run_files, &worker(2, &env)).await?,
+        "sexton c=1" => run_sexton(cli, admin, &db, &run_files, &worker(1, &[])).await?,
         "raw" => run_raw(admin, base, &db, Floor::Rows).await?,
         "raw+markers" => run_raw(admin, base, &db, Floor::Markers).await?,
         SAME_END => {
@@ -302,40 +341,6 @@ async fn check_details(
     Ok(())
 }
 
-/// SessionRetention's methods, each on a fresh copy, after the appending writer's idle
-/// baseline: its latency and WAL rate, and the methods with their WAL net of it.
-async fn session_methods(
-    cli: &Cli,
-    admin: &PgPool,
-    base: &PgConnectOptions,
-    template: &Template,
-) -> anyhow::Result<(Latency, f64, Vec<Method>)> {
-    let (idle, idle_wal) = idle_baseline(
-        cli,
-        admin,
-        base,
-        &template.name,
-        &format!("bench_idle_sessions_{}", template.scale),
-        |pool, stop| {
-            append_at_rate(
-                pool,
-                template.session_targets.clone(),
-                cli.writer_rate,
-                stop,
-            )
-        },
-    )
-    .await?;
-    let mut methods = Vec::new();
-    for name in SESSION_METHODS.into_iter().filter(|name| chosen(cli, name)) {
-        eprintln!("scale {}: {name}", template.scale);
-        let mut method = session_method(cli, admin, base, template, name).await?;
-        net_wal(&mut method, template.sessions, idle_wal);
-        methods.push(method);
-    }
-    Ok((Latency::of(idle.total_ms), idle_wal, methods))
-}
-
 /// The execution-details methods, in the order they run ([`BUDGETED`] after sexton, at its
 /// scale).
 const DETAIL_METHODS: [&str; 9] = [
@@ -348,15 +353,6 @@ const DETAIL_METHODS: [&str; 9] = [
     SAME_END_RULES,
     SAME_END_BOUNDED,
     "naive",
-];
-
-/// SessionRetention's methods, in the order they run.
-const SESSION_METHODS: [&str; 5] = [
-    "sessions",
-    "sessions raw",
-    SESSIONS_SAME_END,
-    SESSIONS_SAME_END_LOCKED,
-    SESSIONS_SAME_END_RULES,
 ];
 
 /// Fails on a `--methods` name no table has, naming those it has.
@@ -380,125 +376,6 @@ pub fn check_methods(cli: &Cli) -> anyhow::Result<()> {
 /// Whether method `name` is measured: `--methods` names it, or names none.
 fn chosen(cli: &Cli, name: &str) -> bool {
     cli.methods.is_empty() || cli.methods.iter().any(|m| m == name)
-}
-
-/// SessionRetention method `name` on a fresh copy set up for that job alone, the appending
-/// writer beside it, checked to delete exactly the sessions a pass deletes, and scored.
-async fn session_method(
-    cli: &Cli,
-    admin: &PgPool,
-    base: &PgConnectOptions,
-    template: &Template,
-    name: &'static str,
-) -> anyhow::Result<Method> {
-    let (db, run_files) = fresh_copy(cli, admin, template, name).await?;
-    let before = sessions_alone(base, &db).await?;
-    let writer_pool = connect(base, &db, "bench-writer").await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (writer, sampler) = beside(
-        base,
-        &db,
-        append_at_rate(
-            writer_pool.clone(),
-            template.session_targets.clone(),
-            cli.writer_rate,
-            stop.clone(),
-        ),
-        &stop,
-    )
-    .await?;
-    let mut method = match name {
-        "sessions" => run_sexton(cli, admin, &db, &run_files, name, 2, &SESSIONS, &[]).await?,
-        SESSIONS_SAME_END | SESSIONS_SAME_END_LOCKED => {
-            let dirs = run_files.join("sessions");
-            let locks = name == SESSIONS_SAME_END_LOCKED;
-            run_raw_sessions(admin, base, &db, Some(&dirs), locks).await?
-        }
-        SESSIONS_SAME_END_RULES => {
-            run_session_rules(admin, base, &db, &run_files.join("sessions")).await?
-        }
-        _ => run_raw_sessions(admin, base, &db, None, false).await?,
-    };
-    stop.store(true, Ordering::Relaxed);
-    let writer = writer.await??;
-    let longest = sampler.await??;
-    let check = connect(base, &db, "bench").await?;
-    // A session the writer holds when sexton's lock reaches it is skipped (`busy`, SS-5) and
-    // left for the next pass, as by the floor that keeps SS-5; no other session may be left,
-    // and the other raw floors leave none.
-    let skips = name == "sessions" || name == SESSIONS_SAME_END_RULES;
-    let (left, unheld, after): (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM sessions WHERE id IN (SELECT id FROM bench_sessions)),
-                (SELECT count(*) FROM sessions
-                 WHERE id IN (SELECT id FROM bench_sessions) AND id <> ALL($1)),
-                (SELECT count(*) FROM sessions)",
-    )
-    .bind(&template.session_targets)
-    .fetch_one(&check)
-    .await?;
-    if unheld > 0 || (!skips && left > 0) || before - after + left != template.sessions {
-        bail!(
-            "{name} left {left} sessions ({unheld} of them never held by the writer) and \
-             deleted {} at scale {}",
-            before - after,
-            template.scale
-        );
-    }
-    check.close().await;
-    if name != "sessions raw" {
-        let left = session_dirs_left(base, &db, &run_files.join("sessions")).await?;
-        if left > 0 {
-            bail!(
-                "{name} left {left} directories of deleted sessions at scale {}",
-                template.scale
-            );
-        }
-    }
-    writer_pool.close().await;
-    let (sessions, rows) = (template.sessions - left, template.session_rows);
-    score(&mut method, sessions, rows, writer, longest);
-    drop_copy(admin, &db, &run_files).await?;
-    Ok(method)
-}
-
-/// How many of the deleted sessions' directories are still under `root`: of the sessions to
-/// delete, those gone from the database (one the writer held is skipped, its directory kept).
-async fn session_dirs_left(
-    base: &PgConnectOptions,
-    db: &str,
-    root: &Path,
-) -> anyhow::Result<usize> {
-    let pool = connect(base, db, "bench").await?;
-    let ids: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM bench_sessions b WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = b.id)",
-    )
-    .fetch_all(&pool)
-    .await?;
-    pool.close().await;
-    Ok(ids
-        .iter()
-        .filter(|id| root.join(id.to_string()).exists())
-        .count())
-}
-
-/// Sets copy `db` up for SessionRetention alone — the policies back, execution retention off —
-/// and counts its sessions.
-async fn sessions_alone(base: &PgConnectOptions, db: &str) -> anyhow::Result<i64> {
-    let setup = connect(base, db, "bench").await?;
-    sqlx::query(
-        "UPDATE session_retention_policies p SET enabled = b.enabled
-         FROM bench_policies b WHERE b.account_id = p.account_id",
-    )
-    .execute(&setup)
-    .await?;
-    sqlx::query("UPDATE accounts SET execution_details_retention_days = NULL")
-        .execute(&setup)
-        .await?;
-    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
-        .fetch_one(&setup)
-        .await?;
-    setup.close().await;
-    Ok(before)
 }
 
 /// A fresh copy of the template for method `name`: its database, named after the method and

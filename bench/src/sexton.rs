@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::ChildStderr;
 
-use crate::Cli;
+use crate::cli::Cli;
 use crate::cluster::{connect, wal_position};
 use crate::method::{Latency, Method, method};
 
@@ -51,9 +51,10 @@ pub fn sexton_env(db: &str, files: &Path) -> Vec<(String, std::ffi::OsString)> {
     env
 }
 
-/// A `sexton` command on database `db` with its file roots under `files`, its output discarded.
-pub fn sexton(cli: &Cli, db: &str, files: &Path, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(&cli.sexton);
+/// A command of the sexton `binary` on database `db` with its file roots under `files`, its
+/// output discarded.
+pub fn sexton(binary: &Path, db: &str, files: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(binary);
     cmd.args(args)
         .env_remove("DATABASE_URL")
         .envs(sexton_env(db, files))
@@ -94,30 +95,40 @@ pub struct Pass {
     pub global: bool,
 }
 
-/// sexton as an operator runs it: a tick (the slot held a second, so that the worker has started
-/// when it takes it), then one worker through the queue until idle, running
-/// `concurrency` hops at a time (the default is 2; 1 leaves the database more room), with the
-/// worker's settings overridden by `env` (`SEXTON_…` variables). The pass is timed as a running
-/// fleet sees it: from the worker taking the nightly slot (its fan-out line) to its last hop
-/// of `pass.job` — neither the process start, nor its queue consumers registering and opening
-/// their connections, nor the wait for an idle queue —
-/// and its WAL over the same span, read on `admin`.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "where the worker runs, how, and what it is timed by: each set by the caller"
-)]
+/// A sexton pass as a method runs it: which build, under what name, how many hops at once
+/// (`queue.concurrency`: the default is 2; 1 leaves the database more room), the job it is
+/// timed by, and the worker's settings overridden (`SEXTON_…` variables).
+pub struct Worker<'a> {
+    pub binary: &'a Path,
+    pub name: &'static str,
+    pub concurrency: u32,
+    pub pass: &'a Pass,
+    pub env: &'a [(String, String)],
+}
+
+/// sexton as an operator runs it, on database `db` with its file roots under `files`: a tick
+/// (the slot held a second, so that the worker has started when it takes it), then one worker
+/// through the queue until idle, both of `worker.binary`. The pass is timed as a running fleet
+/// sees it: from the worker taking the nightly slot (its fan-out line) to its last hop of
+/// `pass.job` — neither the process start, nor its queue consumers registering and opening
+/// their connections, nor the wait for an idle queue — and its WAL over the same span, read on
+/// `admin`.
 pub async fn run_sexton(
     cli: &Cli,
     admin: &PgPool,
     db: &str,
     files: &Path,
-    name: &'static str,
-    concurrency: u32,
-    pass: &Pass,
-    env: &[(String, String)],
+    worker: &Worker<'_>,
 ) -> anyhow::Result<Method> {
+    let Worker {
+        binary,
+        name,
+        concurrency,
+        pass,
+        env,
+    } = *worker;
     let tick = sexton(
-        cli,
+        binary,
         db,
         files,
         &["tick", "--at", &pass_start().to_rfc3339()],
@@ -144,16 +155,14 @@ pub async fn run_sexton(
         bail!("the tick left {held} pending nightly slots to hold, where one was expected");
     }
     let log = match &cli.logs {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            let file = dir.join(format!("{db}.log"));
-            Some(std::io::BufWriter::new(std::fs::File::create(file)?))
-        }
+        Some(dir) => Some(std::io::BufWriter::new(std::fs::File::create(log_file(
+            dir, db,
+        )?)?)),
         None => None,
     };
     let mut child = tokio::process::Command::new("/usr/bin/time")
         .args(["-f", "max_rss_kb=%M"])
-        .arg(&cli.sexton)
+        .arg(binary)
         .args(["worker", "--exit-when-idle"])
         .env_remove("DATABASE_URL")
         .envs(sexton_env(db, files))
@@ -177,6 +186,19 @@ pub async fn run_sexton(
         f64::from(concurrency)
     };
     timeline.method(name, lanes)
+}
+
+/// The first free name for the log of a worker on `db` under `dir`: `db.log`, then `db.2.log`
+/// and on (the two builds of a comparison run on copies of one name).
+fn log_file(dir: &Path, db: &str) -> anyhow::Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let mut file = dir.join(format!("{db}.log"));
+    let mut n = 1;
+    while file.exists() {
+        n += 1;
+        file = dir.join(format!("{db}.{n}.log"));
+    }
+    Ok(file)
 }
 
 /// When the worker logged `event`, by its JSON log's timestamp.

@@ -12,30 +12,37 @@
 //! and archive directory, and an attachment whose file is 60 days old. Each night is checked to
 //! end in exactly the state the rules give before its figures count.
 
+mod accounts;
+
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use futures::future::LocalBoxFuture;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
-use uuid::Uuid;
 
-use crate::Cli;
+use self::accounts::{check, fill};
+use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::disk::{self, Timed};
-use crate::results::{Section, machine, write_results};
+use crate::part::Bench;
+use crate::results::{machine, member};
 use crate::sexton::{ROOTS, sexton_env};
+use crate::table::{Column, columns, f, facts, flat, or_dash, table};
 
-/// The heading the tenants' section starts with, in latest.md.
-pub const TENANTS_HEADING: &str = "## Many accounts";
+/// The part's section of latest.md, from latest.json's `tenants`.
+pub fn render(json: &serde_json::Value) -> anyhow::Result<Option<String>> {
+    let Some(tenants) = json.get("tenants") else {
+        return Ok(None);
+    };
+    Ok(Some(markdown(&serde_json::from_value(tenants.clone())?)))
+}
 
-/// Old runs per due account, one of them held back.
-const OLD_RUNS: i64 = 3;
-
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Tenants {
     measured_at: DateTime<Utc>,
     machine: String,
@@ -44,7 +51,7 @@ pub struct Tenants {
 }
 
 /// One night on one database.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Night {
     /// `sexton` (this build) or `baseline` (`--tenant-baseline`).
     code: String,
@@ -67,7 +74,7 @@ struct Night {
 }
 
 /// One run of an operator's command after the night.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct View {
     seconds: f64,
     peak_rss_kb: Option<u64>,
@@ -75,43 +82,52 @@ struct View {
     bytes: u64,
 }
 
-/// The nights, then the section of the results files.
-pub async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::Result<()> {
-    // Nights of other runs are kept, each with its date, unless this run measures them again.
-    let mut nights = earlier(cli)?;
-    // This build's nights first: the baseline's take the longest.
-    let mut plan: Vec<(&'static str, &Path, u64)> = cli
-        .tenant_accounts
-        .iter()
-        .map(|&n| ("sexton", cli.sexton.as_path(), n))
-        .collect();
-    if let Some(baseline) = &cli.tenant_baseline {
-        for &n in &cli.tenant_baseline_accounts {
-            plan.push(("baseline", baseline.as_path(), n));
-        }
-    }
-    for (code, binary, accounts) in plan {
-        eprintln!("tenants: {code}, {accounts} accounts");
-        let measured = night(cli, admin, base, code, binary, accounts).await?;
-        nights.retain(|n| (n.code.as_str(), n.accounts) != (code, accounts));
-        nights.push(measured);
-        nights.sort_by(|a, b| (&a.code, a.accounts).cmp(&(&b.code, b.accounts)));
-        let tenants = Tenants {
+/// The part: this build's nights, then the baseline's (the longest), each written into the
+/// results as it is done. Nights of other runs are kept, each with its date, unless this run
+/// measures them again.
+pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
+    Box::pin(async move {
+        let cli = bench.cli;
+        let mut tenants = Tenants {
             measured_at: Utc::now(),
             machine: machine(),
             due_accounts: cli.tenant_due,
-            nights: nights.clone(),
+            nights: earlier(cli)?,
         };
-        write_results(cli, Section::Tenants(&tenants))?;
-    }
-    let tenants = Tenants {
-        measured_at: Utc::now(),
-        machine: machine(),
-        due_accounts: cli.tenant_due,
-        nights,
-    };
-    println!("{}", markdown(&tenants));
-    Ok(())
+        let mut plan: Vec<(&'static str, &Path, u64)> = cli
+            .tenant_accounts
+            .iter()
+            .map(|&n| ("sexton", cli.sexton.as_path(), n))
+            .collect();
+        if let Some(baseline) = &cli.tenant_baseline {
+            for &n in &cli.tenant_baseline_accounts {
+                plan.push(("baseline", baseline.as_path(), n));
+            }
+        }
+        for (code, binary, accounts) in plan {
+            measure(bench, &mut tenants, code, binary, accounts).await?;
+        }
+        Ok(())
+    })
+}
+
+/// One night of `binary` (`code`) over `accounts` accounts, kept in `tenants` in place of any
+/// earlier one of that code and size, and written into the results.
+async fn measure(
+    bench: &Bench<'_>,
+    tenants: &mut Tenants,
+    code: &'static str,
+    binary: &Path,
+    accounts: u64,
+) -> anyhow::Result<()> {
+    eprintln!("tenants: {code}, {accounts} accounts");
+    let measured = night(bench.cli, bench.admin, bench.base, code, binary, accounts).await?;
+    let nights = &mut tenants.nights;
+    nights.retain(|n| (n.code.as_str(), n.accounts) != (code, accounts));
+    nights.push(measured);
+    nights.sort_by(|a, b| (&a.code, a.accounts).cmp(&(&b.code, b.accounts)));
+    tenants.measured_at = Utc::now();
+    bench.report.write(&[("tenants", member(tenants)?)])
 }
 
 /// The nights latest.json holds already.
@@ -126,8 +142,9 @@ fn earlier(cli: &Cli) -> anyhow::Result<Vec<Night>> {
     })
 }
 
-/// One night of `binary` (`code`) over `accounts` accounts: the database migrated and filled,
-/// the night run and checked, the queue's figures read, then the operator's views.
+/// One night of `binary` (`code`) over `accounts` accounts: the database migrated (by that
+/// binary) and filled, the night run and checked, the queue's figures read, then the operator's
+/// views.
 async fn night(
     cli: &Cli,
     admin: &PgPool,
@@ -299,253 +316,85 @@ async fn view(
     })
 }
 
-/// The accounts and their rows (plain SQL over `generate_series`), aged from `now` (the night's
-/// slot is at most a day earlier), then the due accounts' files.
-async fn fill(
-    pool: &PgPool,
-    roots: &Path,
-    now: DateTime<Utc>,
-    accounts: u64,
-    due: u64,
-) -> anyhow::Result<()> {
-    let statements = every_account(now, accounts, due)
-        .into_iter()
-        .chain(backlog(now));
-    let mut conn = pool.acquire().await?;
-    for statement in statements {
-        sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
-            .execute(&mut *conn)
-            .await
-            .with_context(|| format!("filling: {statement}"))?;
-    }
-    drop(conn);
-    sqlx::query("VACUUM (FREEZE, ANALYZE)")
-        .execute(pool)
-        .await?;
-    write_files(pool, roots, now).await
-}
-
-/// `days` before `now`, as an SQL timestamp.
-fn at(now: DateTime<Utc>, days: i64) -> String {
-    format!(
-        "'{}'::timestamptz",
-        (now - chrono::Duration::days(days)).to_rfc3339()
-    )
-}
-
-/// The statements that make the `accounts` accounts (the first `due` of them due) in a
-/// temporary table `tenant`, and what every one holds: a 30-day window, an enabled session
-/// policy, a conversation with a young run and an agent with a young session.
-fn every_account(now: DateTime<Utc>, accounts: u64, due: u64) -> Vec<String> {
-    let young = at(now, 3);
-    vec![
-        format!(
-            "CREATE TEMP TABLE tenant AS
-             SELECT n, gen_random_uuid() AS id, gen_random_uuid() AS conversation,
-                    gen_random_uuid() AS agent, n <= {due} AS due
-             FROM generate_series(1, {accounts}) n"
+/// The tenants' section of latest.md: the facts, each night and the operator's views after it,
+/// and PF-5 from the fewest accounts to the most.
+fn markdown(t: &Tenants) -> String {
+    let when = format!("{}, {}", t.measured_at.format("%Y-%m-%d"), t.machine);
+    let mut md = facts(&[
+        ("measured", when),
+        ("due accounts", t.due_accounts.to_string()),
+    ]);
+    let nights = flat(&t.nights);
+    let mut sections = vec![
+        ("Nights", columns(NIGHTS, &nights)),
+        (
+            "The operator's views after the night",
+            columns(VIEWS, &nights),
         ),
-        "INSERT INTO accounts (id, name, execution_details_retention_days)
-         SELECT id, 'tenant ' || n, 30 FROM tenant"
-            .into(),
-        "INSERT INTO conversations (id, account_id) SELECT conversation, id FROM tenant".into(),
-        "INSERT INTO agents (id, account_id) SELECT agent, id FROM tenant".into(),
-        "INSERT INTO session_retention_policies (account_id, enabled) SELECT id, true FROM tenant"
-            .into(),
-        format!(
-            "INSERT INTO runs (account_id, conversation_id, status, completed_at)
-             SELECT id, conversation, 'completed', {young} FROM tenant"
-        ),
-        format!(
-            "INSERT INTO sessions (account_id, agent_id, kind, last_activity_at)
-             SELECT id, agent, 'main', {young} FROM tenant"
-        ),
-    ]
-}
-
-/// The statements that give each due account of `tenant` its backlog: the old runs with
-/// detail and an output file each, one held back by a pending settlement; an old main session
-/// with its history row; an old attachment.
-fn backlog(now: DateTime<Utc>) -> Vec<String> {
-    let (old, stale) = (at(now, 60), at(now, 100));
-    vec![
-        format!(
-            "CREATE TEMP TABLE old_run AS
-             SELECT gen_random_uuid() AS run, t.id AS account, t.conversation, k = 1 AS held
-             FROM tenant t CROSS JOIN generate_series(1, {OLD_RUNS}) k WHERE t.due"
-        ),
-        format!(
-            "INSERT INTO runs (id, account_id, conversation_id, status, completed_at)
-             SELECT run, account, conversation, 'completed', {old} FROM old_run"
-        ),
-        "INSERT INTO run_tasks (run_id, name) SELECT run, 'root' FROM old_run".into(),
-        "INSERT INTO tool_results (run_id, tool_name, body)
-         SELECT run, 'search', 'results' FROM old_run"
-            .into(),
-        "INSERT INTO output_files (run_id, relative_path, bytes)
-         SELECT run, account || '/' || run || '/out.bin', 5 FROM old_run"
-            .into(),
-        "INSERT INTO settlement_receipts (run_id, status)
-         SELECT run, 'pending' FROM old_run WHERE held"
-            .into(),
-        format!(
-            "INSERT INTO sessions (account_id, agent_id, kind, state, last_activity_at)
-             SELECT id, agent, 'main', 'completed', {stale} FROM tenant WHERE due"
-        ),
-        format!(
-            "INSERT INTO conversation_entries (session_id, entry_id)
-             SELECT id, 'e1' FROM sessions WHERE last_activity_at = {stale}"
-        ),
-        format!(
-            "INSERT INTO attachments (account_id, relative_path, bytes, created_at)
-             SELECT id, id || '/a.bin', 5, {old} FROM tenant WHERE due"
-        ),
-    ]
-}
-
-/// The due accounts' files under `roots`, each 60 days old: every old run's output, every old
-/// session's directory (a frame in it) and every attachment's file; then syncs.
-async fn write_files(pool: &PgPool, roots: &Path, now: DateTime<Utc>) -> anyhow::Result<()> {
-    let outputs: Vec<String> = sqlx::query_scalar("SELECT relative_path FROM output_files")
-        .fetch_all(pool)
-        .await?;
-    let sessions: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM sessions WHERE state = 'completed'")
-            .fetch_all(pool)
-            .await?;
-    let attachments: Vec<String> = sqlx::query_scalar("SELECT relative_path FROM attachments")
-        .fetch_all(pool)
-        .await?;
-    let old_mtime = std::time::UNIX_EPOCH
-        + Duration::from_secs(u64::try_from(
-            (now - chrono::Duration::days(60)).timestamp(),
-        )?);
-    for (root, relative) in outputs
-        .iter()
-        .map(|p| ("outputs", p.clone()))
-        .chain(
-            sessions
-                .iter()
-                .map(|s| ("sessions", format!("{s}/frame.json"))),
-        )
-        .chain(attachments.iter().map(|p| ("attachments", p.clone())))
-    {
-        let path = roots.join(root).join(relative);
-        std::fs::create_dir_all(path.parent().context("a parent")?)?;
-        let file = std::fs::File::create(&path)?;
-        file.set_modified(old_mtime)?;
-    }
-    disk::sync();
-    Ok(())
-}
-
-/// The end state the rules give: the two free old runs of each due account pruned and their
-/// files gone, the held one and every young run untouched; each old session and its directory
-/// gone, every young one kept; each old attachment expired and its file gone.
-async fn check(pool: &PgPool, roots: &Path, now: DateTime<Utc>, due: u64) -> anyhow::Result<()> {
-    let due = i64::try_from(due)?;
-    let (pruned, unpruned_old, old_sessions, young_sessions, expired, pending): (
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-    ) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM runs WHERE details_pruned_at IS NOT NULL),
-                (SELECT count(*) FROM runs r WHERE details_pruned_at IS NULL AND completed_at < $1
-                   AND EXISTS (SELECT 1 FROM output_files f WHERE f.run_id = r.id)),
-                (SELECT count(*) FROM sessions WHERE state = 'completed'),
-                (SELECT count(*) FROM sessions WHERE state = 'idle'),
-                (SELECT count(*) FROM attachments WHERE bytes_expired_at IS NOT NULL),
-                (SELECT count(*) FROM sexton.pending_file_deletions)",
-    )
-    .bind(now - chrono::Duration::days(30))
-    .fetch_one(pool)
-    .await?;
-    let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
-        .fetch_one(pool)
-        .await?;
-    let files = |root: &str| crate::attachments::files_left(&roots.join(root));
-    let (outputs, session_files, attachment_files) =
-        (files("outputs")?, files("sessions")?, files("attachments")?);
-    let expected = (
-        (OLD_RUNS - 1) * due,
-        due,
-        0,
-        accounts,
-        due,
-        0,
-        u64::try_from(due)?,
-        0,
-        0,
-    );
-    let found = (
-        pruned,
-        unpruned_old,
-        old_sessions,
-        young_sessions,
-        expired,
-        pending,
-        outputs,
-        session_files,
-        attachment_files,
-    );
-    if found != expected {
-        bail!(
-            "the night did not end as the rules say: (pruned runs, held old runs, old sessions, \
-             young sessions, expired attachments, pending deletions, output files, session \
-             files, attachment files) = {found:?}, expected {expected:?}"
-        );
-    }
-    Ok(())
-}
-
-/// The tenants' section of latest.md.
-pub fn markdown(t: &Tenants) -> String {
-    let mut md = format!(
-        "{TENANTS_HEADING}\n\nMeasured {} on {} (`bash bench/run.sh --only tenants`; each night's time is in the table: nights of other runs are kept). Every account has a 30-day window, an enabled session policy, a young run and a young session (3 days old at the tick); {} of them also hold a small backlog each: three old runs with detail and an output file (one held back by a pending settlement, EX-5), an old main session with its history and directory, and an expired attachment. One night each: `sexton tick`, then one worker (`--exit-when-idle`, default settings, every job kind) until the queue is idle; each night is checked to end in the state the rules give. pass: from the worker taking the nightly slot to the last job done; fan-out: the slot job alone (discovery, ledger rows, first hops); both from the queue's own times. Queue jobs and ledger rows (`sexton.passes` and `sexton.fan_outs`) are counted after the night, `apalis.jobs` with its indexes. `baseline` is the code before FL-8 (commit 985f33e), on databases migrated by it. `status`, `status --json` and `preview` run once each after the night: seconds, peak RSS, lines printed.\n\n| code | measured | accounts | pass s | fan-out s | worker s | queue jobs | ledger rows | apalis.jobs MB | worker RSS MB | status s / MB RSS / lines | status --json s / MB | preview s / MB RSS / lines |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        t.measured_at.format("%Y-%m-%d"),
-        t.machine,
-        t.due_accounts,
-    );
-    let mb = |kb: Option<u64>| kb.map_or("—".into(), |kb| format!("{:.0}", kb as f64 / 1024.0));
-    for n in &t.nights {
-        md.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {:.1} | {} | {:.2} / {} / {} | {:.2} / {:.1} | {:.2} / {} / {} |\n",
-            n.code,
-            n.measured_at.format("%Y-%m-%d %H:%M"),
-            n.accounts,
-            n.pass_seconds,
-            n.fan_out_seconds,
-            n.worker_seconds,
-            n.queue_jobs,
-            n.ledger_rows,
-            n.apalis_jobs_bytes as f64 / 1_048_576.0,
-            mb(n.worker_peak_rss_kb),
-            n.status.seconds,
-            mb(n.status.peak_rss_kb),
-            n.status.lines,
-            n.status_json.seconds,
-            n.status_json.bytes as f64 / 1_048_576.0,
-            n.preview.seconds,
-            mb(n.preview.peak_rss_kb),
-            n.preview.lines,
-        ));
-    }
+    ];
     let ours: Vec<&Night> = t.nights.iter().filter(|n| n.code == "sexton").collect();
     if let (Some(first), Some(last)) = (ours.first(), ours.last())
         && ours.len() > 1
     {
-        md.push_str(&format!(
-            "\nPF-5: the night at {} accounts took {:.2}× the night at {} (at most 1.5×) and created {} queue jobs more ({} against {}).\n",
-            last.accounts,
-            last.pass_seconds / first.pass_seconds,
-            first.accounts,
-            last.queue_jobs - first.queue_jobs,
-            last.queue_jobs,
-            first.queue_jobs,
-        ));
+        let ratio = last.pass_seconds / first.pass_seconds;
+        let row = vec![
+            format!("{} → {}", first.accounts, last.accounts),
+            format!("{ratio:.2}×"),
+            "≤ 1.50×".to_owned(),
+            format!("{} → {}", first.queue_jobs, last.queue_jobs),
+            if ratio <= 1.5 { "met" } else { "**not met**" }.to_owned(),
+        ];
+        let header = ["accounts", "pass ratio", "bound", "queue jobs", "verdict"];
+        sections.push(("PF-5", table(&header, [row])));
+    }
+    for (heading, body) in sections {
+        md.push_str(&format!("\n### {heading}\n\n{body}"));
     }
     md
+}
+
+/// A row per night: the pass and its fan-out by the queue's times, the worker, and what the
+/// night left in the queue and the ledger.
+const NIGHTS: &[Column<(), Night>] = &[
+    ("code", |_, n| n.code.clone()),
+    ("measured", |_, n| {
+        n.measured_at.format("%Y-%m-%d %H:%M").to_string()
+    }),
+    ("accounts", |_, n| n.accounts.to_string()),
+    ("pass s", |_, n| f(n.pass_seconds, 1)),
+    ("fan-out s", |_, n| f(n.fan_out_seconds, 1)),
+    ("worker s", |_, n| f(n.worker_seconds, 1)),
+    ("queue jobs", |_, n| n.queue_jobs.to_string()),
+    ("ledger rows", |_, n| n.ledger_rows.to_string()),
+    ("apalis.jobs MB", |_, n| {
+        f(n.apalis_jobs_bytes as f64 / 1_048_576.0, 1)
+    }),
+    ("worker RSS MB", |_, n| whole_mb(n.worker_peak_rss_kb)),
+];
+
+/// A row per night: each of the operator's views after it.
+const VIEWS: &[Column<(), Night>] = &[
+    ("code", |_, n| n.code.clone()),
+    ("accounts", |_, n| n.accounts.to_string()),
+    ("status s / RSS MB / lines", |_, n| seen(&n.status)),
+    ("status --json s / MB", |_, n| {
+        let mb = n.status_json.bytes as f64 / 1_048_576.0;
+        format!("{:.2} / {mb:.1}", n.status_json.seconds)
+    }),
+    ("preview s / RSS MB / lines", |_, n| seen(&n.preview)),
+];
+
+/// A view's seconds, peak RSS and lines printed.
+fn seen(v: &View) -> String {
+    format!(
+        "{:.2} / {} / {}",
+        v.seconds,
+        whole_mb(v.peak_rss_kb),
+        v.lines
+    )
+}
+
+/// Kilobytes as whole megabytes, or "—".
+fn whole_mb(kb: Option<u64>) -> String {
+    or_dash(kb, |kb| f(kb as f64 / 1024.0, 0))
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, PgPool, Postgres};
 
-use crate::Cli;
+use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate, wal_position};
 use crate::sampler::{Longest, longest_transaction};
 

@@ -1,129 +1,196 @@
-//! The scales' part of latest.md (and of what a run prints): its tables, notes and targets.
+//! The scales' section of latest.md: tables of figures under short headings, and the targets.
+//! What each method is and how each column is measured is in docs/benchmark.md.
+
+use chrono::{DateTime, Utc};
 
 use super::{Scale, targets};
 use crate::method::Method;
+use crate::table::{Column, columns, f, facts, flat, mb, or_dash, percent, table};
 
-/// The scales' tables, at the top of latest.md: the execution-details methods, a note on their
-/// WAL, the WAL budget, the targets held against the figures, and SessionRetention's methods.
-pub fn markdown(results: &[Scale]) -> String {
-    let mut md = String::new();
-    methods_table(&mut md, results);
-    wal_note(&mut md, results);
-    budget_table(&mut md, results);
-    targets_list(&mut md, results);
-    sessions_table(&mut md, results);
+/// The section's body: when and where, the templates, the writers alone, each job's methods
+/// (rates, the writer beside them, their WAL and hops), the WAL budget, and the targets.
+pub fn markdown(results: &[Scale], measured_at: &DateTime<Utc>, machine: &str) -> String {
+    let when = format!("{}, {machine}", measured_at.format("%Y-%m-%d"));
+    let mut md = facts(&[("measured", when)]);
+    let (mut details, mut sessions) = (Vec::new(), Vec::new());
+    for s in results {
+        details.extend(s.methods.iter().map(|m| (s, m)));
+        sessions.extend(s.session_methods.iter().map(|m| (s, m)));
+    }
+    let budgets: Vec<(&Scale, &Method)> = results
+        .iter()
+        .filter_map(|s| Some((s, &s.wal_budget.as_ref()?.method)))
+        .collect();
+    let mut sections = vec![
+        ("Templates", columns(TEMPLATES, &flat(results))),
+        (
+            "Writers alone (idle baseline)",
+            columns(IDLE, &flat(results)),
+        ),
+        ("Execution details", columns(DETAILS, &details)),
+        (
+            "Execution details: the writer beside",
+            columns(BESIDE, &details),
+        ),
+        ("Execution details: WAL and hops", columns(WAL, &details)),
+    ];
+    if !budgets.is_empty() {
+        sections.push((
+            "Execution details under a WAL budget",
+            columns(BUDGET, &budgets),
+        ));
+    }
+    sections.extend([
+        ("Sessions", columns(SESSIONS, &sessions)),
+        (
+            "Sessions: the appending writer beside",
+            columns(BESIDE, &sessions),
+        ),
+        ("Sessions: WAL and hops", columns(WAL, &sessions)),
+        ("Targets (SPEC §8)", targets_table(results)),
+    ]);
+    for (heading, body) in sections {
+        md.push_str(&format!("\n### {heading}\n\n{body}"));
+    }
     md
 }
 
-/// The execution-details methods' table, a row per method and scale.
-fn methods_table(md: &mut String, results: &[Scale]) {
-    md.push_str(
-        "| scale | runs | owners | detail rows | method | seconds | owners/s | rows/s | vs raw | vs naive | WAL MB (writer's share) | WAL bytes per owner | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | writes that waited | longest write tx ms | hop median / p99 ms | µs per candidate (median hop) | peak RSS MB | outside owner tx | outside hops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for s in results {
-        for m in &s.methods {
-            md.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {} | {:.0} | {} | {} | {} | {} | {} |\n",
-                s.scale, s.runs, s.owners, s.detail_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
-                ratio(m, targets::find(s, "raw")), ratio(m, targets::find(s, "naive")),
-                wal_mb(m), wal_per_owner(m),
-                m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
-                s.idle_writer.p50_ms, s.idle_writer.p99_ms, s.idle_writer.max_ms,
-                m.writer_longest_lock_wait_ms,
-                m.waits(),
-                m.longest_transaction_ms,
-                m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
-                m.hop_us_per_candidate.map_or("—".into(), |h| format!("{:.0}", h.p50_ms)),
-                m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
-                m.share_outside_owner_transactions.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
-                m.share_outside_hops.map_or("—".into(), |x| format!("{:.0}%", x * 100.0)),
-            ));
-        }
-    }
+/// A row per scale: what its template holds and what a pass removes.
+const TEMPLATES: &[Column<(), Scale>] = &[
+    ("scale", |_, s| s.scale.to_string()),
+    ("runs", |_, s| s.runs.to_string()),
+    ("owners", |_, s| s.owners.to_string()),
+    ("detail rows", |_, s| s.detail_rows.to_string()),
+    ("sessions", |_, s| s.sessions.to_string()),
+    ("history rows", |_, s| s.session_rows.to_string()),
+    ("seed s", |_, s| f(s.seed_seconds, 1)),
+    ("transaction target ms", |_, s| {
+        f(s.transaction_target_ms, 0)
+    }),
+];
+
+/// A row per scale: each writer alone on a copy, its latency and WAL rate.
+const IDLE: &[Column<(), Scale>] = &[
+    ("scale", |_, s| s.scale.to_string()),
+    ("writer p50 / p99 / max ms", |_, s| s.idle_writer.ms()),
+    ("writer WAL B/s", |_, s| f(s.idle_writer_wal_bytes_per_s, 0)),
+    ("appender p50 / p99 / max ms", |_, s| s.idle_appender.ms()),
+    ("appender WAL B/s", |_, s| {
+        f(s.idle_appender_wal_bytes_per_s, 0)
+    }),
+];
+
+/// A row per execution-details method and scale: its time and rates against the raw floor
+/// and the naive delete.
+const DETAILS: &[Column<Scale, Method>] = &[
+    ("scale", |s, _| s.scale.to_string()),
+    ("method", |_, m| m.name.clone()),
+    ("s", |_, m| f(m.seconds, 2)),
+    ("owners/s", |_, m| f(m.owners_per_s, 0)),
+    ("rows/s", |_, m| f(m.rows_per_s, 0)),
+    ("vs raw", |s, m| against(m, &s.methods, "raw")),
+    ("vs naive", |s, m| against(m, &s.methods, "naive")),
+];
+
+/// A row per sessions method and scale: its time and rates against the raw cascade.
+const SESSIONS: &[Column<Scale, Method>] = &[
+    ("scale", |s, _| s.scale.to_string()),
+    ("method", |_, m| m.name.clone()),
+    ("s", |_, m| f(m.seconds, 2)),
+    ("sessions/s", |_, m| f(m.owners_per_s, 0)),
+    ("rows/s", |_, m| f(m.rows_per_s, 0)),
+    ("vs raw", |s, m| {
+        against(m, &s.session_methods, "sessions raw")
+    }),
+];
+
+/// A row per method and scale: what the application writer beside it saw, and the method's
+/// longest write transaction.
+const BESIDE: &[Column<Scale, Method>] = &[
+    ("scale", |s, _| s.scale.to_string()),
+    ("method", |_, m| m.name.clone()),
+    ("p50 / p99 / max ms", |_, m| m.writer.ms()),
+    ("longest lock wait ms", |_, m| {
+        f(m.writer_longest_lock_wait_ms, 1)
+    }),
+    ("writes that waited", |_, m| m.waits()),
+    ("longest write tx ms", |_, m| f(m.longest_transaction_ms, 0)),
+];
+
+/// A row per method and scale: its WAL (per owner or session, net of the writer), and for
+/// sexton its hops, memory and where the time went.
+const WAL: &[Column<Scale, Method>] = &[
+    ("scale", |s, _| s.scale.to_string()),
+    ("method", |_, m| m.name.clone()),
+    ("WAL MB (writer's)", |_, m| wal_mb(m)),
+    ("WAL B/item", |_, m| wal_per_item(m)),
+    ("hop median / p99 ms", |_, m| {
+        or_dash(m.hop, |h| h.median_p99())
+    }),
+    ("µs/candidate", |_, m| {
+        or_dash(m.hop_us_per_candidate, |h| f(h.p50_ms, 0))
+    }),
+    ("peak RSS MB", |_, m| mb(m.peak_rss_kb)),
+    ("outside owner tx", |_, m| {
+        percent(m.share_outside_owner_transactions)
+    }),
+    ("outside hops", |_, m| percent(m.share_outside_hops)),
+];
+
+/// The WAL budget's pass: its budget, the rate it held, and the writer beside it.
+const BUDGET: &[Column<Scale, Method>] = &[
+    ("scale", |s, _| s.scale.to_string()),
+    ("budget B/s", |s, _| {
+        budget(s, |b| b.budget_bytes_per_s.to_string())
+    }),
+    ("achieved B/s", |s, _| {
+        budget(s, |b| f(b.achieved_bytes_per_s, 0))
+    }),
+    ("achieved ÷ budget", |s, _| budget(s, |b| f(b.ratio, 2))),
+    ("s", |_, m| f(m.seconds, 1)),
+    ("owners/s", |_, m| f(m.owners_per_s, 0)),
+    ("WAL B/owner", |_, m| wal_per_item(m)),
+    ("writer p50 / p99 / max ms", |_, m| m.writer.ms()),
+    ("longest lock wait ms", |_, m| {
+        f(m.writer_longest_lock_wait_ms, 1)
+    }),
+    ("longest write tx ms", |_, m| f(m.longest_transaction_ms, 0)),
+];
+
+/// A figure of scale `s`'s WAL budget.
+fn budget(s: &Scale, figure: impl FnOnce(&super::WalBudget) -> String) -> String {
+    or_dash(s.wal_budget.as_ref(), figure)
 }
 
-/// How the WAL figures are measured, with the writer's idle rate at each scale.
-fn wal_note(md: &mut String, results: &[Scale]) {
-    let idle_rates: Vec<String> = results
-        .iter()
-        .map(|s| format!("{:.0} at scale {}", s.idle_writer_wal_bytes_per_s, s.scale))
-        .collect();
-    md.push_str(&format!(
-        "\nWAL: the cluster's WAL position (`pg_current_wal_lsn()`, read on the bench's own connection) just before each method and right after it (for sexton, at the worker taking the nightly slot and at its last hop, the span its seconds time). \"WAL MB\" is that delta, the WAL of the writer beside the method included; in brackets the writer's estimated share, its rate alone in the idle baseline (bytes/s: {}; mostly whole pages it is the first to change after the copy's checkpoint, so a rough estimate) × the method's seconds. \"WAL bytes per owner\" is the delta net of that share, per owner pruned. Each copy starts right after the checkpoint of `CREATE DATABASE … STRATEGY FILE_COPY`, so every method writes whole pages (full-page writes) on its first change to each page alike; autovacuum's WAL during a method counts in its delta.\n",
-        idle_rates.join(", ")
-    ));
-}
-
-/// The WAL budget's pass and its table, if a scale ran it.
-fn budget_table(md: &mut String, results: &[Scale]) {
-    if let Some((s, b)) = results
-        .iter()
-        .find_map(|s| s.wal_budget.as_ref().map(|b| (s, b)))
-    {
-        let m = &b.method;
-        md.push_str(&format!(
-            "\nWAL budget, at scale {}: sexton as in the table (`queue.concurrency` 2) once more on a fresh copy, with `SEXTON_HEALTH__MAX_WAL_BYTES_PER_SECOND` at a quarter of the rate its unbudgeted pass wrote at (WAL delta ÷ seconds, as in the table); the other health indicators stay off. The pace (`WalPace`, jobs/src/health.rs) holds the whole process to the budget by the cluster's WAL position, each byte counted once whichever hop reads it: the writer's WAL (about {:.0} bytes/s alone) counts against the budget too. The achieved rate is measured as in the table: the WAL delta over the pass, the writer's included, ÷ its seconds.\n\n| scale | budget bytes/s | achieved bytes/s | achieved / budget | seconds | owners/s | WAL bytes per owner | writer p50 / p99 / max ms | writer longest lock wait ms | longest write tx ms |\n|---|---|---|---|---|---|---|---|---|---|\n| {} | {} | {:.0} | {:.2} | {:.1} | {:.0} | {} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} |\n",
-            s.scale, s.idle_writer_wal_bytes_per_s,
-            s.scale, b.budget_bytes_per_s, b.achieved_bytes_per_s, b.ratio, m.seconds, m.owners_per_s,
-            wal_per_owner(m),
-            m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
-            m.writer_longest_lock_wait_ms,
-            m.longest_transaction_ms,
-        ));
-    }
-}
-
-/// The targets of SPEC §8, each met or not.
-fn targets_list(md: &mut String, results: &[Scale]) {
-    let targets = targets(results);
-    md.push_str("\nTargets (SPEC §8), from this run's figures:\n\n");
-    for t in &targets {
-        let at = match t.from_scale {
-            Some(from) => format!("from scale {from} to {}", t.scale),
-            None => format!("at scale {}", t.scale),
-        };
-        let verdict = if t.met { "met" } else { "not met" };
-        md.push_str(&format!(
-            "- **{}** {at}: {}: **{verdict}**\n",
-            t.id, t.check
-        ));
-    }
-    if !targets.iter().any(|t| t.id == "PF-3") {
-        md.push_str("- **PF-3**: not measured (needs a scale of 10 or more and a larger one)\n");
-    }
-}
-
-/// SessionRetention's table, a row per method and scale.
-fn sessions_table(md: &mut String, results: &[Scale]) {
-    md.push_str(
-        "\nSessionRetention: the same sessions deleted by a nightly pass through the queue and by a raw batched delete (100 per transaction, cascading); `sessions raw+dirs` also removes each batch's session directories after its commit (sexton's end state), `sessions raw+dirs+locks` first takes SessionRetention's locks in each batch (the agents `FOR SHARE`, then the sessions `FOR UPDATE`). WAL as above, the appending writer's share from its own idle baseline.\n\n| scale | sessions | history rows | method | seconds | sessions/s | rows/s | vs raw | WAL MB (writer's share) | WAL bytes per session | writer p50 / p99 / max ms (idle) | writer longest lock wait ms | writes that waited | longest write tx ms | hop median / p99 ms | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for s in results {
-        let raw = s.session_methods.iter().find(|m| m.name == "sessions raw");
-        for m in &s.session_methods {
-            md.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} / {:.1} / {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {} | {:.0} | {} | {} |\n",
-                s.scale, s.sessions, s.session_rows, m.name, m.seconds, m.owners_per_s, m.rows_per_s,
-                ratio(m, raw),
-                wal_mb(m), wal_per_owner(m),
-                m.writer.p50_ms, m.writer.p99_ms, m.writer.max_ms,
-                s.idle_appender.p50_ms, s.idle_appender.p99_ms, s.idle_appender.max_ms,
-                m.writer_longest_lock_wait_ms,
-                m.waits(),
-                m.longest_transaction_ms,
-                m.hop.map_or("—".into(), |h| format!("{:.0} / {:.0}", h.p50_ms, h.p99_ms)),
-                m.peak_rss_kb.map_or("—".into(), |kb| format!("{:.1}", kb as f64 / 1024.0)),
-            ));
-        }
-    }
-}
-
-/// `m`'s rate over that of the method `of`, or "—" when that one was not measured
-/// (`--methods`).
-fn ratio(m: &Method, of: Option<&Method>) -> String {
-    of.map_or("—".into(), |of| {
+/// `m`'s rate over that of method `floor` among `methods`, or "—" when that one was not
+/// measured (`--methods`).
+fn against(m: &Method, methods: &[Method], floor: &str) -> String {
+    let floor = methods.iter().find(|of| of.name == floor);
+    or_dash(floor, |of| {
         format!("{:.2}×", m.owners_per_s / of.owners_per_s)
     })
+}
+
+/// The targets of SPEC §8, each with its figures, its bound and whether it was met.
+fn targets_table(results: &[Scale]) -> String {
+    let targets = targets(results);
+    let mut rows: Vec<Vec<String>> = targets
+        .iter()
+        .map(|t| {
+            let at = match t.from_scale {
+                Some(from) => format!("{from} → {}", t.scale),
+                None => t.scale.to_string(),
+            };
+            let verdict = if t.met { "met" } else { "**not met**" };
+            let (id, check, bound) = (t.id.to_owned(), t.check.clone(), t.target.clone());
+            vec![id, at, check, bound, verdict.to_owned()]
+        })
+        .collect();
+    if !targets.iter().any(|t| t.id == "PF-3") {
+        let why = "not measured: needs a scale of 10 or more and a larger one";
+        rows.push(["PF-3", "—", why, "—", "—"].map(str::to_owned).to_vec());
+    }
+    table(&["target", "scale", "measured", "bound", "verdict"], rows)
 }
 
 /// A method's WAL in MB, with the writer's estimated share in brackets.
@@ -136,7 +203,6 @@ fn wal_mb(m: &Method) -> String {
 }
 
 /// A method's WAL net of the writer, per owner (session).
-fn wal_per_owner(m: &Method) -> String {
-    m.wal_bytes_per_owner
-        .map_or("—".into(), |bytes| format!("{bytes:.0}"))
+fn wal_per_item(m: &Method) -> String {
+    or_dash(m.wal_bytes_per_owner, |bytes| format!("{bytes:.0}"))
 }

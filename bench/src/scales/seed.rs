@@ -13,7 +13,7 @@ use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
 use super::writers::{session_targets, writer_targets};
-use crate::Cli;
+use crate::cli::Cli;
 use crate::cluster::{connect, recreate};
 use crate::sexton::{pass_start, sexton};
 
@@ -79,9 +79,11 @@ pub async fn seed(
     let _ = std::fs::remove_dir_all(&files);
     eprintln!("scale {scale}: seeding");
     let started = Instant::now();
-    sexton(cli, &name, &files, &["migrate"]).status().await?;
+    sexton(&cli.sexton, &name, &files, &["migrate"])
+        .status()
+        .await?;
     let seeded = sexton(
-        cli,
+        &cli.sexton,
         &name,
         &files,
         &[

@@ -1,0 +1,111 @@
+//! The command line: which parts run, at what sizes, against which builds. The method each flag
+//! changes is described in docs/benchmark.md.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "The performance benchmark of SPEC §8 (run by bench/run.sh, never by the tests)",
+    args_override_self = true
+)]
+pub struct Cli {
+    /// Measure these parts only (a comma-separated list), keeping the other parts' figures in
+    /// the results files.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Write latest.md anew from latest.json, measuring nothing.
+    #[arg(long)]
+    pub render: bool,
+    /// The sexton binary (a release build).
+    #[arg(long, default_value = "target/release/sexton")]
+    pub sexton: PathBuf,
+    /// Seed scales to measure (`sexton seed --scale`).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,400")]
+    pub scales: Vec<u64>,
+    /// Application writer transactions per second.
+    #[arg(long, default_value_t = 50)]
+    pub writer_rate: u32,
+    /// How long the writer's idle baseline runs.
+    #[arg(long, default_value_t = 10)]
+    pub baseline_seconds: u64,
+    /// The scales: measure these methods only, by their names in the tables (a comma-separated
+    /// list: `--methods sexton,raw+markers+files`); all of them when not given.
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Vec<String>,
+    /// Where the markdown table and JSON go.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// Scratch directory for the file roots.
+    #[arg(long, default_value = "/tmp/sexton-bench")]
+    pub scratch: PathBuf,
+    /// Short-lived records: expired rows of each table (a tenth as many young ones stay).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub expiry_rows: u64,
+    /// Short-lived records: rows per batch, for sexton (`expiry.batch_size`) and the raw delete.
+    #[arg(long, default_value_t = 2000)]
+    pub expiry_batch: u32,
+    /// Run traces: the trees' sizes in files (a hundred per agent directory).
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    pub trace_files: Vec<u64>,
+    /// Run traces: the age limit in days, sexton's `max_age_days` and `find -mtime +N`.
+    #[arg(long, default_value_t = 60)]
+    pub trace_age_days: u32,
+    /// Run traces: bodies of the signature line alone (one 4 KiB block per file).
+    #[arg(long)]
+    pub trace_small: bool,
+    /// Run traces: the agents table holds only the agents with live sessions.
+    #[arg(long)]
+    pub trace_live_agents_only: bool,
+    /// Attachment bytes: rows, each with a file (half of them past the age).
+    #[arg(long, default_value_t = 100_000)]
+    pub attachment_rows: u64,
+    /// Attachment bytes: accounts the rows are spread over.
+    #[arg(long, default_value_t = 4)]
+    pub attachment_accounts: u32,
+    /// Many accounts (PF-5): the account counts of this build's nights (none when given no
+    /// value).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "10000,100000,1000000")]
+    pub tenant_accounts: Vec<u64>,
+    /// Many accounts: how many of them hold the same small backlog, at every size.
+    #[arg(long, default_value_t = 10_000)]
+    pub tenant_due: u64,
+    /// Many accounts: an earlier sexton binary (built from its own commit) to run the same
+    /// nights with, beside this build's.
+    #[arg(long)]
+    pub tenant_baseline: Option<PathBuf>,
+    /// Many accounts: the account counts of the earlier binary's nights.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+    pub tenant_baseline_accounts: Vec<u64>,
+    /// Run traces and attachment bytes: start each method after a walk of its tree instead of
+    /// dropping the page cache.
+    #[arg(long)]
+    pub warm: bool,
+    /// Attachment bytes and run traces also on an S3-compatible server at this endpoint.
+    #[arg(long, requires = "s3_dir")]
+    pub s3_endpoint: Option<String>,
+    /// The directory the `--s3-endpoint` server keeps its buckets in.
+    #[arg(long)]
+    pub s3_dir: Option<PathBuf>,
+    /// Keep each sexton worker's log (JSON lines) in this directory, one file per database.
+    #[arg(long)]
+    pub logs: Option<PathBuf>,
+    /// The scales: active holds placed on each template, on scopes that hold nothing of the
+    /// seed (HD-3's lookups alone differ). Needs a build with holds.
+    #[arg(long, default_value_t = 0)]
+    pub holds: u32,
+}
+
+impl Cli {
+    /// Whether part `name` runs: `--only` names it, or names none.
+    pub fn runs(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|part| part == name)
+    }
+
+    /// Whether this run measures the scales too: a part's figures then come from the same run
+    /// as theirs.
+    pub fn with_scales(&self) -> bool {
+        self.runs("scales")
+    }
+}
