@@ -6,6 +6,7 @@
 //! The rows are spread over a few accounts; every other file was last modified before the
 //! cutoff (31–400 days before the pass), the rest after it (1–29 days), and one row in a
 //! thousand has no file. Nothing else is in the database, so the pass's other jobs find nothing.
+//! With `--baseline-sexton`, sexton's methods once more pair by pair with the earlier build.
 
 mod plain;
 
@@ -23,6 +24,7 @@ use uuid::Uuid;
 use self::plain::{plain, plain_objects};
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
+use crate::compare::{self, Comparison, Side};
 use crate::disk::{self, Rng, files_left};
 use crate::method::Method;
 use crate::objects::Server;
@@ -42,13 +44,13 @@ const METHODS: [&str; 6] = [
 ];
 
 /// The part: measured, then written into the results.
-pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
+pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<Vec<Comparison>>> {
     Box::pin(async move {
         let attachments = measure(bench.cli, bench.admin, bench.base).await?;
         bench
             .report
             .write(&[("attachments", member(&attachments)?)])?;
-        Ok(())
+        Ok(attachments.before_after)
     })
 }
 
@@ -89,6 +91,9 @@ pub struct Attachments {
     /// Building the template and writing one tree.
     fill_seconds: f64,
     methods: Vec<AttachmentMethod>,
+    /// With `--baseline-sexton`: sexton's methods by both builds, pair by pair.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    before_after: Vec<Comparison>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -100,6 +105,16 @@ struct AttachmentMethod {
     files_deleted: u64,
     /// The CPU time of the method's database backends.
     db_cpu_seconds: Option<f64>,
+}
+
+impl AttachmentMethod {
+    /// Its run as one side of a comparison of two builds.
+    fn side(&self) -> Side {
+        Side {
+            writer_wait_ms: None,
+            ..self.method.side()
+        }
+    }
 }
 
 /// The row a file is written for.
@@ -166,7 +181,7 @@ fn write_tree(root: &Path, rows: &[Row]) -> anyhow::Result<()> {
 }
 
 /// The attachment bytes: sexton through the queue (two hops at a time, the default, and one),
-/// and the plain loops.
+/// and the plain loops; then, with `--baseline-sexton`, sexton's methods pair by pair.
 async fn measure(
     cli: &Cli,
     admin: &PgPool,
@@ -218,6 +233,19 @@ async fn measure(
         dropped &= cold;
         methods.push(method);
     }
+    let mut before_after = Vec::new();
+    for name in METHODS
+        .into_iter()
+        .filter(|name| name.starts_with("sexton"))
+    {
+        if name.ends_with(" s3") && bucket.is_none() {
+            continue;
+        }
+        let pairs = compare::pairs(cli, "attachments", name.to_owned(), "rows/s", async |b| {
+            Ok(on_copy(name, b.binary).await?.0.side())
+        });
+        before_after.extend(pairs.await?);
+    }
     drop_db(admin, TEMPLATE).await?;
     let _ = std::fs::remove_dir_all(&scratch.dir);
     if let Some((_, bucket)) = &bucket {
@@ -236,6 +264,7 @@ async fn measure(
         max_age_days: MAX_AGE_DAYS,
         fill_seconds: fill_seconds.unwrap_or_default(),
         methods,
+        before_after,
     })
 }
 
@@ -469,6 +498,10 @@ fn markdown(a: &Attachments) -> String {
         "\n### Methods\n\n{}",
         columns(METHOD_COLUMNS, &methods)
     ));
+    if !a.before_after.is_empty() {
+        let compared = compare::markdown(&a.before_after);
+        md.push_str(&format!("\n### Before and after\n\n{compared}"));
+    }
     md
 }
 

@@ -18,9 +18,16 @@ pub struct Cli {
     /// Write latest.md anew from latest.json, measuring nothing.
     #[arg(long)]
     pub render: bool,
-    /// The sexton binary (a release build).
+    /// The sexton binary (a release build): the build measured, the "after" of a comparison.
     #[arg(long, default_value = "target/release/sexton")]
     pub sexton: PathBuf,
+    /// An earlier sexton binary (built from its own commit), the "before": every sexton method
+    /// also runs pair by pair, the two builds alternately on identical copies.
+    #[arg(long, alias = "tenant-baseline")]
+    pub baseline_sexton: Option<PathBuf>,
+    /// Pairs of (before, after) runs per sexton method, with `--baseline-sexton`.
+    #[arg(long, default_value_t = 3)]
+    pub pairs: u32,
     /// Seed scales to measure (`sexton seed --scale`).
     #[arg(long, value_delimiter = ',', default_value = "1,10,400")]
     pub scales: Vec<u64>,
@@ -71,11 +78,8 @@ pub struct Cli {
     /// Many accounts: how many of them hold the same small backlog, at every size.
     #[arg(long, default_value_t = 10_000)]
     pub tenant_due: u64,
-    /// Many accounts: an earlier sexton binary (built from its own commit) to run the same
-    /// nights with, beside this build's.
-    #[arg(long)]
-    pub tenant_baseline: Option<PathBuf>,
-    /// Many accounts: the account counts of the earlier binary's nights.
+    /// Many accounts: the account counts of the nights run pair by pair with
+    /// `--baseline-sexton`.
     #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
     pub tenant_baseline_accounts: Vec<u64>,
     /// Run traces and attachment bytes: start each method after a walk of its tree instead of

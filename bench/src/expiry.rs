@@ -2,8 +2,9 @@
 //! expired handoffs and conversation events (`INSERT … SELECT` from `generate_series`, no seed)
 //! beside a tenth as many young ones that must stay; the backlog expired by a sexton pass of one
 //! kind and by a raw batched `DELETE … WHERE id = ANY($1)` on identical copies, with an
-//! application writer beside each that touches old and young records alike; and the part's
-//! section of latest.md.
+//! application writer beside each that touches old and young records alike; with
+//! `--baseline-sexton`, the sexton pass once more pair by pair with the earlier build; and the
+//! part's section of latest.md.
 
 mod kinds;
 mod markdown;
@@ -25,6 +26,7 @@ use self::kinds::{EXPIRING, Expiring, counts, fill};
 use self::raw::{RAW_LOCKED, run_raw};
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
+use crate::compare::{self, Comparison};
 use crate::method::{Latency, Method, max_ms, score};
 use crate::part::Bench;
 use crate::results::{machine, member};
@@ -32,11 +34,11 @@ use crate::sexton::{Pass, ROOTS, Worker, run_sexton, sexton};
 use crate::writer::{TimedLock, Writes, at_rate, beside, idle_baseline};
 
 /// The part: measured, then written into the results.
-pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
+pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<Vec<Comparison>>> {
     Box::pin(async move {
         let expiry = measure(bench.cli, bench.admin, bench.base).await?;
         bench.report.write(&[("expiry", member(&expiry)?)])?;
-        Ok(())
+        Ok(expiry.before_after)
     })
 }
 
@@ -63,6 +65,9 @@ pub struct Expiry {
     /// Building the template: migrations, rows, indexes' growth, VACUUM and ANALYZE.
     fill_seconds: f64,
     tables: Vec<ExpiryTable>,
+    /// With `--baseline-sexton`: each table's sexton pass by both builds, pair by pair.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    before_after: Vec<Comparison>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,9 +101,21 @@ const TEMPLATE: &str = "benchexp_template";
 async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::Result<Expiry> {
     let files = cli.scratch.join("files-expiry");
     let (fill_seconds, prepared) = template(cli, admin, base, &files).await?;
-    let mut tables = Vec::new();
+    let (mut tables, mut before_after) = (Vec::new(), Vec::new());
     for kind in &prepared {
         tables.push(measure_kind(cli, admin, base, &files, kind).await?);
+        let compared = compare::pairs(
+            cli,
+            "expiry",
+            format!("{} · sexton", kind.kind.table),
+            "rows/s",
+            async |build| {
+                let binary = build.binary;
+                let run = measure_method(cli, admin, base, &files, kind, "sexton", binary).await?;
+                Ok(run.method.side())
+            },
+        );
+        before_after.extend(compared.await?);
     }
     drop_db(admin, TEMPLATE).await?;
     let _ = std::fs::remove_dir_all(&files);
@@ -111,6 +128,7 @@ async fn measure(cli: &Cli, admin: &PgPool, base: &PgConnectOptions) -> anyhow::
         writer_rate: cli.writer_rate,
         fill_seconds,
         tables,
+        before_after,
     })
 }
 

@@ -4,7 +4,8 @@
 //!
 //! Here: the command line ([`cli`]), the table of the parts ([`PARTS`], each its own module),
 //! and the run: each part chosen by `--only` in the table's order, its figures written into the
-//! results files ([`results`]) as it goes. What the parts share: [`sexton`] runs the binary and times a
+//! results files ([`results`]) as it goes, then the comparisons of two builds ([`compare`]) if
+//! an earlier one was given. What the parts share: [`sexton`] runs the binary and times a
 //! pass, [`writer`] and [`sampler`] run beside each method, [`method`] holds its figures,
 //! [`cluster`] the databases and the WAL position, [`disk`] the file parts' trees, caches and
 //! timed processes, [`objects`] the S3-compatible server, [`table`] the markdown.
@@ -12,6 +13,7 @@
 mod attachments;
 mod cli;
 mod cluster;
+mod compare;
 mod disk;
 mod expiry;
 mod method;
@@ -85,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
         .max_connections(2)
         .connect_with(base.clone())
         .await?;
+    let mut comparisons = Vec::new();
     for (index, part) in PARTS.iter().enumerate() {
         if !cli.runs(part.name) {
             continue;
@@ -95,7 +98,10 @@ async fn main() -> anyhow::Result<()> {
             base: &base,
             report: results.report(index),
         };
-        (part.run)(&bench).await?;
+        comparisons.extend((part.run)(&bench).await?);
+    }
+    if !comparisons.is_empty() {
+        println!("## Before and after\n\n{}", compare::markdown(&comparisons));
     }
     Ok(())
 }

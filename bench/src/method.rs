@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::compare::Side;
 use crate::sampler::Longest;
 use crate::writer::Writes;
 
@@ -126,6 +127,16 @@ impl Method {
     /// How many of the writer's transactions beside this method met a held lock, of how many.
     pub fn waits(&self) -> String {
         format!("{} of {}", self.writer_lock_waits, self.writer.samples)
+    }
+
+    /// Its run as one side of a comparison of two builds.
+    pub fn side(&self) -> Side {
+        Side {
+            seconds: self.seconds,
+            rate: self.owners_per_s,
+            peak_rss_kb: self.peak_rss_kb,
+            writer_wait_ms: Some(self.writer_longest_lock_wait_ms),
+        }
     }
 }
 

@@ -6,10 +6,12 @@ use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::cli::Cli;
+use crate::compare::Comparison;
 use crate::results::{Render, Report, Section};
 
-/// A part runs its methods and writes its figures as it goes.
-pub type Run = for<'a> fn(&'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>>;
+/// A part runs its methods, writes its figures as it goes and returns the comparisons of the
+/// two builds it made (none without `--baseline-sexton`).
+pub type Run = for<'a> fn(&'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<Vec<Comparison>>>;
 
 /// A part of the benchmark, as main's table declares it.
 pub struct Part {

@@ -2,7 +2,8 @@
 //! seed` and, on identical copies of it, the execution-details methods — sexton, sexton at
 //! concurrency 1, the raw floors and the naive delete, and once sexton under a WAL budget —
 //! then SessionRetention's, sexton and its raw floor, each with an application writer beside it
-//! and checked against the rules' end state. The figures are [`Scale`]'s; [`render`] writes
+//! and checked against the rules' end state; with `--baseline-sexton`, the sexton methods once
+//! more pair by pair with the earlier build. The figures are [`Scale`]'s; [`render`] writes
 //! them as markdown, [`targets()`] holds them to SPEC §8.
 
 mod markdown;
@@ -30,11 +31,12 @@ use self::raw::{
     Floor, SAME_END, SAME_END_BOUNDED, SAME_END_LOCKED, SAME_END_RULES, run_raw, run_rules,
 };
 use self::seed::{Template, seed};
-use self::sessions::{SESSION_METHODS, session_methods};
+use self::sessions::{SESSION_METHODS, session_method, session_methods};
 use self::targets::targets;
 use self::writers::write_at_rate;
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
+use crate::compare::{self, Comparison};
 use crate::method::{Latency, Method, score};
 use crate::part::Bench;
 use crate::results::{machine, member};
@@ -42,11 +44,13 @@ use crate::sexton::{Pass, Worker, run_sexton};
 use crate::writer::{beside, idle_baseline};
 
 /// The part: every scale of `--scales` in turn, each written into the results as it is done.
-pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
+pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<Vec<Comparison>>> {
     Box::pin(async move {
-        let mut results = Vec::new();
+        let (mut results, mut comparisons) = (Vec::new(), Vec::new());
         for &scale in &bench.cli.scales {
-            results.push(measure(bench.cli, bench.admin, bench.base, scale).await?);
+            let scale = measure(bench.cli, bench.admin, bench.base, scale).await?;
+            comparisons.extend(scale.before_after.iter().cloned());
+            results.push(scale);
             bench.report.write(&[
                 ("machine", member(&machine())?),
                 ("measured_at", member(&Utc::now())?),
@@ -54,7 +58,7 @@ pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
                 ("targets", member(&targets(&results))?),
             ])?;
         }
-        Ok(())
+        Ok(comparisons)
     })
 }
 
@@ -95,6 +99,9 @@ pub struct Scale {
     idle_appender: Latency,
     idle_appender_wal_bytes_per_s: f64,
     session_methods: Vec<Method>,
+    /// With `--baseline-sexton`: the sexton methods by both builds, pair by pair.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    before_after: Vec<Comparison>,
 }
 
 /// sexton once more after its unbudgeted pass, on a fresh copy, with
@@ -165,6 +172,8 @@ async fn measure(
         detail_methods(cli, admin, base, &template, idle_writer_wal_bytes_per_s).await?;
     let (idle_appender, idle_appender_wal_bytes_per_s, session_methods) =
         session_methods(cli, admin, base, &template).await?;
+    let budget = wal_budget.as_ref().map(|b| b.budget_bytes_per_s);
+    let before_after = compare_builds(cli, admin, base, &template, budget).await?;
     drop_db(admin, &template.name).await?;
     let _ = std::fs::remove_dir_all(&template.files);
     Ok(Scale {
@@ -183,7 +192,43 @@ async fn measure(
         idle_appender,
         idle_appender_wal_bytes_per_s,
         session_methods,
+        before_after,
     })
+}
+
+/// With `--baseline-sexton`, each sexton method chosen once more by the earlier build and this
+/// one, pair by pair on fresh copies (the budgeted pass at this scale's `budget`, if it ran).
+async fn compare_builds(
+    cli: &Cli,
+    admin: &PgPool,
+    base: &PgConnectOptions,
+    template: &Template,
+    budget: Option<u64>,
+) -> anyhow::Result<Vec<Comparison>> {
+    let mut comparisons = Vec::new();
+    for name in ["sexton", "sexton c=1", BUDGETED, "sessions"] {
+        let budgeted = if name == BUDGETED { budget } else { None };
+        if !chosen(cli, name) || (name == BUDGETED && budgeted.is_none()) {
+            continue;
+        }
+        let case = format!("{} · {name}", template.scale);
+        let unit = if name == "sessions" {
+            "sessions/s"
+        } else {
+            "owners/s"
+        };
+        let compared = compare::pairs(cli, "scales", case, unit, async |build| {
+            let binary = build.binary;
+            let method = if name == "sessions" {
+                session_method(cli, admin, base, template, name, binary).await?
+            } else {
+                detail_method(cli, admin, base, template, name, budgeted, binary).await?
+            };
+            Ok(method.side())
+        });
+        comparisons.extend(compared.await?);
+    }
+    Ok(comparisons)
 }
 
 /// The execution-details methods, each on a fresh copy, their WAL net of the writer's idle

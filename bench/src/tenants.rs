@@ -1,9 +1,9 @@
 //! Many accounts, the same due work (SPEC §8, PF-5): the whole night — `sexton tick`, then one
 //! worker through the queue until idle, every job kind at its default settings — over 10 k,
 //! 100 k and 1 M accounts of which the same 10 k hold a small backlog each, and the operator's
-//! two views (`status`, `preview`) after it. With `--tenant-baseline` an earlier binary (today's
-//! code before FL-8, built from its own commit) runs the same nights, on databases migrated by
-//! it, at the sizes `--tenant-baseline-accounts` names.
+//! two views (`status`, `preview`) after it. With `--baseline-sexton` an earlier binary (built
+//! from its own commit) runs the same nights, on databases migrated by it, pair by pair with this
+//! build at the sizes `--tenant-baseline-accounts` names.
 //!
 //! Every account has a window of 30 days, an enabled session policy, one conversation with a
 //! young run (3 days old) and one agent with a young session. A due account also has three old
@@ -28,6 +28,7 @@ use sqlx::postgres::PgConnectOptions;
 use self::accounts::{check, fill};
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
+use crate::compare::{self, Build, Comparison, Side};
 use crate::disk::{self, Timed};
 use crate::part::Bench;
 use crate::results::{machine, member};
@@ -48,12 +49,15 @@ pub struct Tenants {
     machine: String,
     due_accounts: u64,
     nights: Vec<Night>,
+    /// With `--baseline-sexton`: the nights by both builds, pair by pair (this run's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    before_after: Vec<Comparison>,
 }
 
 /// One night on one database.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Night {
-    /// `sexton` (this build) or `baseline` (`--tenant-baseline`).
+    /// `sexton` (this build) or `baseline` (`--baseline-sexton`).
     code: String,
     measured_at: DateTime<Utc>,
     accounts: u64,
@@ -82,10 +86,10 @@ struct View {
     bytes: u64,
 }
 
-/// The part: this build's nights, then the baseline's (the longest), each written into the
-/// results as it is done. Nights of other runs are kept, each with its date, unless this run
-/// measures them again.
-pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
+/// The part: this build's nights, then with `--baseline-sexton` both builds' nights pair by
+/// pair, each written into the results as it is done. Nights of other runs are kept, each with
+/// its date, unless this run measures them again.
+pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<Vec<Comparison>>> {
     Box::pin(async move {
         let cli = bench.cli;
         let mut tenants = Tenants {
@@ -93,41 +97,56 @@ pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
             machine: machine(),
             due_accounts: cli.tenant_due,
             nights: earlier(cli)?,
+            before_after: Vec::new(),
         };
-        let mut plan: Vec<(&'static str, &Path, u64)> = cli
-            .tenant_accounts
-            .iter()
-            .map(|&n| ("sexton", cli.sexton.as_path(), n))
-            .collect();
-        if let Some(baseline) = &cli.tenant_baseline {
-            for &n in &cli.tenant_baseline_accounts {
-                plan.push(("baseline", baseline.as_path(), n));
+        let paired =
+            |n: &u64| cli.baseline_sexton.is_some() && cli.tenant_baseline_accounts.contains(n);
+        let this_build = Build {
+            binary: &cli.sexton,
+            code: "sexton",
+        };
+        for &accounts in cli.tenant_accounts.iter().filter(|n| !paired(n)) {
+            measure(bench, &mut tenants, this_build, accounts).await?;
+        }
+        if cli.baseline_sexton.is_some() {
+            for &accounts in &cli.tenant_baseline_accounts {
+                let case = format!("{accounts} accounts");
+                let pairs = compare::pairs(cli, "tenants", case, "accounts/s", async |build| {
+                    measure(bench, &mut tenants, build, accounts).await
+                });
+                let compared = pairs.await?;
+                tenants.before_after.extend(compared);
+                bench.report.write(&[("tenants", member(&tenants)?)])?;
             }
         }
-        for (code, binary, accounts) in plan {
-            measure(bench, &mut tenants, code, binary, accounts).await?;
-        }
-        Ok(())
+        Ok(tenants.before_after)
     })
 }
 
-/// One night of `binary` (`code`) over `accounts` accounts, kept in `tenants` in place of any
-/// earlier one of that code and size, and written into the results.
+/// One night of `build` over `accounts` accounts, kept in `tenants` in place of any earlier one
+/// of that build and size, and written into the results; returned as a side of a comparison.
 async fn measure(
     bench: &Bench<'_>,
     tenants: &mut Tenants,
-    code: &'static str,
-    binary: &Path,
+    build: Build<'_>,
     accounts: u64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Side> {
+    let (cli, code) = (bench.cli, build.code);
     eprintln!("tenants: {code}, {accounts} accounts");
-    let measured = night(bench.cli, bench.admin, bench.base, code, binary, accounts).await?;
+    let measured = night(cli, bench.admin, bench.base, build, accounts).await?;
+    let side = Side {
+        seconds: measured.pass_seconds,
+        rate: accounts as f64 / measured.pass_seconds,
+        peak_rss_kb: measured.worker_peak_rss_kb,
+        writer_wait_ms: None,
+    };
     let nights = &mut tenants.nights;
     nights.retain(|n| (n.code.as_str(), n.accounts) != (code, accounts));
     nights.push(measured);
     nights.sort_by(|a, b| (&a.code, a.accounts).cmp(&(&b.code, b.accounts)));
     tenants.measured_at = Utc::now();
-    bench.report.write(&[("tenants", member(tenants)?)])
+    bench.report.write(&[("tenants", member(tenants)?)])?;
+    Ok(side)
 }
 
 /// The nights latest.json holds already.
@@ -142,17 +161,16 @@ fn earlier(cli: &Cli) -> anyhow::Result<Vec<Night>> {
     })
 }
 
-/// One night of `binary` (`code`) over `accounts` accounts: the database migrated (by that
-/// binary) and filled, the night run and checked, the queue's figures read, then the operator's
-/// views.
+/// One night of `build` over `accounts` accounts: the database migrated (by that build) and
+/// filled, the night run and checked, the queue's figures read, then the operator's views.
 async fn night(
     cli: &Cli,
     admin: &PgPool,
     base: &PgConnectOptions,
-    code: &'static str,
-    binary: &Path,
+    build: Build<'_>,
     accounts: u64,
 ) -> anyhow::Result<Night> {
+    let Build { binary, code } = build;
     let db = format!("benchtenants_{code}_{accounts}");
     let roots = cli.scratch.join("tenants");
     let _ = std::fs::remove_dir_all(&roots);
@@ -317,7 +335,7 @@ async fn view(
 }
 
 /// The tenants' section of latest.md: the facts, each night and the operator's views after it,
-/// and PF-5 from the fewest accounts to the most.
+/// PF-5 from the fewest accounts to the most, and the two builds compared.
 fn markdown(t: &Tenants) -> String {
     let when = format!("{}, {}", t.measured_at.format("%Y-%m-%d"), t.machine);
     let mut md = facts(&[
@@ -346,6 +364,9 @@ fn markdown(t: &Tenants) -> String {
         ];
         let header = ["accounts", "pass ratio", "bound", "queue jobs", "verdict"];
         sections.push(("PF-5", table(&header, [row])));
+    }
+    if !t.before_after.is_empty() {
+        sections.push(("Before and after", compare::markdown(&t.before_after)));
     }
     for (heading, body) in sections {
         md.push_str(&format!("\n### {heading}\n\n{body}"));

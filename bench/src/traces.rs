@@ -1,7 +1,8 @@
 //! Run traces (SPEC §4, TR-1 … TR-4): `sexton traces clean --confirm` against
 //! `find ROOT -name '*.trace.jsonl' -mtime +N -delete` and against the walks that reach sexton's
 //! end state, on identical trees of 10 k, 100 k and 1 M files, and sexton with a quota that
-//! sends about half of them, each with its peak RSS; on the object store too, when there is one.
+//! sends about half of them, each with its peak RSS; on the object store too, when there is one;
+//! with `--baseline-sexton`, sexton's methods once more pair by pair with the earlier build.
 //! Every method gets its own tree, written afresh ([`tree`]), and its end state is checked
 //! against what its rule says, entry by entry.
 
@@ -25,6 +26,7 @@ use self::scratch::Scratch;
 use self::tree::{Agent, DAY_NS, Kind, Tree, add_agents, check, generate, goes};
 use crate::cli::Cli;
 use crate::cluster::drop_db;
+use crate::compare::{self, Comparison, Side};
 use crate::disk;
 use crate::objects::Server;
 use crate::part::Bench;
@@ -48,7 +50,7 @@ const METHODS: [&str; 7] = [
 ];
 
 /// The part: every size of `--trace-files`, each written into the results as it is done.
-pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
+pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<Vec<Comparison>>> {
     Box::pin(async move {
         let cli = bench.cli;
         let mut traces = Traces {
@@ -68,18 +70,20 @@ pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<()>> {
             scales: Vec::new(),
             rss_ratio_age: None,
             rss_ratio_quota: None,
+            before_after: Vec::new(),
         };
         let load_before = disk::load_average();
         for &files in &cli.trace_files {
-            let (scale, dropped) = measure_scale(bench, files).await?;
+            let (scale, dropped, compared) = measure_scale(bench, files).await?;
             traces.cache = disk::cache_state(dropped).to_owned();
             traces.load_average = format!("{load_before} / {}", disk::load_average());
             traces.scales.push(scale);
             traces.rss_ratio_age = rss_ratio(&traces.scales, "sexton age");
             traces.rss_ratio_quota = rss_ratio(&traces.scales, "sexton quota");
+            traces.before_after.extend(compared);
             bench.report.write(&[("traces", member(&traces)?)])?;
         }
-        Ok(())
+        Ok(traces.before_after)
     })
 }
 
@@ -156,9 +160,12 @@ impl Runs<'_> {
     }
 }
 
-/// The methods on identical trees of `files` files; whether the page cache was dropped before
-/// every method.
-async fn measure_scale(bench: &Bench<'_>, files: u64) -> anyhow::Result<(TraceScale, bool)> {
+/// The methods on identical trees of `files` files, then, with `--baseline-sexton`, sexton's
+/// methods pair by pair; whether the page cache was dropped before every method.
+async fn measure_scale(
+    bench: &Bench<'_>,
+    files: u64,
+) -> anyhow::Result<(TraceScale, bool, Vec<Comparison>)> {
     let (cli, admin) = (bench.cli, bench.admin);
     let scratch = Scratch::prepare(cli, admin, files).await?;
     // Every tree is written at the same ages: from one reference, the first tree's time.
@@ -221,6 +228,21 @@ async fn measure_scale(bench: &Bench<'_>, files: u64) -> anyhow::Result<(TraceSc
         }
     }
     let mut scale = scale.context("no method ran")?;
+    let mut compared = Vec::new();
+    let sextons = methods.iter().filter(|m| m.name.starts_with("sexton"));
+    let sextons: Vec<String> = sextons.map(|m| m.name.clone()).collect();
+    for name in sextons {
+        let (scratch, server) = place(&name);
+        let max_bytes = scale.allocated_bytes / 2;
+        let case = format!("{files} · {name}");
+        let pairs = compare::pairs(cli, "traces", case, "examined/s", async |build| {
+            let binary = build.binary;
+            let (tree, _) = runs.tree(scratch, server.is_none())?;
+            let run = runs.method((scratch, server), &name, binary, &tree, max_bytes);
+            Ok(run.await?.0.side())
+        });
+        compared.extend(pairs.await?);
+    }
     drop_db(admin, &scratch.db).await?;
     let _ = std::fs::remove_dir_all(&scratch.dir);
     if let Some(bucket) = &bucket {
@@ -228,7 +250,7 @@ async fn measure_scale(bench: &Bench<'_>, files: u64) -> anyhow::Result<(TraceSc
     }
     scale.methods = methods;
     scale.object_store = object_store;
-    Ok((scale, dropped))
+    Ok((scale, dropped, compared))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -252,6 +274,9 @@ pub struct Traces {
     /// Peak RSS at the most files over that at the fewest, sexton's age and quota runs.
     rss_ratio_age: Option<f64>,
     rss_ratio_quota: Option<f64>,
+    /// With `--baseline-sexton`: sexton's methods by both builds, pair by pair.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    before_after: Vec<Comparison>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -327,6 +352,16 @@ impl TraceMethod {
             peak_rss_kb: run.timed.peak_rss_kb,
             cpu_seconds: run.timed.cpu_seconds,
             db_cpu_seconds: run.db_cpu_seconds,
+        }
+    }
+
+    /// Its run as one side of a comparison of two builds.
+    fn side(&self) -> Side {
+        Side {
+            seconds: self.seconds,
+            rate: self.examined_per_s,
+            peak_rss_kb: self.peak_rss_kb,
+            writer_wait_ms: None,
         }
     }
 }

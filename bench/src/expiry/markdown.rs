@@ -2,6 +2,7 @@
 
 use super::raw::RAW_LOCKED;
 use super::{Expiry, ExpiryMethod, ExpiryTable};
+use crate::compare;
 use crate::table::{Column, columns, f, facts, flat, mb, measured, or_dash, percent, within};
 
 /// The short-lived records' section of latest.md: the facts, each table's records and its
@@ -19,12 +20,15 @@ pub fn markdown(e: &Expiry) -> String {
         ("template built in s", f(e.fill_seconds, 0)),
     ]);
     let methods = within(&e.tables, |t| &t.methods);
-    let sections = vec![
+    let mut sections = vec![
         ("Tables", columns(TABLES, &flat(&e.tables))),
         ("Rates", columns(RATES, &methods)),
         ("The writer beside", columns(BESIDE, &methods)),
         ("Hops", columns(HOPS, &methods)),
     ];
+    if !e.before_after.is_empty() {
+        sections.push(("Before and after", compare::markdown(&e.before_after)));
+    }
     for (heading, body) in sections {
         md.push_str(&format!("\n### {heading}\n\n{body}"));
     }

@@ -4,11 +4,13 @@
 use chrono::{DateTime, Utc};
 
 use super::{Scale, targets};
+use crate::compare;
 use crate::method::Method;
 use crate::table::{Column, columns, f, facts, flat, mb, or_dash, percent, table};
 
 /// The section's body: when and where, the templates, the writers alone, each job's methods
-/// (rates, the writer beside them, their WAL and hops), the WAL budget, and the targets.
+/// (rates, the writer beside them, their WAL and hops), the WAL budget, the targets, and the
+/// two builds compared.
 pub fn markdown(results: &[Scale], measured_at: &DateTime<Utc>, machine: &str) -> String {
     let when = format!("{}, {machine}", measured_at.format("%Y-%m-%d"));
     let mut md = facts(&[("measured", when)]);
@@ -49,6 +51,13 @@ pub fn markdown(results: &[Scale], measured_at: &DateTime<Utc>, machine: &str) -
         ("Sessions: WAL and hops", columns(WAL, &sessions)),
         ("Targets (SPEC §8)", targets_table(results)),
     ]);
+    let compared: Vec<_> = results
+        .iter()
+        .flat_map(|s| s.before_after.clone())
+        .collect();
+    if !compared.is_empty() {
+        sections.push(("Before and after", compare::markdown(&compared)));
+    }
     for (heading, body) in sections {
         md.push_str(&format!("\n### {heading}\n\n{body}"));
     }

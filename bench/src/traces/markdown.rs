@@ -2,6 +2,7 @@
 //! against its floor, what sexton kept, and its memory from the fewest files to the most.
 
 use super::{TraceMethod, TraceScale, Traces};
+use crate::compare;
 use crate::table::{Column, columns, f, facts, flat, mb, measured, or_dash, table, within};
 
 /// The section's body.
@@ -43,6 +44,9 @@ pub fn markdown(t: &Traces) -> String {
     }
     if let Some(growth) = growth(t) {
         sections.push(("sexton's peak RSS, most files ÷ fewest", growth));
+    }
+    if !t.before_after.is_empty() {
+        sections.push(("Before and after", compare::markdown(&t.before_after)));
     }
     for (heading, body) in sections {
         md.push_str(&format!("\n### {heading}\n\n{body}"));
