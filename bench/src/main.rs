@@ -4,8 +4,8 @@
 //!
 //! Here: the command line ([`cli`]), the table of the parts ([`PARTS`], each its own module),
 //! and the run: each part chosen by `--only` in the table's order, its figures written into the
-//! results files ([`results`]) as it goes, then the comparisons of two builds ([`compare`]) if
-//! an earlier one was given. What the parts share: [`sexton`] runs the binary and times a
+//! results files ([`results`]) as it goes and its section printed when it ends, then the
+//! comparisons of two builds ([`compare`]) if an earlier one was given. What the parts share: [`sexton`] runs the binary and times a
 //! pass, [`writer`] and [`sampler`] run beside each method, [`method`] holds its figures,
 //! [`cluster`] the databases and the WAL position, [`disk`] the file parts' trees, caches and
 //! timed processes, [`objects`] the S3-compatible server, [`table`] the markdown.
@@ -99,6 +99,9 @@ async fn main() -> anyhow::Result<()> {
             report: results.report(index),
         };
         comparisons.extend((part.run)(&bench).await?);
+        if let Some(section) = results.section(index)? {
+            println!("{section}\n");
+        }
     }
     if !comparisons.is_empty() {
         println!("## Before and after\n\n{}", compare::markdown(&comparisons));

@@ -127,6 +127,11 @@ impl Results {
         Ok((section.render)(&json)?.map(|body| format!("{}\n\n{body}", section.heading)))
     }
 
+    /// The section at `index` as latest.json now renders it, if it holds its figures.
+    pub fn section(&self, index: usize) -> anyhow::Result<Option<String>> {
+        self.render(index, &self.members()?)
+    }
+
     /// Writes latest.md anew from latest.json: every section whose figures the file holds.
     pub fn render_all(&self) -> anyhow::Result<()> {
         let members = self.members()?;
