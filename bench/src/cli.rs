@@ -26,7 +26,7 @@ pub struct Cli {
     #[arg(long, alias = "tenant-baseline")]
     pub baseline_sexton: Option<PathBuf>,
     /// Pairs of (before, after) runs per sexton method, with `--baseline-sexton`.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub pairs: u32,
     /// Seed scales to measure (`sexton seed --scale`).
     #[arg(long, value_delimiter = ',', default_value = "1,10,400")]

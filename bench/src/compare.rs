@@ -24,7 +24,7 @@ pub struct Side {
 /// One pair: the two builds on identical copies, one right after the other.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Pair {
-    /// Whether this build ran first (the order alternates from pair to pair).
+    /// Whether the after build ran first (the order alternates from pair to pair).
     pub after_first: bool,
     pub before: Side,
     pub after: Side,
@@ -75,13 +75,12 @@ impl Comparison {
         (high - low) / 2.0 / self.median(|p| p.before.rate)
     }
 
-    /// What the pairs agree on: every one faster, every one slower, or neither.
-    fn verdict(&self) -> &'static str {
-        match self.extremes(Pair::ratio) {
-            (low, _) if low > 1.0 => "faster in every pair",
-            (_, high) if high < 1.0 => "slower in every pair",
-            _ => "within the noise",
-        }
+    /// In how many of the pairs the after build was faster: a sign test, which tells a change
+    /// from the noise only when every one of enough pairs agrees (all five of five by chance
+    /// one time in 32 each way).
+    fn faster_in(&self) -> String {
+        let faster = self.pairs.iter().filter(|p| p.ratio() > 1.0).count();
+        format!("{faster} of {}", self.pairs.len())
     }
 
     /// The largest of one build's `figure` over the pairs, shown by `show`, or "—".
@@ -183,7 +182,7 @@ const COLUMNS: &[Column<(), Comparison>] = &[
         let before = c.largest(|p| p.before.writer_wait_ms, ms);
         format!("{before} / {}", c.largest(|p| p.after.writer_wait_ms, ms))
     }),
-    ("pairs agree", |_, c| c.verdict().to_owned()),
+    ("after faster in", |_, c| c.faster_in()),
 ];
 
 #[cfg(test)]
@@ -214,16 +213,18 @@ mod tests {
     }
 
     #[test]
-    fn a_change_faster_in_every_pair_is_told_from_one_within_the_noise() {
+    fn the_pairs_give_the_median_ratio_the_noise_and_how_many_were_faster() {
         let faster = of(&[(100.0, 120.0), (110.0, 121.0), (90.0, 99.0)]);
-        assert_eq!(faster.verdict(), "faster in every pair");
+        assert_eq!(faster.faster_in(), "3 of 3");
         assert!((faster.median(Pair::ratio) - 1.1).abs() < 1e-9);
+        let (low, high) = faster.extremes(Pair::ratio);
+        assert!((low - 1.1).abs() < 1e-9 && (high - 1.2).abs() < 1e-9);
         // The before build's own rates, 90–110 around 100: ±10%.
         assert!((faster.before_spread() - 0.1).abs() < 1e-9);
         let mixed = of(&[(100.0, 120.0), (110.0, 100.0), (90.0, 99.0)]);
-        assert_eq!(mixed.verdict(), "within the noise");
+        assert_eq!(mixed.faster_in(), "2 of 3");
         let slower = of(&[(100.0, 90.0), (110.0, 100.0)]);
-        assert_eq!(slower.verdict(), "slower in every pair");
+        assert_eq!(slower.faster_in(), "0 of 2");
     }
 
     #[test]
@@ -234,5 +235,6 @@ mod tests {
             md.contains("| 1.10× (owners/s) | 1.10–1.20× | ±10% |"),
             "{md}"
         );
+        assert!(md.ends_with("| 3 of 3 |\n"), "{md}");
     }
 }
