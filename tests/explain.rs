@@ -157,7 +157,6 @@ async fn explain_sessions_agree_with_the_next_pass(pool: PgPool) {
         transaction_target: Duration::from_millis(50),
         budget: Duration::from_secs(60),
         lock_timeout: Duration::from_millis(200),
-        sessions: paths.store(sexton_jobs::files::Root::Sessions),
         policy: sessions::Policy::Persisted,
     };
     let args = SessionArgs::first(Some(account), now);

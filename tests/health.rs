@@ -22,14 +22,13 @@ use crate::common::run;
 type Ped = PruneExecutionDetails;
 const PED: &str = PruneExecutionDetails::NAME;
 
-fn hop_settings(paths: &PathSettings) -> HopSettings {
+fn hop_settings() -> HopSettings {
     HopSettings {
         window_size: 5,
         owners_per_transaction: 5,
         transaction_target: Duration::from_millis(50),
         budget: Duration::from_secs(600),
         owner_lock_timeout: Duration::from_millis(200),
-        outputs: paths.store(sexton_jobs::files::Root::Outputs),
     }
 }
 
@@ -99,7 +98,7 @@ async fn lagging_slot(pool: &PgPool, prefix: &str) -> String {
 #[sqlx::test]
 async fn hl1_a_lagging_replication_slot_throttles_hops_until_it_is_dropped(pool: PgPool) {
     let (_dir, paths, account) = backlog(&pool, 20).await;
-    let settings = hop_settings(&paths);
+    let settings = hop_settings();
     // A slot left by an earlier, failed run of this test would hold WAL back for good.
     sqlx::query(
         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
@@ -144,7 +143,7 @@ async fn hl1_a_lagging_replication_slot_throttles_hops_until_it_is_dropped(pool:
 #[sqlx::test]
 async fn hl2_a_vacuum_running_on_runs_pauses_hops_while_it_runs(pool: PgPool) {
     let (_dir, paths, account) = backlog(&pool, 20).await;
-    let settings = hop_settings(&paths);
+    let settings = hop_settings();
     // Enough pages that a vacuum slowed to a crawl is still running when the hop looks.
     sqlx::query(
         "INSERT INTO runs (account_id, kind, status, requested_model)
@@ -212,7 +211,7 @@ async fn paced_passes(
     health: &Health,
     accounts: [Uuid; 2],
 ) -> (f64, Duration, f64) {
-    let mut settings = hop_settings(paths);
+    let mut settings = hop_settings();
     settings.window_size = 50;
     let pass = |account| {
         let settings = &settings;

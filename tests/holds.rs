@@ -269,7 +269,6 @@ async fn hd2_a_session_agent_or_account_hold_keeps_its_sessions_and_frames_the_o
         transaction_target: Duration::from_millis(50),
         budget: Duration::from_secs(600),
         lock_timeout: Duration::from_millis(200),
-        sessions: paths.store(sexton_jobs::files::Root::Sessions),
         policy: Policy::Persisted,
     };
     let account = with_policy(&pool).await;

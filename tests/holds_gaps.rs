@@ -137,7 +137,6 @@ async fn hd3_an_agent_hold_placed_while_a_session_deletion_waits_on_a_handoff_wa
         transaction_target: Duration::from_millis(50),
         budget: Duration::from_secs(600),
         lock_timeout: Duration::from_secs(30),
-        sessions: paths.store(Root::Sessions),
         policy: Policy::Persisted,
     };
     let account = with_policy(&pool).await;
@@ -248,7 +247,7 @@ async fn hd3_a_conversation_hold_placed_between_a_drains_hold_check_and_its_unli
     // From its return on, the hold keeps the conversation's files.
     record(&env, account, conversation, later.id).await;
     let mut conn = env.pool.acquire().await.unwrap();
-    let counts = files::drain(&mut conn, Root::Outputs, env.store(), Some(account))
+    let counts = files::drain(&mut conn, Root::Outputs, &env.store(), Some(account))
         .await
         .unwrap();
     assert_eq!(counts.deleted, 0);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use serde_json::{Value, json};
-use sexton_jobs::files::{self, Root, Store};
+use sexton_jobs::files;
 use sexton_jobs::health::Health;
 use sexton_jobs::session_retention::{self as job, Args, HopSettings, Policy, SessionRetention};
 use sqlx::PgPool;
@@ -22,6 +22,8 @@ struct Env {
     dir: tempfile::TempDir,
     /// Where the sessions' directories are on disk (on the object backend, the server's files).
     frames_root: PathBuf,
+    /// The file roots the hops are given.
+    paths: sexton_jobs::files::PathSettings,
     settings: HopSettings,
 }
 
@@ -36,12 +38,12 @@ impl Env {
             transaction_target: Duration::from_millis(50),
             budget: Duration::from_secs(600),
             lock_timeout: Duration::from_millis(200),
-            sessions: common::backend::paths(dir.path()).store(Root::Sessions),
             policy: Policy::Persisted,
         };
         std::fs::create_dir_all(&frames_root).unwrap();
         Self {
             pool,
+            paths: common::backend::paths(dir.path()),
             dir,
             frames_root,
             settings,
@@ -74,11 +76,10 @@ impl Env {
             policy,
             ..self.settings.clone()
         };
-        let paths = common::backend::paths(self.dir.path());
         let args = Args::first(Some(account), pass_start());
         common::run::pass_with::<SessionRetention>(
             &self.pool,
-            &paths,
+            &self.paths,
             &Health::off(),
             &settings,
             args,
@@ -1102,7 +1103,7 @@ async fn ss6_a_session_directory_of_any_depth_goes_and_never_stops_the_pass(pool
         .or_else(|_| tempfile::tempdir())
         .unwrap();
     env.frames_root = shm.path().to_owned();
-    env.settings.sessions = Store::Local(shm.path().to_owned());
+    env.paths.sessions_root = shm.path().to_owned();
     let account = fixture::account(&env.pool, Some(30)).await;
     env.policy(account, true, [Some(30), None, None]).await;
     let agent = env.agent(account).await;

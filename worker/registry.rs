@@ -135,7 +135,14 @@ pub struct Registered<J> {
     outcomes: &'static [HopOutcome],
 }
 
+impl<J> Default for Registered<J> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<J> Registered<J> {
+    /// `J`, its hops ending with the outcomes every kind's can.
     pub const fn new() -> Self {
         Self {
             job: PhantomData,

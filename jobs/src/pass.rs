@@ -198,7 +198,8 @@ pub async fn hop<J: Job>(
     });
     let bounds = J::bounds(settings);
     report.window = bounds.window.unwrap_or(report.window);
-    let hop = Hop::start(conn, health, stop, bounds, files, report).await?;
+    // The loop's futures are boxed: a hop's state lives on the heap, whatever calls it.
+    let hop = Box::pin(Hop::start(conn, health, stop, bounds, files, report)).await?;
     let database_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *hop.conn)
         .await?;
@@ -210,7 +211,7 @@ pub async fn hop<J: Job>(
         reference,
         report: &mut *report,
     };
-    let current = match J::policy(now).await? {
+    let current = match Box::pin(J::policy(now)).await? {
         Policy::Cutoff(current) => current,
         Policy::Ends(outcome) => {
             report.outcome = outcome;
@@ -233,7 +234,7 @@ pub async fn hop<J: Job>(
         cursor: args.cursor.clone(),
         reference,
     };
-    let end: End<J::Cursor> = J::run(step, report).await?;
+    let end: End<J::Cursor> = Box::pin(J::run(step, report)).await?;
     // A kind may end its hop with an outcome of its own (the trace cleaner's lease held
     // elsewhere); otherwise the loop's end says how it ended.
     if report.outcome == HopOutcome::Finished {

@@ -39,7 +39,6 @@ impl Env {
             transaction_target: Duration::from_millis(50),
             budget: Duration::from_secs(600),
             owner_lock_timeout: Duration::from_millis(200),
-            outputs: super::backend::paths(dir.path()).store(Root::Outputs),
         };
         std::fs::create_dir_all(&outputs).unwrap();
         Self {
@@ -72,8 +71,8 @@ impl Env {
     }
 
     /// Where the job finds the outputs.
-    pub fn store(&self) -> &Store {
-        &self.settings.outputs
+    pub fn store(&self) -> Store {
+        self.paths().store(Root::Outputs)
     }
 
     pub async fn run(&self, spec: RunSpec) -> fixture::Run {

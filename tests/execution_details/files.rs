@@ -165,7 +165,7 @@ async fn ex3_a_drain_beside_the_hop_removes_what_is_recorded_once_enough_waits(p
     let others = recorded_files(&env, other, 3).await;
 
     let few = recorded_files(&env, account, 99).await;
-    let mut beside = files::Beside::new(&env.pool, Root::Outputs, env.store(), Some(account), 0);
+    let mut beside = files::Beside::new(&env.pool, Root::Outputs, &env.store(), Some(account), 0);
     beside.recorded(99).await.unwrap();
     let (counts, after) = beside.finish().await.unwrap();
     assert_eq!((counts.deleted, after), (0, 0));
@@ -179,7 +179,7 @@ async fn ex3_a_drain_beside_the_hop_removes_what_is_recorded_once_enough_waits(p
     .fetch_one(&env.pool)
     .await
     .unwrap();
-    let mut beside = files::Beside::new(&env.pool, Root::Outputs, env.store(), Some(account), 0);
+    let mut beside = files::Beside::new(&env.pool, Root::Outputs, &env.store(), Some(account), 0);
     beside.recorded(159).await.unwrap();
     let (counts, after) = beside.finish().await.unwrap();
     assert_eq!((counts.deleted, counts.bytes, after), (159, 159 * 5, last));
@@ -521,7 +521,7 @@ async fn ex3_one_file_recorded_under_three_spellings_in_one_drain_goes_once_with
     .unwrap();
 
     let mut conn = env.pool.acquire().await.unwrap();
-    let counts = files::drain(&mut conn, Root::Outputs, env.store(), Some(account))
+    let counts = files::drain(&mut conn, Root::Outputs, &env.store(), Some(account))
         .await
         .unwrap();
 

@@ -71,7 +71,7 @@ pub async fn hop(
         },
         Chunks::Fixed(CHUNK),
     );
-    Ok(step.hop.run(&mut live, step.cursor, report).await?)
+    step.hop.run(&mut live, step.cursor, report).await
 }
 
 /// An account's live attachments, in id order, as the owner loop takes them.

@@ -44,7 +44,7 @@ pub(super) async fn hop(
         target: settings.transaction_target,
     };
     let mut owners = Windowed::new(pass, chunks);
-    Ok(step.hop.run(&mut owners, step.cursor, report).await?)
+    step.hop.run(&mut owners, step.cursor, report).await
 }
 
 /// The account's current cutoff, measured back from `reference` (EX-1), or why its pass ends:

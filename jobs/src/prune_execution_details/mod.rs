@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::files::{PathSettings, Root, Store};
+use crate::files::{PathSettings, Root};
 pub use crate::job::HopOutcome;
 use crate::job::{AccountRange, Job, Report};
 use crate::owner_loop::{Bounds, End};
@@ -107,8 +107,6 @@ pub struct HopSettings {
     pub budget: Duration,
     /// Longest wait for an owner's conversation or run lock before it is skipped as busy.
     pub owner_lock_timeout: Duration,
-    /// Where `output_files.relative_path` is resolved.
-    pub outputs: Store,
 }
 
 /// Why an owner was left in place this pass (EX-5, EX-6), as counted in metrics.
@@ -255,7 +253,7 @@ impl Job for PruneExecutionDetails {
     type Settings = HopSettings;
     type Error = Error;
 
-    fn settings(e: RawSettings, paths: &PathSettings, c: &mut Check<'_>) -> Option<HopSettings> {
+    fn settings(e: RawSettings, _paths: &PathSettings, c: &mut Check<'_>) -> Option<HopSettings> {
         let window_size = c.window_size("execution_details.window_size", &e.window_size);
         let owners_per_transaction = c.int(
             "execution_details.owners_per_transaction",
@@ -278,7 +276,6 @@ impl Job for PruneExecutionDetails {
             transaction_target: transaction_target?,
             budget: budget?,
             owner_lock_timeout: owner_lock_timeout?,
-            outputs: paths.store(Root::Outputs),
         })
     }
 

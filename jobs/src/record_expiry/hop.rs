@@ -42,7 +42,7 @@ pub(super) async fn hop<R: Record>(
         sql: sql::batch::<R>(),
         kind: PhantomData,
     };
-    Ok(step.hop.run(&mut batches, step.cursor, report).await?)
+    step.hop.run(&mut batches, step.cursor, report).await
 }
 
 /// A pass over one record kind as the owner loop takes it: each step one batch, read, locked,

@@ -51,7 +51,7 @@ pub(super) async fn hop(
             target: settings.transaction_target,
         },
     );
-    Ok(hop.run(&mut sessions, step.cursor, report).await?)
+    hop.run(&mut sessions, step.cursor, report).await
 }
 
 /// Sessions taken together by a hop's first transaction, before any has been measured.

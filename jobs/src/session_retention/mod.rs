@@ -25,7 +25,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::days_before;
-use crate::files::{PathSettings, Root, Store};
+use crate::files::{PathSettings, Root};
 pub use crate::job::HopOutcome;
 use crate::job::{AccountRange, Job, Report};
 use crate::owner_loop::{Bounds, End};
@@ -212,8 +212,6 @@ pub struct HopSettings {
     pub budget: Duration,
     /// Longest wait for any lock inside a deletion (child rows an application holds).
     pub lock_timeout: Duration,
-    /// Where the per-session archive frame directories are.
-    pub sessions: Store,
     /// Where the ages come from: the account's persisted policy (the nightly job), or ages the
     /// operator gave (`sexton sessions prune`).
     pub policy: Policy,
@@ -271,7 +269,7 @@ impl Job for SessionRetention {
     type Settings = HopSettings;
     type Error = Error;
 
-    fn settings(s: RawSettings, paths: &PathSettings, c: &mut Check<'_>) -> Option<HopSettings> {
+    fn settings(s: RawSettings, _paths: &PathSettings, c: &mut Check<'_>) -> Option<HopSettings> {
         let window_size = c.window_size("sessions.window_size", &s.window_size);
         let sessions_per_transaction = c.int(
             "sessions.sessions_per_transaction",
@@ -289,7 +287,6 @@ impl Job for SessionRetention {
             transaction_target: transaction_target?,
             budget: budget?,
             lock_timeout: lock_timeout?,
-            sessions: paths.store(Root::Sessions),
             policy: Policy::Persisted,
         })
     }
