@@ -7,8 +7,9 @@ use std::sync::atomic::AtomicBool;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::clock::ManualClock;
 use sexton_jobs::health::Health;
-use sexton_jobs::job::{ArgsOf, Env, Job, Report};
+use sexton_jobs::job::{Env, Job, Report};
 use sexton_jobs::pass;
+use sexton_jobs::pass::ArgsOf;
 use sexton_jobs::record_expiry::{Expire, Handoffs};
 use sqlx::PgPool;
 

@@ -11,8 +11,9 @@ use futures::future::BoxFuture;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::explain::Explanation;
 use sexton_jobs::job::{
-    self, AccountRange, ArgsOf, Cadence, HopOutcome, Inspect, Job, Look, Reason, Scope,
+    self, AccountRange, Cadence, HopOutcome, Inspect, Job, Look, Reason, Scope,
 };
+use sexton_jobs::pass::ArgsOf;
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
 use sexton_jobs::queue_retention::QueueRetention;
 use sexton_jobs::record_expiry::{

@@ -3,6 +3,9 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::payload::Payload;
+use crate::report::HopOutcome;
+
 /// The earliest moment PostgreSQL represents (4714-11-24 BC): the cursor of a pass's first hop,
 /// before every finite age. Infinite ages are never candidates (EX-2).
 pub const EARLIEST: DateTime<Utc> = match DateTime::from_timestamp(-210_866_803_200, 0) {
@@ -43,6 +46,43 @@ pub fn days_before_sql(reference: &str, days: &str, earliest: &str) -> String {
 /// earlier, so that a slot, a payload or a clock in the future prunes nothing early (EX-1).
 pub fn reference(pass_started_at: DateTime<Utc>, database_now: DateTime<Utc>) -> DateTime<Utc> {
     pass_started_at.min(database_now)
+}
+
+/// A kind's cutoff: what its pass prunes up to.
+pub trait Cutoff: Payload {
+    /// The stricter of two cutoffs: nothing younger than either is pruned.
+    #[must_use]
+    fn stricter(&self, other: &Self) -> Self;
+}
+
+impl Cutoff for DateTime<Utc> {
+    fn stricter(&self, other: &Self) -> Self {
+        *self.min(other)
+    }
+}
+
+/// A kind whose pass carries no cutoff (it measures what it keeps on its own, as the trace
+/// cleaner's quota does).
+impl Cutoff for () {
+    fn stricter(&self, _other: &Self) -> Self {}
+}
+
+/// What a kind's policy says of its pass when a hop runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy<T> {
+    /// Prune up to this cutoff (before the carry rule).
+    Cutoff(T),
+    /// The pass ends here, nothing removed: the policy turns the kind off
+    /// ([`HopOutcome::Disabled`]), the account is gone ([`HopOutcome::AccountGone`]), or nothing
+    /// is old enough ([`HopOutcome::Finished`]).
+    Ends(HopOutcome),
+}
+
+impl<T> Policy<T> {
+    /// Prune up to `cutoff`, or, `None` (a window past the calendar), nothing is old enough.
+    pub fn up_to(cutoff: Option<T>) -> Self {
+        cutoff.map_or(Policy::Ends(HopOutcome::Finished), Policy::Cutoff)
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod payload;
 pub mod prune_execution_details;
 pub mod queue_retention;
 pub mod record_expiry;
+pub mod report;
 pub mod rows;
 pub mod session_retention;
 pub mod settings;

@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 use crate::files::{self, Beside, DrainError, FileCounts, Root, Store};
 use crate::health::{Health, Indicator};
-use crate::job::{HopOutcome, Reason, Report};
+use crate::report::{HopOutcome, Reason, Report};
 
 /// How much one hop may do.
 #[derive(Debug, Clone, Copy)]

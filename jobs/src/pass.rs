@@ -11,48 +11,21 @@
 //! policy gives when it runs — never past either. Tightening a policy mid-pass takes effect at
 //! the next hop; loosening it waits for the next pass.
 
-use std::fmt;
-
 use chrono::{DateTime, Utc};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::cutoff;
-use crate::files::{Root, Store};
+pub use crate::cutoff::{Cutoff, Policy};
+pub use crate::files::Removals;
 use crate::job::{Env, HopOutcome, Job, Position, Report};
+pub use crate::job::{Now, Rest, Step};
 use crate::owner_loop::{End, Files, Hop};
+pub use crate::payload::Payload;
 use crate::payload::V1;
 
-/// What a hop's payload may carry: serialized into the queue and back.
-pub trait Payload:
-    Serialize + DeserializeOwned + Clone + fmt::Debug + PartialEq + Send + Sync + 'static
-{
-}
-
-impl<T> Payload for T where
-    T: Serialize + DeserializeOwned + Clone + fmt::Debug + PartialEq + Send + Sync + 'static
-{
-}
-
-/// A kind's cutoff: what its pass prunes up to.
-pub trait Cutoff: Payload {
-    /// The stricter of two cutoffs: nothing younger than either is pruned.
-    #[must_use]
-    fn stricter(&self, other: &Self) -> Self;
-}
-
-impl Cutoff for DateTime<Utc> {
-    fn stricter(&self, other: &Self) -> Self {
-        *self.min(other)
-    }
-}
-
-/// A kind whose pass carries no cutoff (it measures what it keeps on its own, as the trace
-/// cleaner's quota does).
-impl Cutoff for () {
-    fn stricter(&self, _other: &Self) -> Self {}
-}
+/// The envelope of `J`'s hops.
+pub type ArgsOf<J> = Args<<J as Job>::Cutoff, <J as Job>::Cursor>;
 
 /// One hop's payload, the same envelope for every kind (FL-1: versioned, unknown fields
 /// refused).
@@ -101,70 +74,6 @@ impl<T, C> Args<T, C> {
             hop: self.hop,
         }
     }
-}
-
-/// What a kind's policy says of its pass when a hop runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Policy<T> {
-    /// Prune up to this cutoff (before the carry rule).
-    Cutoff(T),
-    /// The pass ends here, nothing removed: the policy turns the kind off
-    /// ([`HopOutcome::Disabled`]), the account is gone ([`HopOutcome::AccountGone`]), or nothing
-    /// is old enough ([`HopOutcome::Finished`]).
-    Ends(HopOutcome),
-}
-
-impl<T> Policy<T> {
-    /// Prune up to `cutoff`, or, `None` (a window past the calendar), nothing is old enough.
-    pub fn up_to(cutoff: Option<T>) -> Self {
-        cutoff.map_or(Policy::Ends(HopOutcome::Finished), Policy::Cutoff)
-    }
-}
-
-/// What a kind's policy is asked with ([`Job::policy`]).
-pub struct Now<'a, J: Job> {
-    pub conn: &'a mut sqlx::PgConnection,
-    pub settings: &'a J::Settings,
-    /// The account, for a per-account kind.
-    pub account: Option<Uuid>,
-    /// What the pass measures its windows back from (EX-1: its start, or the database's now
-    /// if that is earlier).
-    pub reference: DateTime<Utc>,
-    /// Anything the policy counts (an invalid window).
-    pub report: &'a mut Report<J::Reason>,
-}
-
-/// A hop as the kind's loop gets it ([`Job::run`]): the owner loop started (the files an
-/// earlier hop recorded drained), and where the pass stands.
-pub struct Step<'a, J: Job> {
-    pub hop: Hop<'a>,
-    pub env: Rest<'a>,
-    pub settings: &'a J::Settings,
-    /// The account, for a per-account kind.
-    pub account: Option<Uuid>,
-    /// What this hop prunes up to: the stricter of the carried and the current cutoff.
-    pub cutoff: J::Cutoff,
-    /// Where the previous hop stopped.
-    pub cursor: Option<J::Cursor>,
-    /// What the pass measures its windows back from (EX-1: its start, or the database's now
-    /// if that is earlier).
-    pub reference: DateTime<Utc>,
-}
-
-/// What a hop works with besides its connection (which the owner loop holds).
-#[derive(Clone, Copy)]
-pub struct Rest<'a> {
-    pub pool: &'a sqlx::PgPool,
-    pub clock: &'a dyn crate::clock::Clock,
-    pub paths: &'a crate::files::PathSettings,
-    pub stop: &'a std::sync::atomic::AtomicBool,
-    pub health: &'a crate::health::Health,
-}
-
-/// Where a kind's hops remove files: the root, and how it is reached.
-pub struct Removals {
-    pub root: Root,
-    pub store: Store,
 }
 
 /// Runs one hop of `J` from its envelope `args` into `report`: the files an earlier hop left

@@ -1,6 +1,9 @@
 //! Versioned job payloads (FL-1): every payload carries `"version": 1`; anything else is refused
 //! when decoded, so that a job written by another version fails visibly instead of being guessed.
 
+use std::fmt;
+
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The payload version this build writes and reads.
@@ -22,6 +25,17 @@ impl<'de> Deserialize<'de> for V1 {
             ))),
         }
     }
+}
+
+/// What a hop's payload may carry: serialized into the queue and back.
+pub trait Payload:
+    Serialize + DeserializeOwned + Clone + fmt::Debug + PartialEq + Send + Sync + 'static
+{
+}
+
+impl<T> Payload for T where
+    T: Serialize + DeserializeOwned + Clone + fmt::Debug + PartialEq + Send + Sync + 'static
+{
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ pub struct QueueRetentionSettings {
 pub use crate::owner_loop::Error;
 
 /// One hop's payload: the pass's envelope with its cutoff.
-pub type Args = crate::job::ArgsOf<QueueRetention>;
+pub type Args = crate::pass::ArgsOf<QueueRetention>;
 
 /// The tables this job deletes from, in the order reports list them.
 pub const TABLES: [&str; 2] = ["apalis.jobs", "apalis.workers"];

@@ -10,8 +10,9 @@ use sexton_jobs::clock::ManualClock;
 use sexton_jobs::explain::Explanation;
 use sexton_jobs::files::PathSettings;
 use sexton_jobs::health::Health;
-use sexton_jobs::job::{ArgsOf, Env, Inspect, Job, Look, Report};
+use sexton_jobs::job::{Env, Inspect, Job, Look, Report};
 use sexton_jobs::pass;
+use sexton_jobs::pass::ArgsOf;
 use sqlx::PgPool;
 use uuid::Uuid;
 

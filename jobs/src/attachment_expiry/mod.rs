@@ -86,7 +86,7 @@ const CHUNK: usize = 200;
 pub use crate::owner_loop::Error;
 
 /// One hop's payload: the pass's envelope with this kind's cutoff and cursor.
-pub type Args = crate::job::ArgsOf<AttachmentExpiry>;
+pub type Args = crate::pass::ArgsOf<AttachmentExpiry>;
 
 /// The job kind, as the worker registers it.
 pub struct AttachmentExpiry;

@@ -246,6 +246,12 @@ pub async fn failing<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Failing, sqlx:
     Ok(failing)
 }
 
+/// Where a kind's hops remove files: the root, and how it is reached.
+pub struct Removals {
+    pub root: Root,
+    pub store: Store,
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::OwnedFd;

@@ -73,7 +73,7 @@ const WRITTEN: [&str; DETAIL_TABLES.len() + 3] = {
 };
 
 /// One hop's payload: the pass's envelope with this kind's cutoff and cursor.
-pub type Args = crate::job::ArgsOf<PruneExecutionDetails>;
+pub type Args = crate::pass::ArgsOf<PruneExecutionDetails>;
 
 /// A position in the (age, id) order of candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

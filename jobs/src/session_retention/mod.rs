@@ -185,7 +185,7 @@ pub struct Cursor {
 }
 
 /// One hop's payload: the pass's envelope with this kind's cutoffs and cursor.
-pub type Args = crate::job::ArgsOf<SessionRetention>;
+pub type Args = crate::pass::ArgsOf<SessionRetention>;
 
 /// The `[sessions]` section as given.
 #[derive(Debug, Deserialize)]
