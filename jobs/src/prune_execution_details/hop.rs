@@ -107,7 +107,7 @@ impl Window for Pass<'_> {
             age: EARLIEST,
             run_id: Uuid::nil(),
         });
-        let candidates = sqlx::query_as(sqlx::AssertSqlSafe(&**WINDOW))
+        let candidates = sqlx::query_as(WINDOW)
             .bind(self.account_id)
             .bind(self.bound)
             .bind(after.age.max(EARLIEST))

@@ -316,13 +316,12 @@ impl Job for PruneExecutionDetails {
 
 #[cfg(test)]
 mod tests {
-    use super::sql::{BACKLOG, BACKLOG_SCAN, PREVIEW, PRUNE_LOCKED, WINDOW};
+    use super::sql::{BACKLOG, BACKLOG_SCAN, PREVIEW, PRUNE_LOCKED};
     use super::*;
 
     #[test]
     fn every_statement_matches_its_golden_file() {
         let g = crate::golden::check;
-        g("prune_execution_details/window", &WINDOW);
         g("prune_execution_details/prune_together", &PRUNE_LOCKED);
         g("prune_execution_details/prune_alone", &PRUNE_WAITING);
         g("prune_execution_details/backlog", &BACKLOG);

@@ -13,7 +13,7 @@ use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::job::{AccountRange, Inspect, Job, Look};
 
-use super::sql::{AGE, BACKLOG, BACKLOG_SCAN, BLOCKERS, DUE, EXPLAIN, PREVIEW};
+use super::sql::{AGE, BACKLOG, BACKLOG_SCAN, BLOCKERS_OF, DUE, EXPLAIN, PREVIEW};
 use super::{
     DETAIL_TABLES, Error, HopSettings, Locked, PruneExecutionDetails, RetainReason, Verdict,
 };
@@ -159,45 +159,6 @@ impl Inspect for PruneExecutionDetails {
     }
 }
 
-/// The rows behind a blocker, for people.
-pub(super) async fn blocker_detail(
-    conn: &mut PgConnection,
-    reason: RetainReason,
-    run: Uuid,
-) -> Result<String, sqlx::Error> {
-    let sql = match reason {
-        RetainReason::PendingWork => {
-            "SELECT 'invocation_attempts ' || id || ' ' || status || ' since '
-                    || to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-             FROM invocation_attempts WHERE run_id = $1 AND status IN ('pending', 'running')"
-        }
-        RetainReason::PendingSettlement => {
-            "SELECT 'settlement_receipts ' || id || ' status pending since '
-                    || to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-             FROM settlement_receipts WHERE run_id = $1 AND status = 'pending'"
-        }
-        RetainReason::OutstandingDelegation => {
-            "SELECT 'delegations ' || id || ' outstanding since '
-                    || to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-             FROM delegations WHERE parent_run_id = $1 AND status = 'outstanding'"
-        }
-        RetainReason::ActiveHistoryRequest => {
-            "SELECT 'history_requests ' || h.id || ' unsealed, assembling run ' || h.run_id
-             FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id
-             WHERE s.source_run_id = $1 AND h.sealed_at IS NULL"
-        }
-        // Each hold is a reason of its own ([`crate::explain::holds`]).
-        RetainReason::LegalHold
-        | RetainReason::NotEligible
-        | RetainReason::Busy
-        | RetainReason::InvalidWindow => {
-            return Ok(String::new());
-        }
-    };
-    let rows: Vec<String> = sqlx::query_scalar(sql).bind(run).fetch_all(conn).await?;
-    Ok(rows.join("; "))
-}
-
 /// The job's verdict on one run.
 pub(super) async fn explain_run(
     conn: &mut PgConnection,
@@ -205,8 +166,8 @@ pub(super) async fn explain_run(
     run: Uuid,
 ) -> Result<Option<Explanation>, Error> {
     let row: Option<RunRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT r.account_id, a.execution_details_retention_days, r.kind, r.conversation_id,
-                r.details_pruned_at, {AGE},
+        "SELECT r.account_id, a.execution_details_retention_days, r.kind,
+                sexton.run_owner(r.kind, r.conversation_id), r.details_pruned_at, {AGE},
                 CASE WHEN r.kind = 'conversation' THEN 'completed_at'
                      ELSE 'terminal_at (settled)' END
          FROM runs r JOIN accounts a ON a.id = r.account_id WHERE r.id = $1"
@@ -214,7 +175,7 @@ pub(super) async fn explain_run(
     .bind(run)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((account, days, kind, conversation, pruned_at, age, measured_from)) = row else {
+    let Some((account, days, kind, owner, pruned_at, age, measured_from)) = row else {
         return Ok(None);
     };
     let cutoff = days.and_then(|days| days_before(now, days));
@@ -250,7 +211,6 @@ pub(super) async fn explain_run(
     if cutoff.is_none() {
         explanation.reasons.push(no_cutoff(days));
     }
-    let owner = conversation.is_some() && matches!(kind.as_str(), "conversation" | "direct_reply");
     if !owner {
         explanation.measured_from = None;
         explanation.reasons.push(ExplainReason::new(
@@ -272,13 +232,13 @@ pub(super) async fn explain_run(
     Ok(found.then_some(explanation))
 }
 
-/// A run as `explain` reads it: its account, the account's window, its kind, its
-/// conversation, when its detail was pruned, its age and what that is measured from.
+/// A run as `explain` reads it: its account, the account's window, its kind, whether it is an
+/// owner (EX-2), when its detail was pruned, its age and what that is measured from.
 type RunRow = (
     Uuid,
     Option<i32>,
     String,
-    Option<Uuid>,
+    bool,
     Option<DateTime<Utc>>,
     Option<DateTime<Utc>>,
     Option<String>,
@@ -362,13 +322,23 @@ async fn judge(
             "not old enough: its age is not before the cutoff (or is infinite, EX-2)".to_owned(),
         ));
     }
-    for (blocker, blocked) in BLOCKERS.iter().zip(&judged.blocked) {
-        // Its holds are named already.
-        if *blocked && *blocker != RetainReason::LegalHold {
-            let detail = blocker_detail(conn, *blocker, run).await?;
+    // Everything that holds it back, each reason once with the rows behind it; its holds are
+    // named already.
+    let blockers: Vec<(String, String)> = sqlx::query_as(BLOCKERS_OF)
+        .bind(run)
+        .fetch_all(&mut *conn)
+        .await?;
+    for rows in blockers.chunk_by(|a, b| a.0 == b.0) {
+        let reason = &rows[0].0;
+        if reason != RetainReason::LegalHold.as_str() {
+            let detail = rows
+                .iter()
+                .map(|(_, detail)| detail.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
             explanation
                 .reasons
-                .push(ExplainReason::new("EX-5", blocker.as_str(), detail));
+                .push(ExplainReason::new("EX-5", reason.clone(), detail));
         }
     }
     if let Verdict::Prune = judged.verdict() {

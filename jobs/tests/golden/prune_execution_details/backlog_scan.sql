@@ -1,9 +1,13 @@
 SELECT EXTRACT(EPOCH FROM c.past)::float8
-         FROM (SELECT r.id, (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) - (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) AS past
+         FROM (SELECT r.id, r.kind, r.conversation_id, r.completed_at, r.terminal_at,
+                      r.settled_at, a.execution_details_retention_days AS days,
+                      (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) AS cutoff, (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) - sexton.run_age(kind, completed_at, terminal_at, settled_at) AS past
                FROM runs r JOIN accounts a ON a.id = r.account_id
-               WHERE details_pruned_at IS NULL AND conversation_id IS NOT NULL AND kind IN ('conversation', 'direct_reply')
-                 AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) < (SELECT max((CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END)) FROM accounts a)
-                 AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) < (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) > $2
+               WHERE details_pruned_at IS NULL AND sexton.run_owner(kind, conversation_id)
+                 AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < (SELECT max((CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END)) FROM accounts a)
+                 AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) AND sexton.run_age(kind, completed_at, terminal_at, settled_at) > $2
                ORDER BY past DESC OFFSET 0) c
-         WHERE NOT EXISTS (SELECT 1 FROM sexton.run_holds(c.id)) AND NOT EXISTS (SELECT 1 FROM invocation_attempts WHERE run_id = c.id AND status IN ('pending', 'running')) AND NOT EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = c.id AND status = 'pending') AND NOT EXISTS (SELECT 1 FROM delegations WHERE parent_run_id = c.id AND status = 'outstanding') AND NOT EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id WHERE s.source_run_id = c.id AND h.sealed_at IS NULL)
+         WHERE (SELECT v.verdict FROM sexton.run_verdict(
+                 c.id, c.kind, c.conversation_id, c.completed_at, c.terminal_at,
+                 c.settled_at, c.days, c.cutoff, $1) v) IS NULL
          ORDER BY c.past DESC LIMIT 1

@@ -1,13 +1,14 @@
-WITH candidates AS (
-             SELECT r.account_id, r.id, isfinite((CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END)) AS finite
-             FROM accounts a JOIN runs r ON r.account_id = a.id
-             WHERE ($1::uuid[] IS NULL OR a.id = ANY($1)) AND details_pruned_at IS NULL AND conversation_id IS NOT NULL AND kind IN ('conversation', 'direct_reply') AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) < (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $2 - $3 THEN $2 - make_interval(days => a.execution_details_retention_days) END)),
-         classified AS (
-             SELECT c.account_id, c.id,
-                    CASE WHEN NOT c.finite THEN 'not_eligible' WHEN EXISTS (SELECT 1 FROM sexton.run_holds(c.id)) THEN 'legal_hold' WHEN EXISTS (SELECT 1 FROM invocation_attempts WHERE run_id = c.id AND status IN ('pending', 'running')) THEN 'pending_work' WHEN EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = c.id AND status = 'pending') THEN 'pending_settlement' WHEN EXISTS (SELECT 1 FROM delegations WHERE parent_run_id = c.id AND status = 'outstanding') THEN 'outstanding_delegation' WHEN EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id WHERE s.source_run_id = c.id AND h.sealed_at IS NULL) THEN 'active_history_request' ELSE 'eligible' END AS class
-             FROM candidates c),
-         eligible AS (SELECT account_id, id FROM classified WHERE class = 'eligible')
-         SELECT account_id, class, count(*) FROM classified GROUP BY account_id, class
+WITH judged AS (
+             SELECT r.account_id, r.id, (SELECT v.verdict FROM sexton.run_verdict(
+                 r.id, r.kind, r.conversation_id, r.completed_at, r.terminal_at,
+                 r.settled_at, a.execution_details_retention_days, k.cutoff, $2) v) AS verdict
+             FROM accounts a
+             CROSS JOIN LATERAL (SELECT (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $2 - $3 THEN $2 - make_interval(days => a.execution_details_retention_days) END) AS cutoff) k
+             JOIN runs r ON r.account_id = a.id
+             WHERE ($1::uuid[] IS NULL OR a.id = ANY($1)) AND details_pruned_at IS NULL AND sexton.run_owner(kind, conversation_id) AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < k.cutoff),
+         eligible AS (SELECT account_id, id FROM judged WHERE verdict IS NULL)
+         SELECT account_id, COALESCE(verdict, 'eligible'), count(*) FROM judged
+         GROUP BY account_id, verdict
          UNION ALL SELECT e.account_id, 'run_task_edges', count(*) FROM run_task_edges t JOIN eligible e ON t.run_id = e.id GROUP BY e.account_id
          UNION ALL SELECT e.account_id, 'run_tasks', count(*) FROM run_tasks t JOIN eligible e ON t.run_id = e.id GROUP BY e.account_id
          UNION ALL SELECT e.account_id, 'tool_results', count(*) FROM tool_results t JOIN eligible e ON t.run_id = e.id GROUP BY e.account_id

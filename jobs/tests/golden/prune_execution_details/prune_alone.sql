@@ -1,19 +1,8 @@
 WITH locked AS (
-             SELECT r.id, r.variant_id,
-         r.details_pruned_at IS NOT NULL AS pruned,
-         COALESCE(r.conversation_id = c.conversation_id
-                  AND r.kind IN ('conversation', 'direct_reply')
-                  AND (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) < $3
-                  AND a.execution_details_retention_days > 0
-                  AND CASE WHEN isfinite((CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END))
-                           THEN $4 - (CASE WHEN kind = 'conversation' THEN completed_at WHEN settled_at IS NOT NULL THEN terminal_at END) > make_interval(days => a.execution_details_retention_days)
-                      END,
-                  false) AS eligible,
-         EXISTS (SELECT 1 FROM sexton.run_holds(r.id)) AS legal_hold,
-EXISTS (SELECT 1 FROM invocation_attempts WHERE run_id = r.id AND status IN ('pending', 'running')) AS pending_work,
-EXISTS (SELECT 1 FROM settlement_receipts WHERE run_id = r.id AND status = 'pending') AS pending_settlement,
-EXISTS (SELECT 1 FROM delegations WHERE parent_run_id = r.id AND status = 'outstanding') AS outstanding_delegation,
-EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id = s.history_request_id WHERE s.source_run_id = r.id AND h.sealed_at IS NULL) AS active_history_request
+             SELECT r.id, r.variant_id, r.details_pruned_at IS NOT NULL AS pruned,
+                    (SELECT v.verdict FROM sexton.run_verdict(
+                 r.id, r.kind, CASE WHEN r.conversation_id = c.conversation_id THEN r.conversation_id END, r.completed_at, r.terminal_at,
+                 r.settled_at, a.execution_details_retention_days, $3, $4) v) AS verdict
              FROM unnest($1::uuid[], $2::uuid[]) AS c (run_id, conversation_id)
              JOIN runs r ON r.id = c.run_id
              JOIN accounts a ON a.id = r.account_id
@@ -22,7 +11,7 @@ EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id 
              FOR UPDATE OF r ),
          prune AS (
              SELECT array_agg(id) AS runs, array_agg(variant_id) AS variants FROM locked
-             WHERE NOT pruned AND eligible AND NOT (legal_hold OR pending_work OR pending_settlement OR outstanding_delegation OR active_history_request)),
+             WHERE NOT pruned AND verdict IS NULL),
          run_task_edges_gone AS (DELETE FROM run_task_edges WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
          run_tasks_gone AS (DELETE FROM run_tasks WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
          tool_results_gone AS (DELETE FROM tool_results WHERE run_id = ANY((SELECT runs FROM prune)::uuid[]) RETURNING 1),
@@ -46,6 +35,6 @@ EXISTS (SELECT 1 FROM history_request_sources s JOIN history_requests h ON h.id 
                      FROM turns t JOIN conversations cv ON cv.id = t.conversation_id
                      WHERE v.id = ANY((SELECT variants FROM prune)::uuid[])
                        AND t.id = v.turn_id AND cv.account_id = $5)
-         SELECT id, pruned, eligible, ARRAY[legal_hold, pending_work, pending_settlement, outstanding_delegation, active_history_request]::bool[] AS blocked,
+         SELECT id, pruned, verdict IS DISTINCT FROM 'not_eligible' AS eligible, ARRAY[verdict IS NOT DISTINCT FROM 'legal_hold', verdict IS NOT DISTINCT FROM 'pending_work', verdict IS NOT DISTINCT FROM 'pending_settlement', verdict IS NOT DISTINCT FROM 'outstanding_delegation', verdict IS NOT DISTINCT FROM 'active_history_request']::bool[] AS blocked,
                 ARRAY[(SELECT count(*) FROM run_task_edges_gone), (SELECT count(*) FROM run_tasks_gone), (SELECT count(*) FROM tool_results_gone), (SELECT count(*) FROM sealed_requests_gone), (SELECT count(*) FROM reasoning_traces_gone), (SELECT count(*) FROM invocation_attempts_gone), (SELECT count(*) FROM output_files_gone)]::bigint[] AS deleted
          FROM locked
