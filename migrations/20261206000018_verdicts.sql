@@ -99,3 +99,15 @@ CREATE OR REPLACE FUNCTION sexton.run_verdict(
         ELSE (SELECT b.reason FROM sexton.run_blockers($1) b LIMIT 1)
     END
 $$;
+
+-- TTL-1 … TTL-4: a short-lived record has expired when its age — the column its kind is
+-- measured from (record_expiry/kinds.rs names it, with the (age, id) index each batch reads) —
+-- is a finite moment before the cutoff of its kind, and it is not pinned (TTL-3: pinned working
+-- records and cards never expire; a kind without a pin passes false). Inlined, so the batches
+-- still read their (age, id) index, and `working_records_expiry` (WHERE NOT pinned) for working
+-- records.
+CREATE OR REPLACE FUNCTION sexton.record_expired(
+    age timestamptz, pinned boolean, cutoff timestamptz
+) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT NOT pinned AND age < cutoff AND isfinite(age)
+$$;

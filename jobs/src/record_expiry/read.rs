@@ -158,8 +158,9 @@ impl std::fmt::Display for Preview {
     }
 }
 
-/// The job's verdict on one record: past its age (the batches' `< cutoff`, finite
-/// ages only) and not pinned.
+/// The job's verdict on one record: whether it has expired as the batches judge it
+/// (`sexton.record_expired`: a finite age before the cutoff, not pinned) and whether a hold
+/// keeps it.
 pub(super) async fn explain_record<R: Record>(
     conn: &mut PgConnection,
     settings: &ExpirySettings,
@@ -209,24 +210,36 @@ pub(super) async fn explain_record<R: Record>(
             "pinned records and cards never expire",
         ));
     }
-    match cutoff {
-        None => explanation.reasons.push(ExplainReason::new(
+    let Some(cutoff) = cutoff else {
+        explanation.reasons.push(ExplainReason::new(
             "TTL-5",
             "disabled",
             "expiry of this kind is off (or its age reaches back past the calendar)",
-        )),
-        Some(cutoff) if !(age < cutoff && age > EARLIEST) => explanation.reasons.push(
-            ExplainReason::new(R::RULE, "not_expired", "younger than its age"),
-        ),
-        Some(_) if !pinned && !is_held => {
-            explanation.verdict = ExplainVerdict::Eligible;
-            explanation.reasons.push(ExplainReason::new(
-                R::RULE,
-                "expired",
-                "older than its age: the next pass deletes it (unless an application holds it)",
-            ));
-        }
-        Some(_) => {}
+        ));
+        return Ok(Some(explanation));
+    };
+    let judged: Option<(bool, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(sql::judge::<R>()))
+        .bind(id)
+        .bind(cutoff)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some((expired, old_enough)) = judged else {
+        return Ok(None);
+    };
+    if !old_enough {
+        explanation.reasons.push(ExplainReason::new(
+            R::RULE,
+            "not_expired",
+            "younger than its age",
+        ));
+    }
+    if expired && !is_held {
+        explanation.verdict = ExplainVerdict::Eligible;
+        explanation.reasons.push(ExplainReason::new(
+            R::RULE,
+            "expired",
+            "older than its age: the next pass deletes it (unless an application holds it)",
+        ));
     }
     Ok(Some(explanation))
 }

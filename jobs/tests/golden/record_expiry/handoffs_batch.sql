@@ -1,13 +1,13 @@
 WITH batch AS (
-    SELECT id, created_at FROM handoffs
-    WHERE created_at < $1 AND (created_at, id) > ($2, $3::uuid)
-    ORDER BY created_at, id
+    SELECT t.id, t.created_at FROM handoffs t
+    WHERE sexton.record_expired(t.created_at, false, $1) AND (t.created_at, t.id) > ($2, $3::uuid)
+    ORDER BY t.created_at, t.id
     LIMIT $4),
 last AS (
     SELECT b.created_at, b.id FROM batch b ORDER BY b.created_at DESC, b.id DESC LIMIT 1),
 locked AS (
     SELECT t.ctid, EXISTS (SELECT 1 FROM sexton.handoff_holds(t.account_id, t.agent_id, t.from_session_id, t.to_session_id)) AS held FROM handoffs t
-    WHERE t.created_at < $1 AND (t.created_at, t.id) > ($2, $3::uuid)
+    WHERE sexton.record_expired(t.created_at, false, $1) AND (t.created_at, t.id) > ($2, $3::uuid)
       AND t.created_at <= (SELECT created_at FROM last)
       AND (t.created_at, t.id) <= ((SELECT created_at FROM last), (SELECT id FROM last))
     FOR UPDATE OF t SKIP LOCKED),

@@ -1,2 +1,2 @@
 SELECT count(*), count(*) FILTER (WHERE EXISTS (SELECT 1 FROM sexton.handoff_holds(t.account_id, t.agent_id, t.from_session_id, t.to_session_id))) FROM handoffs t
-WHERE t.created_at < $1 AND t.created_at > $2 AND ($3::uuid[] IS NULL OR account_id = ANY($3))
+WHERE sexton.record_expired(t.created_at, false, $1) AND t.created_at > $2 AND ($3::uuid[] IS NULL OR account_id = ANY($3))

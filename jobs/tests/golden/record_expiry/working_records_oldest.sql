@@ -1,2 +1,2 @@
 SELECT min(t.updated_at) FROM working_records t
-WHERE NOT t.pinned AND t.updated_at < $1 AND t.updated_at > $2 AND NOT EXISTS (SELECT 1 FROM sexton.agent_record_holds(t.account_id, t.agent_id))
+WHERE sexton.record_expired(t.updated_at, t.pinned, $1) AND t.updated_at > $2 AND NOT EXISTS (SELECT 1 FROM sexton.agent_record_holds(t.account_id, t.agent_id))
