@@ -111,3 +111,12 @@ CREATE OR REPLACE FUNCTION sexton.record_expired(
 ) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT NOT pinned AND age < cutoff AND isfinite(age)
 $$;
+
+-- AT-1, the rows: an attachment whose bytes have not expired yet — the rows a pass judges by
+-- their file's modification time (which only the file can tell: the job's `verdict`, in Rust)
+-- and the only rows it marks. `attachments_expiry` and `attachments_live_path_key` repeat it as
+-- their predicate.
+CREATE OR REPLACE FUNCTION sexton.attachment_live(bytes_expired_at timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT bytes_expired_at IS NULL
+$$;

@@ -99,7 +99,7 @@ impl Window for Live {
     ) -> Result<Candidates<(Uuid, String), Uuid>, Error> {
         let candidates = sqlx::query_as(
             "SELECT id, relative_path FROM attachments
-             WHERE account_id = $1 AND bytes_expired_at IS NULL AND id > $2
+             WHERE account_id = $1 AND sexton.attachment_live(bytes_expired_at) AND id > $2
              ORDER BY id LIMIT $3",
         )
         .bind(self.account_id)

@@ -2,7 +2,7 @@ WITH judged AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $4::text[]) AS j (id, relative_path, etag)),
 locked AS (
     SELECT a.id, j.etag FROM attachments a JOIN judged j ON j.id = a.id
-    WHERE a.account_id = $3 AND a.bytes_expired_at IS NULL
+    WHERE a.account_id = $3 AND sexton.attachment_live(a.bytes_expired_at)
       AND a.relative_path = j.relative_path
     ORDER BY a.id
     FOR UPDATE OF a SKIP LOCKED),

@@ -135,7 +135,7 @@ impl Job for AttachmentExpiry {
             "SELECT a.id FROM accounts a
              WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
                AND (($3 AND EXISTS (SELECT 1 FROM attachments t
-                                    WHERE t.account_id = a.id AND t.bytes_expired_at IS NULL))
+                                    WHERE t.account_id = a.id AND sexton.attachment_live(t.bytes_expired_at)))
                     OR {})
              ORDER BY a.id",
             files::waiting_sql(Root::Attachments, "a.id")

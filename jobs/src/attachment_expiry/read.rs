@@ -79,7 +79,7 @@ impl Inspect for AttachmentExpiry {
             let rows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
                 "SELECT account_id, id, relative_path FROM attachments
                  WHERE ($1::uuid[] IS NULL OR account_id = ANY($1))
-                   AND bytes_expired_at IS NULL AND (account_id, id) > ($2, $3)
+                   AND sexton.attachment_live(bytes_expired_at) AND (account_id, id) > ($2, $3)
                  ORDER BY account_id, id LIMIT 1000",
             )
             .bind(accounts)
