@@ -40,6 +40,33 @@ CREATE INDEX IF NOT EXISTS sexton_finished_jobs
     ON apalis.jobs ((COALESCE(done_at, run_at)))
     WHERE status IN ('Done', 'Killed') OR (status = 'Failed' AND attempts >= max_attempts);
 
+-- FL-7, once, for the queue's retention and its preview (the rules of the other kinds are in
+-- sexton's migrations; these read the queue's tables, which exist only from here on). A job of
+-- sexton's queues goes once it is finished — done, killed (a payload that never decoded) or
+-- failed for good (attempts exhausted) — and finished before `before`: pending, running and
+-- retrying jobs never do, nor the rows of other queues. One expression, inlined into the delete,
+-- which so still reads the index above (its predicate and its expression are this rule's,
+-- written out: an index states its own).
+CREATE OR REPLACE FUNCTION sexton.queue_job_expired(
+    job_type text, status text, attempts integer, max_attempts integer, done_at timestamptz,
+    run_at timestamptz, before timestamptz
+) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT job_type LIKE 'sexton.%'
+       AND (status IN ('Done', 'Killed') OR (status = 'Failed' AND attempts >= max_attempts))
+       AND COALESCE(done_at, run_at) < before
+$$;
+
+-- FL-7: the registrations of sexton's workers not seen since `before` that no job names. Rescue
+-- re-queues a silent worker's jobs long before (FL-4); a registration still named by a job stays
+-- whatever its age, because rescue finds a dead worker's jobs through it (the jobs' foreign key
+-- refuses the delete of one named meanwhile).
+CREATE OR REPLACE FUNCTION sexton.stale_workers(before timestamptz)
+RETURNS TABLE (id text) LANGUAGE sql STABLE AS $$
+    SELECT w.id FROM apalis.workers w
+    WHERE w.last_seen < $1 AND w.worker_type LIKE 'sexton.%'
+      AND NOT EXISTS (SELECT 1 FROM apalis.jobs j WHERE j.lock_by = w.id)
+$$;
+
 -- A job whose worker died is put back by the queue's rescue (FL-4), which counts the attempt
 -- but never asks whether one is left: a hop that ends its process every time (as a removal
 -- that overflowed the stack once did) would then run forever, attempt 6 of 5. The rescue of a

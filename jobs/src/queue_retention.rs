@@ -46,12 +46,18 @@ pub type Args = crate::pass::ArgsOf<QueueRetention>;
 /// The tables this job deletes from, in the order reports list them.
 pub const TABLES: [&str; 2] = ["apalis.jobs", "apalis.workers"];
 
-/// One batch of finished jobs older than `$1`, at most `$2`; a row a worker holds is left for
-/// the next batch or pass. The partial index `sexton_finished_jobs` serves it.
+/// One batch of finished jobs older than `$1` (`sexton.queue_job_expired`, FL-7), at most `$2`;
+/// a row a worker holds is left for the next batch or pass. The partial index
+/// `sexton_finished_jobs` serves it.
 const DELETE_FINISHED: &str = include_str!("queue_retention/delete_finished.sql");
 
-/// Worker registrations not seen since `$1` that no job names, at most `$2`.
+/// Worker registrations not seen since `$1` that no job names (`sexton.stale_workers`), at most
+/// `$2`.
 const DELETE_STALE_WORKERS: &str = include_str!("queue_retention/delete_stale_workers.sql");
+
+/// What a pass would delete (`sexton preview`): the finished jobs older than `$1` and the
+/// registrations not seen since `$2`, asked of the same two rules as the deletes.
+const PREVIEW: &str = include_str!("queue_retention/preview.sql");
 
 /// Finished jobs as the owner loop takes them: each step one batch, deleted by one statement;
 /// the step that finds the last batch short removes the stale registrations too.
@@ -183,20 +189,11 @@ impl Inspect for QueueRetention {
             ..
         } = look;
         let finished_before = now - settings.retention;
-        let (jobs, workers): (i64, i64) = sqlx::query_as(
-            "SELECT
-                (SELECT count(*) FROM apalis.jobs
-                 WHERE (status IN ('Done', 'Killed')
-                        OR (status = 'Failed' AND attempts >= max_attempts))
-                   AND COALESCE(done_at, run_at) < $1 AND job_type LIKE 'sexton.%'),
-                (SELECT count(*) FROM apalis.workers w
-                 WHERE last_seen < $2 AND worker_type LIKE 'sexton.%'
-                   AND NOT EXISTS (SELECT 1 FROM apalis.jobs j WHERE j.lock_by = w.id))",
-        )
-        .bind(finished_before)
-        .bind(now - STALE_WORKER_AFTER)
-        .fetch_one(&mut *conn)
-        .await?;
+        let (jobs, workers): (i64, i64) = sqlx::query_as(PREVIEW)
+            .bind(finished_before)
+            .bind(now - STALE_WORKER_AFTER)
+            .fetch_one(&mut *conn)
+            .await?;
         Ok(vec![Preview {
             retention_days: settings.retention.num_days(),
             finished_before,
