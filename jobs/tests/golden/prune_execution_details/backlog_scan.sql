@@ -1,13 +1,13 @@
 SELECT EXTRACT(EPOCH FROM c.past)::float8
-         FROM (SELECT r.id, r.kind, r.conversation_id, r.completed_at, r.terminal_at,
-                      r.settled_at, a.execution_details_retention_days AS days,
-                      (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) AS cutoff, (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) - sexton.run_age(kind, completed_at, terminal_at, settled_at) AS past
+         FROM (SELECT r.id, (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) - sexton.run_age(kind, completed_at, terminal_at, settled_at) AS past
                FROM runs r JOIN accounts a ON a.id = r.account_id
                WHERE details_pruned_at IS NULL AND sexton.run_owner(kind, conversation_id)
                  AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < (SELECT max((CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END)) FROM accounts a)
                  AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) AND sexton.run_age(kind, completed_at, terminal_at, settled_at) > $2
                ORDER BY past DESC OFFSET 0) c
-         WHERE (SELECT v.verdict FROM sexton.run_verdict(
-                 c.id, c.kind, c.conversation_id, c.completed_at, c.terminal_at,
-                 c.settled_at, c.days, c.cutoff, $1) v) IS NULL
+         JOIN runs r ON r.id = c.id
+         JOIN accounts a ON a.id = r.account_id
+         WHERE (SELECT v.verdict IS NULL FROM sexton.run_verdict(
+                 r.id, r.kind, r.conversation_id, r.completed_at, r.terminal_at,
+                 r.settled_at, a.execution_details_retention_days, (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END), $1) v)
          ORDER BY c.past DESC LIMIT 1
