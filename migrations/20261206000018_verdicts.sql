@@ -105,11 +105,13 @@ $$;
 -- is a finite moment before the cutoff of its kind, and it is not pinned (TTL-3: pinned working
 -- records and cards never expire; a kind without a pin passes false). Inlined, so the batches
 -- still read their (age, id) index, and `working_records_expiry` (WHERE NOT pinned) for working
--- records.
+-- records. Finite is a bound of that index's range, `> '-infinity'` (a cutoff is always finite):
+-- `isfinite(age)`, a filter the planner takes to drop half the rows, turned the generic plan of
+-- the oldest expired working record from the index's first row into an aggregate of them all.
 CREATE OR REPLACE FUNCTION sexton.record_expired(
     age timestamptz, pinned boolean, cutoff timestamptz
 ) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT NOT pinned AND age < cutoff AND isfinite(age)
+    SELECT NOT pinned AND age < cutoff AND age > '-infinity'
 $$;
 
 -- AT-1, the rows: an attachment whose bytes have not expired yet — the rows a pass judges by
