@@ -3,7 +3,9 @@
 -- backlog, `preview` and `explain` — calls the function instead of spelling the rule again, so
 -- that `explain` agrees with the pass by construction. Sessions were first (SS-2 … SS-4:
 -- `sexton.session_verdict`, migrations 5, 11 and 14); the holds' covering functions (HD-2,
--- migration 11) are asked from here.
+-- migration 11) are asked from here; the queue's own retention (FL-7) reads the queue's tables,
+-- which exist only after these migrations, and so is stated in worker/queue_guard.sql. The
+-- table of where each rule lives is in docs/jobs.md.
 --
 -- Written to keep the plans they replace (PF-6). PostgreSQL inlines a SQL function into the
 -- statement that calls it when its body is one expression without a sub-select (a scalar
