@@ -1103,7 +1103,11 @@ async fn ss6_a_session_directory_of_any_depth_goes_and_never_stops_the_pass(pool
         .or_else(|_| tempfile::tempdir())
         .unwrap();
     env.frames_root = shm.path().to_owned();
+    // On disk whatever the backend: the depth is the file system's question.
     env.paths.sessions_root = shm.path().to_owned();
+    env.paths
+        .objects
+        .retain(|(root, _)| *root != files::Root::Sessions);
     let account = fixture::account(&env.pool, Some(30)).await;
     env.policy(account, true, [Some(30), None, None]).await;
     let agent = env.agent(account).await;

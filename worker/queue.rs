@@ -195,8 +195,8 @@ const COUNTS: &str = "count(*) FILTER (WHERE status IN ('Pending', 'Queued')
                               OR (status = 'Failed' AND attempts < max_attempts)),
              count(*) FILTER (WHERE status = 'Running'),
              count(*) FILTER (WHERE status = 'Done'),
-             count(*) FILTER (WHERE status = 'Killed'
-                              OR (status = 'Failed' AND attempts >= max_attempts))";
+             count(*) FILTER (WHERE sexton.queue_job_failed_for_good(status, attempts,
+                                                                     max_attempts))";
 
 /// Counts the jobs of every sexton queue by state.
 ///
@@ -267,7 +267,7 @@ pub async fn failed(pool: &PgPool, limit: i64) -> Result<Vec<FailedJob>, QueueEr
                 COALESCE(last_result ->> 'Err', last_result::text) AS last_error, run_at
          FROM apalis.jobs
          WHERE job_type LIKE $1
-           AND (status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts))
+           AND sexton.queue_job_failed_for_good(status, attempts, max_attempts)
          ORDER BY run_at DESC LIMIT $2",
     )
     .bind(SEXTON_QUEUES)

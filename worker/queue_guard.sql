@@ -47,12 +47,18 @@ CREATE INDEX IF NOT EXISTS sexton_finished_jobs
 -- retrying jobs never do, nor the rows of other queues. One expression, inlined into the delete,
 -- which so still reads the index above (its predicate and its expression are this rule's,
 -- written out: an index states its own).
+CREATE OR REPLACE FUNCTION sexton.queue_job_failed_for_good(
+    status text, attempts integer, max_attempts integer
+) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts)
+$$;
+
 CREATE OR REPLACE FUNCTION sexton.queue_job_expired(
     job_type text, status text, attempts integer, max_attempts integer, done_at timestamptz,
     run_at timestamptz, before timestamptz
 ) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT job_type LIKE 'sexton.%'
-       AND (status IN ('Done', 'Killed') OR (status = 'Failed' AND attempts >= max_attempts))
+       AND (status = 'Done' OR sexton.queue_job_failed_for_good(status, attempts, max_attempts))
        AND COALESCE(done_at, run_at) < before
 $$;
 

@@ -179,12 +179,12 @@ impl Root {
                 "SELECT p FROM unnest($1::text[]) p,
                  LATERAL (SELECT 1 FROM attachments a
                           WHERE sexton.path_key(a.relative_path) = sexton.path_key(p)
-                            AND a.bytes_expired_at IS NULL
+                            AND sexton.attachment_live(a.bytes_expired_at)
                           LIMIT 1) referencing
                  UNION
                  SELECT p FROM unnest($1::text[]) p
                  WHERE EXISTS (SELECT 1 FROM attachments a
-                               WHERE a.bytes_expired_at IS NULL
+                               WHERE sexton.attachment_live(a.bytes_expired_at)
                                  AND sexton.is_loose(a.relative_path)
                                  AND sexton.may_name(a.relative_path, p))"
             }
