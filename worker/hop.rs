@@ -62,35 +62,28 @@ async fn push_after<J: Job>(
     args: &ArgsOf<J>,
     delay: Option<Duration>,
 ) -> Result<PushOutcome, QueueError> {
-    let options = PushOptions {
-        idempotency_key: Some(hop_key(&args.position())),
-        run_after: delay,
-    };
-    queue::push(
-        &ctx.pool,
-        job::queue(J::NAME),
-        &ctx.settings.queue,
-        args,
-        options,
-    )
-    .await
+    push_keyed::<J>(ctx, args, hop_key(&args.position()), delay).await
 }
 
 /// Pushes the same hop again a little later, under a key of its own.
 async fn defer<J: Job>(ctx: &JobContext, args: &ArgsOf<J>) -> Result<PushOutcome, QueueError> {
     let key = format!("{}:deferred:{}", hop_key(&args.position()), Uuid::new_v4());
+    push_keyed::<J>(ctx, args, key, Some(BUSY_SCOPE_DELAY)).await
+}
+
+/// Pushes `args` on `J`'s queue under `key`, to run no sooner than `delay` from now.
+async fn push_keyed<J: Job>(
+    ctx: &JobContext,
+    args: &ArgsOf<J>,
+    key: String,
+    delay: Option<Duration>,
+) -> Result<PushOutcome, QueueError> {
     let options = PushOptions {
         idempotency_key: Some(key),
-        run_after: Some(BUSY_SCOPE_DELAY),
+        run_after: delay,
     };
-    queue::push(
-        &ctx.pool,
-        job::queue(J::NAME),
-        &ctx.settings.queue,
-        args,
-        options,
-    )
-    .await
+    let queue = job::queue(J::NAME);
+    queue::push(&ctx.pool, queue, &ctx.settings.queue, args, options).await
 }
 
 /// A connection holding a hop's scope lock. Dropped without [`ScopeLock::release`] — a panic,

@@ -128,7 +128,7 @@ pub struct PreviewLine {
 }
 
 /// A [`Job`] registered with the worker, with the labels its hops' metrics take beside its
-/// [`Job::RETAIN_REASONS`] and the outcomes every hop can end with.
+/// reasons ([`Job::Reason`]) and the outcomes every hop can end with.
 pub struct Registered<J> {
     job: PhantomData<J>,
     /// The outcomes of its own its hops can end with, beside [`HopOutcome::ALL`] and

@@ -165,7 +165,7 @@ impl Window for Live {
     }
 }
 
-/// Adds one to `reason`'s count in a list of [`RETAIN_REASONS`] counts.
+/// Adds one to `reason`'s count in a list of counts by label.
 pub(super) fn count(counts: &mut [(&'static str, u64)], reason: AttachmentReason) {
     if let Some((_, n)) = counts.iter_mut().find(|(r, _)| *r == reason.as_str()) {
         *n += 1;

@@ -70,16 +70,6 @@ crate::reasons! {
     }
 }
 
-/// The labels of [`AttachmentReason`], in order: the counts of a preview line.
-pub const RETAIN_REASONS: [&str; 6] = [
-    "legal_hold",
-    "outside_root",
-    "not_regular",
-    "missing",
-    "unreadable",
-    "busy",
-];
-
 /// Rows marked together in one transaction.
 const CHUNK: usize = 200;
 

@@ -8,11 +8,10 @@ use uuid::Uuid;
 use crate::cutoff::days_before;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{Entry, Opened, Root};
-use crate::job::{Inspect, Job, Look};
+use crate::job::{Inspect, Job, Look, Reason};
 
 use super::{
-    AttachmentExpiry, AttachmentReason, AttachmentSettings, Error, RETAIN_REASONS, Verdict, count,
-    judge, judge_all,
+    AttachmentExpiry, AttachmentReason, AttachmentSettings, Error, Verdict, count, judge, judge_all,
 };
 
 /// The mtime decides (AT-1): measuring a backlog would mean a stat per live attachment at every
@@ -69,7 +68,10 @@ impl Inspect for AttachmentExpiry {
                 max_age_days: settings.max_age_days,
                 cutoff,
                 expired: 0,
-                kept: RETAIN_REASONS.iter().map(|r| (*r, 0)).collect(),
+                kept: <AttachmentReason as Reason>::ALL
+                    .iter()
+                    .map(|r| (r.as_str(), 0))
+                    .collect(),
             })
             .collect();
         // Page by page over every account asked about, through the pass's own index: an

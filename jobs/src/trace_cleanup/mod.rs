@@ -82,20 +82,6 @@ crate::reasons! {
     }
 }
 
-/// What is kept, and why (TR-3, ER-3): the labels of [`TraceReason`], which the cleaner's
-/// reports count by.
-pub const KEPT_REASONS: [&str; 9] = [
-    crate::explain::LEGAL_HOLD,
-    "bad_signature",
-    "not_regular",
-    "outside_root",
-    "unreadable",
-    "live_session",
-    "changed",
-    "vanished",
-    "error",
-];
-
 /// `[traces]` (TR-1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Limits {
@@ -167,7 +153,7 @@ pub struct TraceReport {
     pub planned_bytes: u64,
     pub deleted: u64,
     pub deleted_bytes: u64,
-    /// Left in place, by reason of [`KEPT_REASONS`].
+    /// Left in place, by the label of its [`TraceReason`].
     pub kept: BTreeMap<&'static str, u64>,
     /// Whether files were deleted (`--confirm`, the background job) or only planned.
     pub confirmed: bool,
