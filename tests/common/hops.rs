@@ -1,14 +1,12 @@
 //! One account's passes run in-process against the test's database: PruneExecutionDetails hops
 //! with small limits, file roots in a temp dir, and the clock the test controls.
 
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton_jobs::clock::ManualClock;
 use sexton_jobs::files::{PathSettings, Root, Store};
 use sexton_jobs::health::Health;
-use sexton_jobs::pass;
 use sexton_jobs::prune_execution_details::{
     self as job, Args, HopSettings, PruneExecutionDetails, RetainReason,
 };
@@ -150,6 +148,9 @@ pub fn retained(reports: &[Hopped], reason: RetainReason) -> u64 {
 }
 
 /// One hop at the time `clock` says, on a connection of `pool`.
+///
+/// # Errors
+/// What the hop failed with.
 pub async fn try_hop_at(
     pool: &PgPool,
     clock: &ManualClock,
@@ -157,16 +158,9 @@ pub async fn try_hop_at(
     settings: &HopSettings,
     args: &Args,
 ) -> Result<Hopped, job::Error> {
-    let mut conn = pool.acquire().await?;
-    let env = sexton_jobs::job::Env {
-        conn: &mut conn,
-        pool,
-        clock,
-        stop: &AtomicBool::new(false),
-        paths,
-        health: &Health::off(),
-    };
-    let mut report = sexton_jobs::job::Report::new(&job::DETAIL_TABLES);
-    let next = pass::hop::<PruneExecutionDetails>(env, settings, args, &mut report).await?;
-    Ok(Hopped { report, next })
+    let health = Health::off();
+    super::run::try_hop_at::<PruneExecutionDetails>(
+        pool, clock, paths, &health, settings, args, false,
+    )
+    .await
 }

@@ -54,11 +54,28 @@ pub async fn try_hop<J: Job>(
     args: &ArgsOf<J>,
     stopping: bool,
 ) -> Result<Hopped<J>, J::Error> {
-    let mut conn = pool.acquire().await.unwrap();
+    let clock = ManualClock::new(pass_start());
+    try_hop_at::<J>(pool, &clock, paths, health, settings, args, stopping).await
+}
+
+/// [`try_hop`] at the time `clock` says.
+///
+/// # Errors
+/// What the hop failed with.
+pub async fn try_hop_at<J: Job>(
+    pool: &PgPool,
+    clock: &ManualClock,
+    paths: &PathSettings,
+    health: &Health,
+    settings: &J::Settings,
+    args: &ArgsOf<J>,
+    stopping: bool,
+) -> Result<Hopped<J>, J::Error> {
+    let mut conn = pool.acquire().await?;
     let env = Env {
         conn: &mut conn,
         pool,
-        clock: &ManualClock::new(pass_start()),
+        clock,
         stop: &AtomicBool::new(stopping),
         paths,
         health,
