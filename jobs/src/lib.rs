@@ -19,6 +19,7 @@ pub mod pass;
 pub mod payload;
 pub mod prune_execution_details;
 pub mod queue_retention;
+pub mod receipts;
 pub mod record_expiry;
 pub mod report;
 pub mod rows;
