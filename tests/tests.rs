@@ -10,6 +10,8 @@ mod crash;
 mod database_faults;
 // OP-7: `sexton doctor`, each finding caused for real.
 mod doctor;
+// RQ-1 … RQ-8: erasure on request, judged against a snapshot of every table.
+mod erasure;
 // EX-1 … EX-9: PruneExecutionDetails, one module per group of its rules.
 mod execution_details;
 // TTL-1 … TTL-5, FL-7: short-lived records and the queue's own rows expire.

@@ -10,9 +10,10 @@ use clap::{ArgGroup, Parser, Subcommand};
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
 use crate::{
-    clock, db, demo, doctor, explain, generated, holds, preview, registry, sessions, status, tick,
-    traces, worker,
+    clock, db, demo, doctor, erase, explain, generated, holds, preview, registry, sessions, status,
+    tick, traces, worker,
 };
+use sexton_jobs::erasure::Subject;
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -95,6 +96,16 @@ pub enum Command {
         #[command(subcommand)]
         command: HoldsCommand,
     },
+    /// Erasure on request (SPEC §11): everything of an account, conversation, agent or session
+    /// goes, whatever its age, withheld item by item while in flight or held, verified, with a
+    /// chained receipt. Prints the request's id; its pass starts at once.
+    #[command(args_conflicts_with_subcommands = true)]
+    Erase {
+        #[command(subcommand)]
+        command: Option<EraseCommand>,
+        #[command(flatten)]
+        request: EraseRequest,
+    },
     /// Per job the latest slot's fan-out and passes by state, the backlog and the queue, the
     /// passes that did not finish, the jobs failed for good (with their last error), and the
     /// active holds.
@@ -165,6 +176,8 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
                 .is_some_and(tick::TickError::is_usage)
             || e.downcast_ref::<holds::Error>()
                 .is_some_and(holds::Error::is_usage)
+            || e.downcast_ref::<erase::Error>()
+                .is_some_and(erase::Error::is_usage)
             || matches!(
                 e.downcast_ref::<db::DbError>(),
                 Some(
@@ -175,6 +188,62 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             )
     });
     if bad_configuration { 2 } else { 1 }
+}
+
+/// What `sexton erase` asks to erase.
+#[derive(Debug, clap::Args)]
+pub struct EraseRequest {
+    /// Everything of this account (its row kept as the usage records' anchor when they are kept).
+    #[arg(long, value_name = "ID", group = "scope")]
+    account: Option<uuid::Uuid>,
+    /// This conversation, its forks and its runs with their delegated children.
+    #[arg(long, value_name = "ID", group = "scope")]
+    conversation: Option<uuid::Uuid>,
+    /// This agent with all its sessions, records, memories and traces.
+    #[arg(long, value_name = "ID", group = "scope")]
+    agent: Option<uuid::Uuid>,
+    /// This session with its history, archives, directory and traces.
+    #[arg(long, value_name = "ID", group = "scope")]
+    session: Option<uuid::Uuid>,
+    /// The request's ticket (a data-subject request's number).
+    #[arg(long = "ref", value_name = "REF")]
+    reference: Option<String>,
+    /// Who asks for it.
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+    /// When it must be done by (RFC 3339); `[erasure] deadline_days` from now if omitted.
+    #[arg(long, value_name = "RFC3339")]
+    due: Option<DateTime<Utc>>,
+    /// Print what would go, per table and root, and what would be withheld and why; record
+    /// nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print one JSON object: {"id", "state", "due_at", "existing"}.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EraseCommand {
+    /// The open requests (every one with --all), or one, with state, due date, counts and what
+    /// is withheld.
+    Status {
+        /// Only this request.
+        id: Option<uuid::Uuid>,
+        /// Completed requests too.
+        #[arg(long)]
+        all: bool,
+        /// Print a JSON array of the requests.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a failed or waiting request again now.
+    Retry {
+        id: uuid::Uuid,
+        /// Print the request as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -342,6 +411,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             command: TracesCommand::Clean { confirm, json },
         } => traces::clean(&settings, confirm, json).await,
         Command::Holds { command } => run_holds(&settings, command).await,
+        Command::Erase { command, request } => run_erase(&settings, command, request).await,
         Command::Status {
             json,
             all,
@@ -445,6 +515,80 @@ async fn run_sessions_prune(
 }
 
 /// `sexton holds place`, `release` and `list`.
+async fn run_erase(
+    settings: &Settings,
+    command: Option<EraseCommand>,
+    request: EraseRequest,
+) -> anyhow::Result<()> {
+    let read_only = matches!(command, Some(EraseCommand::Status { .. })) || request.dry_run;
+    let pool = db::connect(
+        &settings.database,
+        if read_only {
+            db::Access::Read
+        } else {
+            db::Access::Write
+        },
+    )
+    .await?;
+    match command {
+        Some(EraseCommand::Status { id, all, json }) => {
+            let requests = erase::status(&pool, id, all).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&requests)?);
+            } else {
+                print!("{}", erase::status_text(&requests, all));
+            }
+        }
+        Some(EraseCommand::Retry { id, json }) => {
+            let request = erase::retry(&pool, settings, id).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&request)?);
+            } else {
+                println!("{}: {}", request.id, request.state.as_str());
+            }
+        }
+        None => {
+            let scope = [
+                (Subject::Account, request.account),
+                (Subject::Conversation, request.conversation),
+                (Subject::Agent, request.agent),
+                (Subject::Session, request.session),
+            ]
+            .into_iter()
+            .find_map(|(subject, id)| Some((subject, id?)));
+            let asked = erase::Asked {
+                scope,
+                reference: request.reference,
+                by: request.by,
+                due: request.due,
+            };
+            if request.dry_run {
+                let dry = erase::dry_run(&pool, settings, asked).await?;
+                if request.json {
+                    println!("{}", serde_json::to_string_pretty(&dry)?);
+                } else {
+                    print!("{}", erase::dry_run_text(&dry));
+                }
+            } else {
+                let answer = erase::request(&pool, settings, asked).await?;
+                if request.json {
+                    println!("{}", serde_json::to_string(&answer)?);
+                } else if answer.existing {
+                    println!(
+                        "{} (already open for this scope: {}, due {})",
+                        answer.id,
+                        answer.state,
+                        answer.due_at.to_rfc3339()
+                    );
+                } else {
+                    println!("{}", answer.id);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn run_holds(settings: &Settings, command: HoldsCommand) -> anyhow::Result<()> {
     let pool = db::connect(
         &settings.database,
@@ -486,6 +630,8 @@ async fn run_holds(settings: &Settings, command: HoldsCommand) -> anyhow::Result
         }
         HoldsCommand::Release { hold, by, json } => {
             let hold = holds::release(&pool, hold, &by).await?;
+            // RQ-4: requests waiting on what it held go on now, with no operator action.
+            erase::resume(&pool, settings).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&hold)?);
             } else {

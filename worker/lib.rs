@@ -22,6 +22,7 @@ pub mod context;
 pub mod db;
 pub mod demo;
 pub mod doctor;
+pub mod erase;
 pub mod event;
 pub mod explain;
 pub mod gauges;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
+use sexton_jobs::erasure::Erase;
 use sexton_jobs::explain::Explanation;
 use sexton_jobs::job::{
     self, AccountRange, Cadence, HopOutcome, Inspect, Job, Look, Reason, Scope,
@@ -43,6 +44,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &Registered::<QueueRetention>::new(),
     &Registered::<AttachmentExpiry>::new(),
     &Registered::<TraceCleanup>::new().ending(&[HopOutcome::LeaseHeld]),
+    &Registered::<Erase>::new(),
 ];
 
 /// A job kind as the worker sees it: [`Job`] with its types erased, implemented once for every

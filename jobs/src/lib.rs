@@ -6,6 +6,7 @@
 pub mod attachment_expiry;
 pub mod clock;
 pub mod cutoff;
+pub mod erasure;
 pub mod estimate;
 pub mod explain;
 pub mod files;

@@ -45,6 +45,7 @@ mod walk;
 pub use clean::*;
 pub use lease::*;
 use walk::Seen;
+pub(crate) use walk::{line_of, signature};
 
 /// The lease file's name, directly under the traces root.
 pub const LEASE_FILE: &str = ".sexton-traces.lease";
@@ -53,7 +54,7 @@ pub const LEASE_FILE: &str = ".sexton-traces.lease";
 pub const FORMAT: &str = "run-trace/1";
 
 /// How far into a file its first line is looked for.
-const FIRST_LINE_LIMIT: usize = 64 * 1024;
+pub(crate) const FIRST_LINE_LIMIT: usize = 64 * 1024;
 
 /// Files whose sessions are checked and that are deleted together.
 const BATCH: usize = 256;

@@ -81,7 +81,7 @@ pub(super) fn seen(stat: &rustix::fs::Stat) -> Seen {
 /// The agent and session a trace belongs to, if its first line is a valid signature. A
 /// `session_id` that is not a UUID names no session an agent can point at, so nothing could
 /// prove it is not live: such a file is not a candidate.
-pub(super) fn signature(first_line: &[u8]) -> Option<(String, Uuid)> {
+pub(crate) fn signature(first_line: &[u8]) -> Option<(String, Uuid)> {
     #[derive(Deserialize)]
     struct Signature {
         format: String,
@@ -118,7 +118,7 @@ pub(super) fn first_line(dir: &OwnedFd, name: &CStr) -> io::Result<Vec<u8>> {
 }
 
 /// What comes before the first newline of `bytes` (all of them without one).
-pub(super) fn line_of(mut bytes: Vec<u8>) -> Vec<u8> {
+pub(crate) fn line_of(mut bytes: Vec<u8>) -> Vec<u8> {
     if let Some(end) = bytes.iter().position(|b| *b == b'\n') {
         bytes.truncate(end);
     }

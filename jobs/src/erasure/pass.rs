@@ -1,0 +1,558 @@
+//! A pass over the open requests, one step at a time on the owner loop: which request is in
+//! hand and which of its steps is next is the cursor; what each step did is committed with it,
+//! into the request's row, in the same transaction.
+
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+use sqlx::types::Json;
+use sqlx::{Connection as _, PgConnection};
+use uuid::Uuid;
+
+use super::steps::{self, Shape};
+use super::verify::{self, Left};
+use super::{Cursor, ErasureSettings, Subject, Withheld, derivatives, plan};
+use crate::files::{self, DrainError, FileCounts, Root};
+use crate::job::{Report, Rest, refused};
+use crate::owner_loop::{Error, Owners, Then, Took};
+use crate::receipts;
+
+/// A request found more than this many times with something left after its steps ended is
+/// failed, naming what is left: a residue the steps cannot remove needs a person.
+const MAX_RESIDUES: i32 = 5;
+
+/// Step numbers around [`steps::STEPS`]: its scope's ids first, its files without rows, the
+/// deleting steps, the drains, then what is left.
+const PLAN: u32 = 0;
+const DERIVATIVES: u32 = 1;
+const FIRST_DELETE: u32 = 2;
+const DRAIN: u32 = FIRST_DELETE + steps::STEPS.len() as u32;
+const CONCLUDE: u32 = DRAIN + 1;
+
+/// What a step needs of its request.
+#[derive(Debug, sqlx::FromRow)]
+struct InHand {
+    id: Uuid,
+    scope: Subject,
+    scope_id: Option<Uuid>,
+    account_id: Option<Uuid>,
+}
+
+/// The open requests as the owner loop works them.
+pub(super) struct Requests<'a> {
+    settings: &'a ErasureSettings,
+    env: Rest<'a>,
+    failed: u64,
+}
+
+impl<'a> Requests<'a> {
+    pub(super) fn new(settings: &'a ErasureSettings, env: Rest<'a>) -> Self {
+        Self {
+            settings,
+            env,
+            failed: 0,
+        }
+    }
+
+    pub(super) fn failed(&self) -> u64 {
+        self.failed
+    }
+
+    /// The request to work now: `at`'s while it is still open and not waiting, else the open
+    /// one due first (a waiting one once its retry is due).
+    async fn in_hand(
+        &self,
+        conn: &mut PgConnection,
+        at: Option<&Cursor>,
+    ) -> Result<Option<(InHand, u32, Option<Uuid>)>, sqlx::Error> {
+        if let Some(at) = at {
+            let same: Option<InHand> = sqlx::query_as(
+                "SELECT id, scope, scope_id, account_id FROM sexton.erasures
+                 WHERE id = $1 AND state IN ('received', 'running', 'verifying')",
+            )
+            .bind(at.request)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some(same) = same {
+                return Ok(Some((same, at.step, at.after)));
+            }
+        }
+        let next: Option<InHand> = sqlx::query_as(
+            "SELECT id, scope, scope_id, account_id FROM sexton.erasures
+             WHERE state IN ('received', 'running', 'verifying')
+                OR (state = 'waiting' AND next_attempt_at <= now())
+             ORDER BY due_at, received_at LIMIT 1",
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(next.map(|request| (request, PLAN, None)))
+    }
+
+    /// Runs step `step` of `request` from `after`.
+    async fn work(
+        &mut self,
+        conn: &mut PgConnection,
+        request: &InHand,
+        step: u32,
+        after: Option<Uuid>,
+        report: &mut Report<Withheld>,
+    ) -> Result<Took<Cursor>, Error> {
+        let at = |step: u32, after: Option<Uuid>| Cursor {
+            request: request.id,
+            step,
+            after,
+        };
+        let next = |step: u32| more(at(step, None));
+        match step {
+            PLAN => {
+                self.plan(conn, request).await?;
+                Ok(next(DERIVATIVES))
+            }
+            DERIVATIVES => {
+                let recorded = self.derivatives(conn, request).await?;
+                Ok(Took {
+                    recorded,
+                    ..next(FIRST_DELETE)
+                })
+            }
+            DRAIN => {
+                self.drain(conn, request, report).await?;
+                Ok(next(CONCLUDE))
+            }
+            CONCLUDE => {
+                self.conclude(conn, request, report).await?;
+                // The request has left the running states (or runs again from its plan).
+                Ok(next(PLAN))
+            }
+            _ => {
+                let delete = steps::STEPS[(step - FIRST_DELETE) as usize];
+                let started = Instant::now();
+                let (taken, last) = self.delete(conn, request, delete, after, report).await?;
+                let seconds = started.elapsed().as_secs_f64();
+                let went_on = match last {
+                    Some(last) => at(step, Some(last)),
+                    None => at(step + 1, None),
+                };
+                Ok(Took {
+                    read: taken,
+                    seconds,
+                    ..more(went_on)
+                })
+            }
+        }
+    }
+
+    /// Writes the request's members and marks it running, one more pass.
+    async fn plan(&self, conn: &mut PgConnection, request: &InHand) -> Result<(), sqlx::Error> {
+        let mut tx = conn.begin().await?;
+        if let Some(scope_id) = request.scope_id {
+            sqlx::query(sqlx::AssertSqlSafe(plan::members(request.scope)))
+                .bind(request.id)
+                .bind(scope_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "UPDATE sexton.erasures SET state = 'running', passes = passes + 1,
+                    next_attempt_at = NULL, updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(request.id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
+    }
+
+    /// Records the scope's files no row leads to; how many.
+    async fn derivatives(&self, conn: &mut PgConnection, request: &InHand) -> Result<u64, Error> {
+        let members: Vec<(String, Uuid, Option<Uuid>)> = sqlx::query_as(
+            "SELECT m.kind, m.id, COALESCE(s.agent_id, g.id)
+             FROM sexton.erasure_members m
+             LEFT JOIN sessions s ON m.kind = 'session' AND s.id = m.id
+             LEFT JOIN agents g ON m.kind = 'agent' AND g.id = m.id
+             WHERE m.request_id = $1 AND m.kind IN ('agent', 'session')
+             ORDER BY m.kind, m.id",
+        )
+        .bind(request.id)
+        .fetch_all(&mut *conn)
+        .await?;
+        let erased: Vec<Uuid> = members
+            .iter()
+            .filter(|(kind, ..)| kind == "agent")
+            .map(|(_, id, _)| *id)
+            .collect();
+        let sessions: Vec<Uuid> = members
+            .iter()
+            .filter(|(kind, ..)| kind == "session")
+            .map(|(_, id, _)| *id)
+            .collect();
+        let store = |why: String| DrainError::Store {
+            root: Root::Traces.as_str().to_owned(),
+            why,
+        };
+        let mut traces = Vec::new();
+        for agent in &erased {
+            let found = derivatives::traces(self.env.paths, Some(*agent), true, &[]).await;
+            traces.extend(found.map_err(store)?);
+        }
+        // Sessions of agents not erased whole: their agent's traces naming them, or — a
+        // session whose row is gone — any trace naming them.
+        let mut agents: Vec<Option<Uuid>> = members
+            .iter()
+            .filter(|(kind, _, agent)| {
+                kind == "session" && !agent.is_some_and(|a| erased.contains(&a))
+            })
+            .map(|(_, _, agent)| *agent)
+            .collect();
+        agents.sort();
+        agents.dedup();
+        for agent in agents {
+            let found = derivatives::traces(self.env.paths, agent, false, &sessions).await;
+            traces.extend(found.map_err(store)?);
+        }
+        let mut orphaned = Vec::new();
+        for (kind, id, agent) in &members {
+            if kind == "session"
+                && agent.is_none()
+                && derivatives::session_directory(self.env.paths, *id)
+                    .await
+                    .map_err(store)?
+            {
+                orphaned.push(*id);
+            }
+        }
+        let recorded = sqlx::query(
+            "WITH found (root, path, agent, session) AS (
+                 SELECT 'traces', * FROM unnest($2::text[], $3::uuid[], $4::uuid[])
+                 UNION ALL
+                 SELECT 'sessions', s::text, NULL::uuid, s FROM unnest($5::uuid[]) s)
+             INSERT INTO sexton.pending_file_deletions
+                 (root, account_id, relative_path, agent_id, session_id)
+             SELECT f.root, COALESCE($1, '00000000-0000-0000-0000-000000000000'), f.path,
+                    f.agent, f.session
+             FROM found f
+             WHERE NOT EXISTS (SELECT 1 FROM sexton.pending_file_deletions p
+                               WHERE p.root = f.root AND p.relative_path = f.path
+                                 AND p.quarantined_at IS NULL)
+               -- A session that stays keeps its traces (TR-3: a live session's trace stays).
+               AND NOT EXISTS (SELECT 1 FROM sessions s,
+                                   sexton.erasure_session_withheld($6, s.id, s.account_id,
+                                                                   s.agent_id, s.state) w
+                               WHERE s.id = f.session)",
+        )
+        .bind(request.account_id)
+        .bind(traces.iter().map(|t| t.path.clone()).collect::<Vec<_>>())
+        .bind(traces.iter().map(|t| t.agent).collect::<Vec<_>>())
+        .bind(traces.iter().map(|t| t.session).collect::<Vec<_>>())
+        .bind(&orphaned)
+        .bind(request.id)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        Ok(recorded)
+    }
+
+    /// One transaction of a deleting step: the rows it removed added to the request's counts
+    /// as it commits. The last id it took, when the step goes on.
+    async fn delete(
+        &self,
+        conn: &mut PgConnection,
+        request: &InHand,
+        delete: steps::Delete,
+        after: Option<Uuid>,
+        report: &mut Report<Withheld>,
+    ) -> Result<(u64, Option<Uuid>), Error> {
+        let batch = i64::from(self.settings.batch_size);
+        let keep = self.settings.keep_usage_records;
+        let mut tx = crate::gate::begin(conn, "").await?;
+        let (counts, taken, last) = match delete.shape {
+            Shape::Owners { lock, take } => {
+                let ids: Vec<Uuid> = sqlx::query_scalar(lock)
+                    .bind(request.id)
+                    .bind(after.unwrap_or_default())
+                    .bind(batch)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                if ids.is_empty() {
+                    tx.commit().await?;
+                    return Ok((0, None));
+                }
+                let counts: Json<Map<String, Value>> = sqlx::query_scalar(take)
+                    .bind(request.id)
+                    .bind(&ids)
+                    .bind(keep)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let last = (ids.len() as i64 == batch).then(|| ids[ids.len() - 1]);
+                (counts.0, ids.len() as u64, last)
+            }
+            Shape::Sweep(sql) => {
+                let counts: Json<Map<String, Value>> = sqlx::query_scalar(sql)
+                    .bind(request.id)
+                    .bind(batch)
+                    .bind(keep)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let taken: u64 = counts.0.values().filter_map(Value::as_u64).sum();
+                // Another round while any table gave a whole batch.
+                let more = counts
+                    .0
+                    .values()
+                    .filter_map(Value::as_i64)
+                    .any(|n| n >= batch);
+                (counts.0, taken, more.then(Uuid::nil))
+            }
+        };
+        sqlx::query(
+            "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(request.id)
+        .bind(Json(&counts))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        for (table, n) in &counts {
+            let n = n.as_u64().unwrap_or(0);
+            report.pruned += n;
+            if let Some(table) = steps::TABLES.iter().find(|t| **t == table.as_str()) {
+                report.deleted(table, n);
+            }
+        }
+        Ok((taken, last))
+    }
+
+    /// Removes the files the steps recorded, root by root, for the request's account (and
+    /// those of a scope whose account is unknown).
+    async fn drain(
+        &self,
+        conn: &mut PgConnection,
+        request: &InHand,
+        report: &mut Report<Withheld>,
+    ) -> Result<(), Error> {
+        let scope = Some(request.account_id.unwrap_or_default());
+        let mut removed = Map::new();
+        for root in [
+            Root::Outputs,
+            Root::Sessions,
+            Root::Attachments,
+            Root::Traces,
+        ] {
+            let store = self.env.paths.store(root);
+            let (counts, _): (FileCounts, i64) =
+                files::drain_from(conn, root, &store, scope, 0).await?;
+            report.files.add(counts);
+            if counts.deleted > 0 {
+                removed.insert(format!("files:{}", root.as_str()), counts.deleted.into());
+                removed.insert(format!("bytes:{}", root.as_str()), counts.bytes.into());
+            }
+        }
+        sqlx::query(
+            "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(request.id)
+        .bind(Json(&removed))
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    /// What is left decides: withheld items make the request wait (RQ-3, RQ-4); a residue sends
+    /// it back to work (RQ-5); nothing left completes it, with its receipt (RQ-6).
+    async fn conclude(
+        &mut self,
+        conn: &mut PgConnection,
+        request: &InHand,
+        report: &mut Report<Withheld>,
+    ) -> Result<(), Error> {
+        sqlx::query(
+            "UPDATE sexton.erasures SET state = 'verifying', updated_at = now() WHERE id = $1",
+        )
+        .bind(request.id)
+        .execute(&mut *conn)
+        .await?;
+        let left = match verify::left(
+            conn,
+            self.env.paths,
+            request.id,
+            self.settings.keep_usage_records,
+        )
+        .await
+        {
+            Ok(left) => left,
+            Err(why) => {
+                return Err(DrainError::Store {
+                    root: "erasure".to_owned(),
+                    why,
+                }
+                .into());
+            }
+        };
+        for (reason, n) in &left.withheld {
+            report.retain(*reason, *n);
+        }
+        if !left.withheld.is_empty() {
+            return Ok(self.wait(conn, request, &left).await?);
+        }
+        if !left.nothing() {
+            return Ok(self.residue(conn, request, &left).await?);
+        }
+        Ok(self.complete(conn, request).await?)
+    }
+
+    async fn wait(
+        &self,
+        conn: &mut PgConnection,
+        request: &InHand,
+        left: &Left,
+    ) -> Result<(), sqlx::Error> {
+        let withheld: Map<String, Value> = left
+            .withheld
+            .iter()
+            .map(|(reason, n)| (reason.as_str().to_owned(), (*n).into()))
+            .collect();
+        sqlx::query(
+            "UPDATE sexton.erasures
+             SET state = 'waiting', next_attempt_at = now() + $2, withheld = $3,
+                 withheld_items = $4,
+                 updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(request.id)
+        .bind(self.settings.retry)
+        .bind(Json(&withheld))
+        .bind(Json(&left.items))
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn residue(
+        &mut self,
+        conn: &mut PgConnection,
+        request: &InHand,
+        left: &Left,
+    ) -> Result<(), sqlx::Error> {
+        let what = serde_json::json!({"rows": left.rows, "files": left.files});
+        tracing::warn!(request = %request.id, left = %what, "erasure verification found a residue; the request runs again");
+        let failed: bool = sqlx::query_scalar(
+            "UPDATE sexton.erasures
+             SET residues = residues + 1,
+                 state = CASE WHEN residues + 1 >= $2 THEN 'failed' ELSE 'running' END,
+                 last_error = CASE WHEN residues + 1 >= $2
+                                   THEN 'verification found what the steps cannot remove: ' || $3
+                              END,
+                 updated_at = now()
+             WHERE id = $1
+             RETURNING state = 'failed'",
+        )
+        .bind(request.id)
+        .bind(MAX_RESIDUES)
+        .bind(what.to_string())
+        .fetch_one(conn)
+        .await?;
+        self.failed += u64::from(failed);
+        Ok(())
+    }
+
+    /// Completes the request: verified, its receipt chained, its subject's ids cleared.
+    async fn complete(&self, conn: &mut PgConnection, request: &InHand) -> Result<(), sqlx::Error> {
+        let mut tx = conn.begin().await?;
+        let body: Value = sqlx::query_scalar(
+            "WITH usage AS (
+                 SELECT count(*) AS n FROM usage_records u
+                 WHERE $2 AND u.account_id = (SELECT e.account_id FROM sexton.erasures e
+                                              WHERE e.id = $1 AND e.scope = 'account')),
+             done AS (
+                 UPDATE sexton.erasures e
+                 SET state = 'completed', verified_at = now(), completed_at = now(),
+                     kept = CASE WHEN (SELECT n FROM usage) > 0
+                                 THEN jsonb_build_object('usage_records', (SELECT n FROM usage),
+                                                         'accounts', 1)
+                                 ELSE '{}' END,
+                     scope_id = NULL, account_id = NULL, withheld = '{}', withheld_items = '[]',
+                     next_attempt_at = NULL, updated_at = now()
+                 WHERE e.id = $1
+                 RETURNING e.*)
+             SELECT jsonb_build_object(
+                 'request_id', id, 'ref', ref, 'scope', scope, 'requested_by', requested_by,
+                 'received_at', received_at, 'due_at', due_at, 'completed_at', completed_at,
+                 'verified_at', verified_at, 'subject_hash', subject_hash, 'key_id', key_id,
+                 'removed', removed, 'kept', kept, 'passes', passes, 'residues', residues)
+             FROM done",
+        )
+        .bind(request.id)
+        .bind(self.settings.keep_usage_records)
+        .fetch_one(&mut *tx)
+        .await?;
+        receipts::append(&mut tx, request.id, &body).await?;
+        sqlx::query("DELETE FROM sexton.erasure_members WHERE request_id = $1")
+            .bind(request.id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
+    /// Marks the request failed with `error`, which it cannot get past (a statement the
+    /// database refuses).
+    async fn fail(
+        &mut self,
+        conn: &mut PgConnection,
+        request: Uuid,
+        error: &Error,
+    ) -> Result<(), sqlx::Error> {
+        self.failed += 1;
+        sqlx::query(
+            "UPDATE sexton.erasures SET state = 'failed', last_error = $2, updated_at = now()
+             WHERE id = $1",
+        )
+        .bind(request)
+        .bind(error.to_string())
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A step that moved the pass to `at`, with more to follow.
+fn more(at: Cursor) -> Took<Cursor> {
+    Took {
+        read: 0,
+        at: Some(at),
+        recorded: 0,
+        seconds: 0.0,
+        then: Then::More,
+    }
+}
+
+impl Owners for Requests<'_> {
+    type Cursor = Cursor;
+    type Report = Report<Withheld>;
+
+    const TABLES: &'static [&'static str] = steps::TABLES;
+
+    async fn step(
+        &mut self,
+        conn: &mut PgConnection,
+        at: Option<&Cursor>,
+        _room: Option<u32>,
+        report: &mut Report<Withheld>,
+    ) -> Result<Took<Cursor>, Error> {
+        let Some((request, step, after)) = self.in_hand(conn, at).await? else {
+            return Ok(Took::end(None));
+        };
+        match self.work(conn, &request, step, after, report).await {
+            Ok(took) => Ok(took),
+            Err(err) if refused(&err) => {
+                tracing::error!(request = %request.id, error = %err, "erasure request failed");
+                self.fail(conn, request.id, &err).await?;
+                Ok(Took {
+                    then: Then::More,
+                    ..Took::end(None)
+                })
+            }
+            Err(err) => Err(err),
+        }
+    }
+}

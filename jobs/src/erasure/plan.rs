@@ -1,0 +1,89 @@
+//! What a request covers (RQ-2): the ids of its scope, written to `sexton.erasure_members` at
+//! the start of each of its passes. Ids found by an earlier pass stay (their rows may be gone;
+//! the verification still reads every table by them), and a row added to the scope since (a
+//! fork, a run, a session) is found by the next pass.
+//!
+//! - a conversation: itself and its forks, transitively; their runs of every kind and those
+//!   runs' delegated children, transitively (`parent_run_id`, `delegations.child_run_id`); the
+//!   conversations' turns, variants and history requests;
+//! - a session: itself, and its archives;
+//! - an agent: itself, and its sessions as above;
+//! - an account: itself, and all of the above for each of its conversations and agents, and
+//!   every run of the account (standalone and inference runs included).
+//!
+//! `$1` is the request, `$2` the scope's id. One statement per scope kind, each inserting
+//! every kind of id its scope reaches.
+
+use super::Subject;
+
+/// A conversation's forks, transitively: `convs (id)` from the seed `seed (id)`.
+const FORKS: &str = "convs (id) AS (
+        SELECT id FROM seed
+        UNION
+        SELECT c.id FROM conversations c JOIN convs ON c.forked_from_conversation_id = convs.id)";
+
+/// Runs and their delegated children, transitively: `all_runs (id)` from `first_runs (id)`.
+const DELEGATED: &str = "all_runs (id) AS (
+        SELECT id FROM first_runs
+        UNION
+        SELECT child.id FROM all_runs a
+        CROSS JOIN LATERAL (SELECT r.id FROM runs r WHERE r.parent_run_id = a.id
+                            UNION ALL
+                            SELECT d.child_run_id FROM delegations d
+                            WHERE d.parent_run_id = a.id AND d.child_run_id IS NOT NULL) child)";
+
+/// What follows the CTEs `convs`, `all_runs` and `sessions_of`: the insert of every id.
+const INSERT: &str = "ids (kind, id) AS (
+        SELECT 'conversation', id FROM convs
+        UNION ALL SELECT 'run', id FROM all_runs
+        UNION ALL SELECT 'turn', t.id FROM turns t WHERE t.conversation_id IN (SELECT id FROM convs)
+        UNION ALL SELECT 'variant', v.id FROM variants v
+                  JOIN turns t ON t.id = v.turn_id WHERE t.conversation_id IN (SELECT id FROM convs)
+        UNION ALL SELECT 'history_request', q.id FROM history_requests q
+                  WHERE q.conversation_id IN (SELECT id FROM convs)
+                     OR q.run_id IN (SELECT id FROM all_runs)
+        UNION ALL SELECT 'agent', id FROM agents_of
+        UNION ALL SELECT 'session', id FROM sessions_of
+        UNION ALL SELECT 'archive', a.id FROM conversation_archives a
+                  WHERE a.session_id IN (SELECT id FROM sessions_of)
+        UNION ALL SELECT 'account', id FROM accounts_of)
+    INSERT INTO sexton.erasure_members (request_id, kind, id)
+    SELECT DISTINCT $1, kind, id FROM ids
+    ON CONFLICT DO NOTHING";
+
+/// The statement that writes a request's members, for its scope.
+pub fn members(subject: Subject) -> String {
+    let seeds = match subject {
+        Subject::Conversation => {
+            "seed (id) AS (SELECT $2::uuid),
+             first_runs (id) AS (SELECT r.id FROM runs r
+                                 WHERE r.conversation_id IN (SELECT id FROM convs)),
+             agents_of (id) AS (SELECT NULL::uuid WHERE false),
+             sessions_of (id) AS (SELECT NULL::uuid WHERE false),
+             accounts_of (id) AS (SELECT NULL::uuid WHERE false)"
+        }
+        Subject::Session => {
+            "seed (id) AS (SELECT NULL::uuid WHERE false),
+             first_runs (id) AS (SELECT NULL::uuid WHERE false),
+             agents_of (id) AS (SELECT NULL::uuid WHERE false),
+             sessions_of (id) AS (SELECT $2::uuid),
+             accounts_of (id) AS (SELECT NULL::uuid WHERE false)"
+        }
+        Subject::Agent => {
+            "seed (id) AS (SELECT NULL::uuid WHERE false),
+             first_runs (id) AS (SELECT NULL::uuid WHERE false),
+             agents_of (id) AS (SELECT $2::uuid),
+             sessions_of (id) AS (SELECT $2::uuid WHERE false
+                                  UNION ALL SELECT s.id FROM sessions s WHERE s.agent_id = $2),
+             accounts_of (id) AS (SELECT NULL::uuid WHERE false)"
+        }
+        Subject::Account => {
+            "seed (id) AS (SELECT c.id FROM conversations c WHERE c.account_id = $2),
+             first_runs (id) AS (SELECT r.id FROM runs r WHERE r.account_id = $2),
+             agents_of (id) AS (SELECT g.id FROM agents g WHERE g.account_id = $2),
+             sessions_of (id) AS (SELECT s.id FROM sessions s WHERE s.account_id = $2),
+             accounts_of (id) AS (SELECT $2::uuid)"
+        }
+    };
+    format!("WITH RECURSIVE {seeds}, {FORKS}, {DELEGATED}, {INSERT}")
+}

@@ -1,0 +1,228 @@
+//! What is left of a request's scope (RQ-4, RQ-5), read independently of the statements that
+//! delete it: a count per table of the data contract by the scope's ids and by its account,
+//! what stays withheld and why, and the files of the scope a listing of the roots still finds.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::Withheld;
+use super::derivatives;
+use crate::files::PathSettings;
+
+/// Rows of the scope left, per table: `$1` the request, `$2` whether usage records are kept
+/// (they stay then, their links cleared, and the account row as their anchor).
+const REMAINING: &str = "
+WITH m AS (SELECT kind, id FROM sexton.erasure_members WHERE request_id = $1),
+acct AS (SELECT id FROM m WHERE kind = 'account'),
+conv AS (SELECT id FROM m WHERE kind = 'conversation'),
+run AS (SELECT id FROM m WHERE kind = 'run'),
+turn AS (SELECT id FROM m WHERE kind = 'turn'),
+variant AS (SELECT id FROM m WHERE kind = 'variant'),
+hreq AS (SELECT id FROM m WHERE kind = 'history_request'),
+agent AS (SELECT id FROM m WHERE kind = 'agent'),
+sess AS (SELECT id FROM m WHERE kind = 'session'),
+archive AS (SELECT id FROM m WHERE kind = 'archive')
+SELECT t, n FROM (VALUES
+  ('accounts', (SELECT count(*) FROM accounts x WHERE x.id IN (SELECT id FROM acct)
+                  AND NOT ($2 AND x.name = $1::text))),
+  ('conversations', (SELECT count(*) FROM conversations x
+                     WHERE x.id IN (SELECT id FROM conv) OR x.account_id IN (SELECT id FROM acct))),
+  ('turns', (SELECT count(*) FROM turns x
+             WHERE x.id IN (SELECT id FROM turn) OR x.conversation_id IN (SELECT id FROM conv))),
+  ('variants', (SELECT count(*) FROM variants x
+                WHERE x.id IN (SELECT id FROM variant) OR x.turn_id IN (SELECT id FROM turn))),
+  ('follow_ups', (SELECT count(*) FROM follow_ups x WHERE x.variant_id IN (SELECT id FROM variant))),
+  ('runs', (SELECT count(*) FROM runs x
+            WHERE x.id IN (SELECT id FROM run) OR x.conversation_id IN (SELECT id FROM conv)
+               OR x.account_id IN (SELECT id FROM acct))),
+  ('run_tasks', (SELECT count(*) FROM run_tasks x WHERE x.run_id IN (SELECT id FROM run))),
+  ('run_task_edges', (SELECT count(*) FROM run_task_edges x WHERE x.run_id IN (SELECT id FROM run))),
+  ('tool_results', (SELECT count(*) FROM tool_results x WHERE x.run_id IN (SELECT id FROM run))),
+  ('sealed_requests', (SELECT count(*) FROM sealed_requests x WHERE x.run_id IN (SELECT id FROM run))),
+  ('reasoning_traces', (SELECT count(*) FROM reasoning_traces x
+                        WHERE x.run_id IN (SELECT id FROM run))),
+  ('invocation_attempts', (SELECT count(*) FROM invocation_attempts x
+                           WHERE x.run_id IN (SELECT id FROM run))),
+  ('output_files', (SELECT count(*) FROM output_files x WHERE x.run_id IN (SELECT id FROM run))),
+  ('settlement_receipts', (SELECT count(*) FROM settlement_receipts x
+                           WHERE x.run_id IN (SELECT id FROM run))),
+  ('delegations', (SELECT count(*) FROM delegations x WHERE x.parent_run_id IN (SELECT id FROM run))),
+  ('history_requests', (SELECT count(*) FROM history_requests x
+                        WHERE x.id IN (SELECT id FROM hreq) OR x.run_id IN (SELECT id FROM run)
+                           OR x.conversation_id IN (SELECT id FROM conv))),
+  ('history_request_sources', (SELECT count(*) FROM history_request_sources x
+                               WHERE x.history_request_id IN (SELECT id FROM hreq)
+                                  OR x.source_run_id IN (SELECT id FROM run))),
+  ('usage_records', (SELECT count(*) FROM usage_records x
+                     WHERE x.run_id IN (SELECT id FROM run)
+                        OR x.conversation_id IN (SELECT id FROM conv)
+                        OR (NOT $2 AND x.account_id IN (SELECT id FROM acct)))),
+  ('conversation_events', (SELECT count(*) FROM conversation_events x
+                           WHERE x.conversation_id IN (SELECT id FROM conv))),
+  ('agents', (SELECT count(*) FROM agents x
+              WHERE x.id IN (SELECT id FROM agent) OR x.account_id IN (SELECT id FROM acct))),
+  ('sessions', (SELECT count(*) FROM sessions x
+                WHERE x.id IN (SELECT id FROM sess) OR x.agent_id IN (SELECT id FROM agent)
+                   OR x.account_id IN (SELECT id FROM acct))),
+  ('conversation_entries', (SELECT count(*) FROM conversation_entries x
+                            WHERE x.session_id IN (SELECT id FROM sess))),
+  ('conversation_archives', (SELECT count(*) FROM conversation_archives x
+                             WHERE x.id IN (SELECT id FROM archive)
+                                OR x.session_id IN (SELECT id FROM sess))),
+  ('conversation_archive_entries', (SELECT count(*) FROM conversation_archive_entries x
+                                    WHERE x.archive_id IN (SELECT id FROM archive))),
+  ('handoffs', (SELECT count(*) FROM handoffs x
+                WHERE x.agent_id IN (SELECT id FROM agent) OR x.from_session_id IN (SELECT id FROM sess)
+                   OR x.to_session_id IN (SELECT id FROM sess) OR x.account_id IN (SELECT id FROM acct))),
+  ('dream_preloads', (SELECT count(*) FROM dream_preloads x
+                      WHERE x.agent_id IN (SELECT id FROM agent) OR x.account_id IN (SELECT id FROM acct))),
+  ('working_records', (SELECT count(*) FROM working_records x
+                       WHERE x.agent_id IN (SELECT id FROM agent)
+                          OR x.account_id IN (SELECT id FROM acct))),
+  ('brain_memories', (SELECT count(*) FROM brain_memories x
+                      WHERE x.agent_id IN (SELECT id FROM agent) OR x.account_id IN (SELECT id FROM acct))),
+  ('fragments', (SELECT count(*) FROM fragments x WHERE x.account_id IN (SELECT id FROM acct))),
+  ('board_tasks', (SELECT count(*) FROM board_tasks x WHERE x.account_id IN (SELECT id FROM acct))),
+  ('attachments', (SELECT count(*) FROM attachments x WHERE x.account_id IN (SELECT id FROM acct))),
+  ('session_retention_policies', (SELECT count(*) FROM session_retention_policies x
+                                  WHERE x.account_id IN (SELECT id FROM acct))),
+  ('pending_file_deletions', (SELECT count(*) FROM sexton.pending_file_deletions x
+                              WHERE x.run_ids && ARRAY(SELECT id FROM run)
+                                 OR x.session_id IN (SELECT id FROM sess)
+                                 OR x.agent_id IN (SELECT id FROM agent)
+                                 OR x.account_id IN (SELECT id FROM acct)))
+) AS c (t, n)
+WHERE n > 0";
+
+/// The owners of the scope left with why each stays: one row per owner, its first reason and
+/// hold. `$1` the request. An owner left with no reason was locked when its batch came (busy).
+const WITHHELD: &str = "
+WITH m AS (SELECT kind, id FROM sexton.erasure_members WHERE request_id = $1),
+owners (what, id, reason, hold) AS (
+  SELECT 'run', r.id, w.reason, w.hold FROM runs r
+  LEFT JOIN LATERAL (SELECT * FROM sexton.erasure_run_withheld(r.id, r.status) LIMIT 1) w ON true
+  WHERE r.id IN (SELECT id FROM m WHERE kind = 'run')
+  UNION ALL
+  SELECT 'conversation', c.id, w.reason, w.hold FROM conversations c
+  LEFT JOIN LATERAL (SELECT * FROM sexton.erasure_conversation_withheld(c.id, c.account_id)
+                     LIMIT 1) w ON true
+  WHERE c.id IN (SELECT id FROM m WHERE kind = 'conversation')
+  UNION ALL
+  SELECT 'session', s.id, w.reason, w.hold FROM sessions s
+  LEFT JOIN LATERAL (SELECT * FROM sexton.erasure_session_withheld(
+                         $1, s.id, s.account_id, s.agent_id, s.state) LIMIT 1) w ON true
+  WHERE s.id IN (SELECT id FROM m WHERE kind = 'session')
+  UNION ALL
+  SELECT 'agent', g.id, w.reason, w.hold FROM agents g
+  LEFT JOIN LATERAL (SELECT * FROM sexton.erasure_agent_withheld(g.id, g.account_id) LIMIT 1) w
+      ON true
+  WHERE g.id IN (SELECT id FROM m WHERE kind = 'agent')
+  UNION ALL
+  SELECT 'account', a.id, 'legal_hold', h.id FROM accounts a
+  JOIN LATERAL (SELECT * FROM sexton.account_holds(a.id) LIMIT 1) h ON true
+  WHERE a.id IN (SELECT id FROM m WHERE kind = 'account'))
+SELECT o.what, o.id, COALESCE(o.reason, 'busy') AS reason, o.hold, h.case_ref
+FROM owners o LEFT JOIN sexton.holds h ON h.id = o.hold
+ORDER BY o.what, o.id";
+
+/// An owner that stays, as `sexton erase status` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Item {
+    pub what: String,
+    pub id: Uuid,
+    pub reason: Withheld,
+    pub hold: Option<Uuid>,
+    pub case_ref: Option<String>,
+}
+
+/// What is left of a request's scope.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Left {
+    /// Rows per table (kept-by-law rows not counted).
+    pub rows: BTreeMap<String, i64>,
+    /// Owners that stay, by reason.
+    pub withheld: BTreeMap<Withheld, u64>,
+    /// The first of them, for people.
+    pub items: Vec<Item>,
+    /// Files of the scope the roots still hold, per root.
+    pub files: BTreeMap<String, u64>,
+}
+
+/// Items named in a request's status at most.
+pub const ITEMS_SHOWN: usize = 20;
+
+impl Left {
+    pub fn nothing(&self) -> bool {
+        self.rows.is_empty() && self.files.is_empty()
+    }
+}
+
+/// Reads what is left of request `request` (an independent read: RQ-5).
+///
+/// # Errors
+/// A database error, or a root that cannot be listed (for people).
+pub async fn left(
+    conn: &mut PgConnection,
+    paths: &PathSettings,
+    request: Uuid,
+    keep_usage: bool,
+) -> Result<Left, String> {
+    let db = |err: sqlx::Error| err.to_string();
+    let rows: Vec<(String, i64)> = sqlx::query_as(REMAINING)
+        .bind(request)
+        .bind(keep_usage)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db)?;
+    let owners: Vec<Item> = sqlx::query_as(WITHHELD)
+        .bind(request)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db)?;
+    let mut left = Left {
+        rows: rows.into_iter().collect(),
+        ..Left::default()
+    };
+    for item in owners {
+        *left.withheld.entry(item.reason).or_default() += 1;
+        if left.items.len() < ITEMS_SHOWN {
+            left.items.push(item);
+        }
+    }
+    let members: Vec<(String, Uuid)> = sqlx::query_as(
+        "SELECT kind, id FROM sexton.erasure_members
+         WHERE request_id = $1 AND kind IN ('agent', 'session') ORDER BY kind, id",
+    )
+    .bind(request)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let agents = members.iter().any(|(kind, _)| kind == "agent");
+    let sessions: Vec<Uuid> = members
+        .iter()
+        .filter(|(kind, _)| kind == "session")
+        .map(|(_, id)| *id)
+        .collect();
+    // A session erased on its own: any trace whose signature names it, wherever it is.
+    if !agents && !sessions.is_empty() {
+        let traces = derivatives::traces(paths, None, false, &sessions).await?;
+        if !traces.is_empty() {
+            *left.files.entry("traces".to_owned()).or_default() += traces.len() as u64;
+        }
+    }
+    for (kind, id) in &members {
+        if kind == "session" && derivatives::session_directory(paths, *id).await? {
+            *left.files.entry("sessions".to_owned()).or_default() += 1;
+        }
+        if kind == "agent" {
+            let traces = derivatives::traces(paths, Some(*id), true, &[]).await?;
+            if !traces.is_empty() {
+                *left.files.entry("traces".to_owned()).or_default() += traces.len() as u64;
+            }
+        }
+    }
+    Ok(left)
+}
