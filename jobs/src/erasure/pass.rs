@@ -294,13 +294,8 @@ impl<'a> Requests<'a> {
                     .fetch_one(&mut *tx)
                     .await?;
                 let taken: u64 = counts.0.values().filter_map(Value::as_u64).sum();
-                // Another round while any table gave a whole batch.
-                let more = counts
-                    .0
-                    .values()
-                    .filter_map(Value::as_i64)
-                    .any(|n| n >= batch);
-                (counts.0, taken, more.then(Uuid::nil))
+                // Another round while the last one found anything.
+                (counts.0, taken, (taken > 0).then(Uuid::nil))
             }
         };
         sqlx::query(
