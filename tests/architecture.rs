@@ -115,6 +115,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "holds",
             "http",
             "ledger",
+            "receipts",
             "restarts",
             "schedule",
             "seed",

@@ -10,8 +10,8 @@ use clap::{ArgGroup, Parser, Subcommand};
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
 use crate::{
-    clock, db, demo, doctor, erase, explain, generated, holds, preview, registry, sessions, status,
-    tick, traces, worker,
+    clock, db, demo, doctor, erase, explain, generated, holds, preview, receipts, registry,
+    sessions, status, tick, traces, worker,
 };
 use sexton_jobs::erasure::Subject;
 
@@ -106,6 +106,12 @@ pub enum Command {
         #[command(flatten)]
         request: EraseRequest,
     },
+    /// Erasure receipts (RQ-6): the chain of what each completed request removed, which
+    /// outlives the data; the subject only as a keyed hash.
+    Receipts {
+        #[command(subcommand)]
+        command: ReceiptsCommand,
+    },
     /// Per job the latest slot's fan-out and passes by state, the backlog and the queue, the
     /// passes that did not finish, the jobs failed for good (with their last error), and the
     /// active holds.
@@ -178,6 +184,8 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
                 .is_some_and(holds::Error::is_usage)
             || e.downcast_ref::<erase::Error>()
                 .is_some_and(erase::Error::is_usage)
+            || e.downcast_ref::<receipts::Error>()
+                .is_some_and(receipts::Error::is_usage)
             || matches!(
                 e.downcast_ref::<db::DbError>(),
                 Some(
@@ -333,6 +341,59 @@ pub enum HoldsCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum ReceiptsCommand {
+    /// Walk the chain: exit 0 when it is whole, 1 naming the first receipt removed, altered or
+    /// reordered.
+    Verify {
+        /// Print one JSON object: {"whole", "receipts", "first_bad": {seq, what}, "head"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print every receipt as one JSON object a line, in seq order: {seq, request_id, body,
+    /// prev_hash, hash, written_at}.
+    Export {
+        /// Only the receipts written at or after this date or moment (RFC 3339; a date alone is
+        /// its midnight, UTC).
+        #[arg(long, value_name = "DATE", value_parser = since_moment)]
+        since: Option<DateTime<Utc>>,
+    },
+    /// A subject's receipts, found by its hash under [erasure] receipt_key (the key's era: the
+    /// receipts written under another key are counted, not checked).
+    #[command(group(ArgGroup::new("scope").required(true)))]
+    Find {
+        /// The receipts of this account's erasures.
+        #[arg(long, value_name = "ID", group = "scope")]
+        account: Option<uuid::Uuid>,
+        /// The receipts of this conversation's erasures.
+        #[arg(long, value_name = "ID", group = "scope")]
+        conversation: Option<uuid::Uuid>,
+        /// The receipts of this agent's erasures.
+        #[arg(long, value_name = "ID", group = "scope")]
+        agent: Option<uuid::Uuid>,
+        /// The receipts of this session's erasures.
+        #[arg(long, value_name = "ID", group = "scope")]
+        session: Option<uuid::Uuid>,
+        /// Print one JSON object: {key_id, receipts: [...], other_keys: [{key_id, receipts}]}.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A moment `receipts export --since` reads from: RFC 3339, or a date alone (its midnight, UTC).
+fn since_moment(value: &str) -> Result<DateTime<Utc>, String> {
+    value
+        .parse::<DateTime<Utc>>()
+        .or_else(|_| {
+            chrono::NaiveDate::parse_from_str(value, "%Y-%m-%d")
+                .map(|date| date.and_time(chrono::NaiveTime::MIN).and_utc())
+        })
+        .map_err(|_| {
+            "expected an RFC 3339 date or moment such as 2026-12-01 or 2026-12-01T03:00:00Z"
+                .to_owned()
+        })
+}
+
 /// A moment a slot can be asked for at (RFC 3339, within the years a schedule names).
 fn slot_moment(value: &str) -> Result<DateTime<Utc>, String> {
     let at = value
@@ -412,6 +473,7 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         } => traces::clean(&settings, confirm, json).await,
         Command::Holds { command } => run_holds(&settings, command).await,
         Command::Erase { command, request } => run_erase(&settings, command, request).await,
+        Command::Receipts { command } => run_receipts(&settings, command).await,
         Command::Status {
             json,
             all,
@@ -652,6 +714,33 @@ async fn run_holds(settings: &Settings, command: HoldsCommand) -> anyhow::Result
         }
     }
     Ok(())
+}
+
+/// `sexton receipts verify`, `export` and `find`.
+async fn run_receipts(settings: &Settings, command: ReceiptsCommand) -> anyhow::Result<()> {
+    match command {
+        ReceiptsCommand::Verify { json } => receipts::verify(settings, json).await,
+        ReceiptsCommand::Export { since } => receipts::export(settings, since).await,
+        ReceiptsCommand::Find {
+            account,
+            conversation,
+            agent,
+            session,
+            json,
+        } => {
+            // Clap's group gives exactly one.
+            let (scope, id) = [
+                ("account", account),
+                ("conversation", conversation),
+                ("agent", agent),
+                ("session", session),
+            ]
+            .into_iter()
+            .find_map(|(scope, id)| Some((scope, id?)))
+            .context("receipts find: a scope flag is required")?;
+            receipts::find(settings, scope, id, json).await
+        }
+    }
 }
 
 /// `sexton status`; an unknown `--job` is bad usage.

@@ -5,8 +5,9 @@
 //! own layer's modules (without a cycle) or lower ones':
 //! 1. configuration, and what needs nothing above it: config, clock, context, db, doctor (a
 //!    deployment checked before its first night), event (the
-//!    names of logged events), holds (placed, released and listed), http, ledger, schedule (the
-//!    slot arithmetic), restarts (the consumers' restart pacing), seed, telemetry, text, wakeups;
+//!    names of logged events), holds (placed, released and listed), http, ledger, receipts
+//!    (erasure receipts verified, exported and found), schedule (the slot arithmetic), restarts
+//!    (the consumers' restart pacing), seed, telemetry, text, wakeups;
 //! 2. the queue and one hop off it: queue, hop;
 //! 3. the job kinds: registry;
 //! 4. what runs over the kinds: tick (slots and their fan-out), status, status_page (`/status`
@@ -33,6 +34,7 @@ pub mod http;
 pub mod ledger;
 pub mod preview;
 pub mod queue;
+pub mod receipts;
 pub mod registry;
 pub mod restarts;
 pub mod schedule;

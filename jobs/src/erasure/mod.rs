@@ -134,6 +134,7 @@ fn settings(s: RawSettings, c: &mut Check<'_>) -> Option<ErasureSettings> {
     let keep_usage_records = c.flag("erasure.keep_usage_records", &s.keep_usage_records);
     let receipt_key = match &s.receipt_key {
         None => Some(None),
+        Some(Raw::Typed(key)) if key.is_empty() => Some(None),
         // Never shown, not even when it is refused.
         Some(Raw::Typed(key)) if key.len() >= 16 => Some(Some(ReceiptKey::new(key.as_bytes()))),
         Some(_) => {
