@@ -46,6 +46,8 @@ mod operations;
 mod poolers;
 // FL-1: each queue's jobs run, and bad rows, payloads and panics fail alone.
 mod queue;
+// RQ-6: erasure receipts chained, verified, exported and found, and never removed.
+mod receipts;
 // FL-6, OP-1, OP-3 for every registered job kind: connections, the pass ledger, status.
 mod registry;
 // SPEC §1: migrations and the data contract.
