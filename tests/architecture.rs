@@ -130,6 +130,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "what runs over the kinds",
         &[
             "tick",
+            "erase",
             "status",
             "status_page",
             "explain",

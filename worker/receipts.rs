@@ -9,6 +9,8 @@ use std::io::Write as _;
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt as _;
 use serde_json::Value;
+use sexton_jobs::erasure::{Erase, ErasureSettings};
+use sexton_jobs::job::Job as _;
 use sexton_jobs::receipts::{self, Broken, Found, Receipt, Verified};
 use sqlx::{Connection as _, Postgres};
 use uuid::Uuid;
@@ -120,9 +122,8 @@ pub async fn export(settings: &Settings, since: Option<DateTime<Utc>>) -> anyhow
 /// # Errors
 /// [`Error::NoKey`] (exit 2) without the key; a database error.
 pub async fn find(settings: &Settings, scope: &str, id: Uuid, json: bool) -> anyhow::Result<()> {
-    let key = crate::erase::key(settings)
-        .map_err(|_| Error::NoKey)?
-        .clone();
+    let erasure: &ErasureSettings = settings.jobs.get(Erase::NAME);
+    let key = erasure.receipt_key.clone().ok_or(Error::NoKey)?;
     let mut conn = connect(settings).await?;
     let found = receipts::find(&mut conn, &key, id)
         .await
