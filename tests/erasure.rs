@@ -252,3 +252,316 @@ async fn rq2_an_agent_goes_with_its_sessions_pinned_records_memories_of_every_re
         other.other_session.to_string()
     ));
 }
+
+/// Every foreign key of the platform's tables, dropped: the platform owns its schema, and may
+/// carry none of the reference schema's cascades.
+async fn drop_foreign_keys(pool: &PgPool) {
+    let keys: Vec<(String, String)> = sqlx::query_as(
+        "SELECT conrelid::regclass::text, conname FROM pg_constraint
+         WHERE contype = 'f' AND connamespace = 'public'::regnamespace",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(
+        keys.len() > 20,
+        "the reference schema's foreign keys: {keys:?}"
+    );
+    for (table, key) in keys {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} DROP CONSTRAINT \"{key}\""
+        )))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+}
+
+/// Rows whose parent the reference schema's foreign keys name is gone, per (table, column).
+async fn orphans(pool: &PgPool) -> Vec<(String, i64)> {
+    let mut found = Vec::new();
+    for (table, column, parent) in [
+        ("conversations", "account_id", "accounts"),
+        ("turns", "conversation_id", "conversations"),
+        ("variants", "turn_id", "turns"),
+        ("follow_ups", "variant_id", "variants"),
+        ("fragments", "account_id", "accounts"),
+        ("runs", "account_id", "accounts"),
+        ("runs", "conversation_id", "conversations"),
+        ("run_tasks", "run_id", "runs"),
+        ("run_task_edges", "run_id", "runs"),
+        ("tool_results", "run_id", "runs"),
+        ("sealed_requests", "run_id", "runs"),
+        ("reasoning_traces", "run_id", "runs"),
+        ("invocation_attempts", "run_id", "runs"),
+        ("output_files", "run_id", "runs"),
+        ("settlement_receipts", "run_id", "runs"),
+        ("delegations", "parent_run_id", "runs"),
+        ("history_requests", "run_id", "runs"),
+        ("history_requests", "conversation_id", "conversations"),
+        (
+            "history_request_sources",
+            "history_request_id",
+            "history_requests",
+        ),
+        ("history_request_sources", "source_run_id", "runs"),
+        ("usage_records", "account_id", "accounts"),
+        ("conversation_events", "conversation_id", "conversations"),
+        ("agents", "account_id", "accounts"),
+        ("sessions", "agent_id", "agents"),
+        ("sessions", "account_id", "accounts"),
+        ("conversation_entries", "session_id", "sessions"),
+        ("conversation_archives", "session_id", "sessions"),
+        (
+            "conversation_archive_entries",
+            "archive_id",
+            "conversation_archives",
+        ),
+        ("handoffs", "agent_id", "agents"),
+        ("dream_preloads", "agent_id", "agents"),
+        ("working_records", "agent_id", "agents"),
+        ("brain_memories", "agent_id", "agents"),
+        ("attachments", "account_id", "accounts"),
+        ("board_tasks", "account_id", "accounts"),
+    ] {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} t WHERE t.{column} IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM {parent} p WHERE p.id = t.{column})"
+        )))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if n > 0 {
+            found.push((format!("{table}.{column}"), n));
+        }
+    }
+    found
+}
+
+#[sqlx::test]
+async fn rq2_an_account_erased_on_a_schema_without_foreign_keys_leaves_nothing_orphaned(
+    pool: PgPool,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, one, other) = two_tenants(&pool, dir.path()).await;
+    drop_foreign_keys(&pool).await;
+    assert_eq!(orphans(&pool).await, []);
+    let before = snapshot(&pool).await;
+    let asked = request(&pool, Subject::Account, one.account).await;
+    let done = erase(&pool, &paths, &settings(false), asked.id).await;
+    assert_eq!(done.state, State::Completed, "{done:?}");
+    let scope: BTreeSet<Uuid> = [one.account].into_iter().collect();
+    assert_exactly(&before, &snapshot(&pool).await, &scope, &[]);
+    assert_eq!(orphans(&pool).await, [], "nothing orphaned");
+    assert!(exists(&paths.attachments_root, &other.attachment_file));
+}
+
+#[sqlx::test]
+async fn rq2_usage_records_go_too_and_so_does_the_account_row_when_they_are_not_kept(pool: PgPool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, one, other) = two_tenants(&pool, dir.path()).await;
+    let before = snapshot(&pool).await;
+    let asked = request(&pool, Subject::Account, one.account).await;
+    let done = erase(&pool, &paths, &settings(false), asked.id).await;
+    assert_eq!(done.state, State::Completed, "{done:?}");
+    // Not kept: the account's usage records and its row go like everything else of it.
+    let scope: BTreeSet<Uuid> = [one.account].into_iter().collect();
+    assert_exactly(&before, &snapshot(&pool).await, &scope, &[]);
+    assert!(done.kept.0.is_empty(), "{:?}", done.kept);
+    let theirs: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM usage_records WHERE account_id = $1")
+            .bind(other.account)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(theirs, 2, "the other account's usage records stay");
+}
+
+#[sqlx::test]
+async fn rq3_a_running_run_is_withheld_and_goes_once_it_ends_and_the_request_is_retried(
+    pool: PgPool,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, one, _other) = two_tenants(&pool, dir.path()).await;
+    sqlx::query("UPDATE runs SET status = 'running' WHERE id = $1")
+        .bind(one.runs[1])
+        .execute(&pool)
+        .await
+        .unwrap();
+    let asked = request(&pool, Subject::Conversation, one.conversation).await;
+    let waiting = erase(&pool, &paths, &settings(true), asked.id).await;
+    assert_eq!(waiting.state, State::Waiting, "{waiting:?}");
+    // The running run and its conversation stay; the other runs went.
+    assert_eq!(waiting.withheld.0["in_flight"], 1);
+    assert_eq!(waiting.withheld.0["withheld_child"], 1);
+    let left: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM runs WHERE id = ANY($1)")
+        .bind(&one.runs)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [one.runs[1]]);
+    // Not yet due: a pass now leaves it waiting.
+    let still = erase(&pool, &paths, &settings(true), asked.id).await;
+    assert_eq!((still.state, still.passes), (State::Waiting, 1));
+    sqlx::query("UPDATE runs SET status = 'completed' WHERE id = $1")
+        .bind(one.runs[1])
+        .execute(&pool)
+        .await
+        .unwrap();
+    request::retry(&mut pool.acquire().await.unwrap(), asked.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let done = erase(&pool, &paths, &settings(true), asked.id).await;
+    assert_eq!((done.state, done.passes), (State::Completed, 2), "{done:?}");
+    assert!(done.withheld.0.is_empty());
+}
+
+#[sqlx::test]
+async fn rq4_a_hold_keeps_what_it_covers_the_rest_goes_and_its_release_resumes_the_request(
+    pool: PgPool,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, one, _other) = two_tenants(&pool, dir.path()).await;
+    let hold = sexton::holds::place(
+        &pool,
+        sexton::holds::Scope::Conversation,
+        one.other_conversation,
+        "LIT-7",
+        "litigation",
+        "legal",
+    )
+    .await
+    .unwrap();
+    let kept = snapshot_of_conversation(&pool, one.other_conversation).await;
+    let asked = request(&pool, Subject::Account, one.account).await;
+    let waiting = erase(&pool, &paths, &settings(true), asked.id).await;
+    assert_eq!(waiting.state, State::Waiting, "{waiting:?}");
+    assert!(
+        waiting.withheld.0.contains_key("legal_hold"),
+        "{:?}",
+        waiting.withheld
+    );
+    let named = waiting
+        .withheld_items
+        .0
+        .iter()
+        .any(|item| item["hold"] == hold.placed.id.to_string() && item["case_ref"] == "LIT-7");
+    assert!(
+        named,
+        "the hold is named with its case: {:?}",
+        waiting.withheld_items
+    );
+    assert_eq!(
+        snapshot_of_conversation(&pool, one.other_conversation).await,
+        kept
+    );
+    // Everything the hold does not cover went: the agent, its sessions, the other conversation.
+    for (table, id) in [
+        ("agents", one.agent),
+        ("sessions", one.session),
+        ("conversations", one.conversation),
+    ] {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE id = $1"
+        )))
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(n, 0, "{table} {id} is left");
+    }
+    sexton::holds::release(&pool, hold.placed.id, "legal")
+        .await
+        .unwrap();
+    assert_eq!(request::resume_waiting(&pool).await.unwrap(), 1);
+    let done = erase(&pool, &paths, &settings(true), asked.id).await;
+    assert_eq!(done.state, State::Completed, "{done:?}");
+    assert_eq!(
+        snapshot_of_conversation(&pool, one.other_conversation)
+            .await
+            .len(),
+        0
+    );
+}
+
+/// The rows of a conversation and of its runs.
+async fn snapshot_of_conversation(pool: &PgPool, conversation: Uuid) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT to_jsonb(c)::text FROM conversations c WHERE c.id = $1
+         UNION ALL SELECT to_jsonb(r)::text FROM runs r WHERE r.conversation_id = $1
+         UNION ALL SELECT to_jsonb(t)::text FROM tool_results t
+                   JOIN runs r ON r.id = t.run_id WHERE r.conversation_id = $1
+         UNION ALL SELECT to_jsonb(t)::text FROM turns t WHERE t.conversation_id = $1
+         ORDER BY 1",
+    )
+    .bind(conversation)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test]
+async fn rq5_a_residue_planted_before_the_verification_sends_the_request_back_and_is_counted(
+    pool: PgPool,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (paths, one, _other) = two_tenants(&pool, dir.path()).await;
+    let asked = request(&pool, Subject::Session, one.session).await;
+    // One step per hop: the test sees the pass between its drains and its verification.
+    let settings = ErasureSettings {
+        budget: std::time::Duration::ZERO,
+        ..settings(true)
+    };
+    let directory = paths.sessions_root.join(one.session.to_string());
+    let mut args = ArgsOf::<Erase>::first(None, pass_start());
+    let mut planted = 0;
+    loop {
+        let hopped = run::hop_with::<Erase>(
+            &pool,
+            &paths,
+            &sexton_jobs::health::Health::off(),
+            &settings,
+            &args,
+        )
+        .await;
+        let state: State = sqlx::query_scalar("SELECT state FROM sexton.erasures WHERE id = $1")
+            .bind(asked.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if planted == 0 && state == State::Running && !directory.exists() {
+            // Drained: the next step is the verification. A frame written back by hand.
+            std::fs::create_dir_all(directory.join("archive")).unwrap();
+            std::fs::write(directory.join("archive/late.frame"), b"late").unwrap();
+            planted += 1;
+        }
+        match hopped.next {
+            Some(next) => args = next,
+            None => break,
+        }
+    }
+    assert_eq!(
+        planted, 1,
+        "the window between the drain and the verification was hit"
+    );
+    let done = request::get(&mut pool.acquire().await.unwrap(), asked.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (done.state, done.residues, done.passes),
+        (State::Completed, 1, 2),
+        "{done:?}"
+    );
+    assert!(
+        !directory.exists(),
+        "the residue went with the request's second pass"
+    );
+    assert!(
+        paths
+            .sessions_root
+            .join(one.other_session.to_string())
+            .exists()
+    );
+}

@@ -137,6 +137,7 @@ pub fn assert_exactly(before: &Snapshot, after: &Snapshot, scope: &BTreeSet<Uuid
 pub struct Tenant {
     pub account: Uuid,
     pub conversation: Uuid,
+    pub other_conversation: Uuid,
     pub runs: Vec<Uuid>,
     pub child_run: Uuid,
     pub other_run: Uuid,
@@ -388,6 +389,7 @@ pub async fn tenant(pool: &PgPool, paths: &PathSettings) -> Tenant {
     Tenant {
         account,
         conversation,
+        other_conversation,
         runs,
         child_run,
         other_run,
