@@ -32,7 +32,7 @@ struct Ran {
 impl Cli {
     async fn new(pool: &PgPool) -> (Self, Tenant, Tenant) {
         common::migrate(pool).await;
-        let dir = tempfile::tempdir().unwrap();
+        let dir = common::backend::tempdir();
         let paths = run::roots(dir.path());
         let one = world::tenant(pool, &paths).await;
         let other = world::tenant(pool, &paths).await;
