@@ -23,9 +23,9 @@ with_throwaway_postgres cargo test --workspace "$@"
 # slot lags for every test: each runs alone, one after the other, on a cluster of their own.
 with_throwaway_postgres cargo test --test tests -- --ignored --test-threads=1 er2_ hl3_ hl4_
 # OS-5: the file tests that hold on both backends again, their roots in buckets of a real
-# S3-compatible server (tests/common/backend.rs), the SIGKILL tests (EX-8, RQ-3) and every erasure
-# test (RQ-1 … RQ-5) among them; and the
-# rules of object storage alone (tests/objects.rs), ignored in the local pass.
+# S3-compatible server (tests/common/backend.rs), the SIGKILL tests (EX-8, RQ-3) and every
+# erasure test (RQ-1 … RQ-5) among them; and the rules of object storage alone
+# (tests/objects.rs), ignored in the local pass.
 with_s3s_fs with_throwaway_postgres cargo test --test tests -- --include-ignored objects:: \
   ex8_workers_killed ex3_a_file_still_referenced ex3_ex4_detail_goes ex3_a_file_recorded_before_a_crash \
   ex3_a_drain_beside ex3_files_of_many ss6_history_goes at1_the_files_mtime_decides \
