@@ -231,6 +231,18 @@ async fn op6_status_json_is_sexton_status_json_and_status_page_false_turns_it_of
     let dir = tempfile::tempdir().unwrap();
     let (url, _) = after_a_pass(&pool, dir.path()).await;
     let (worker, address) = serving(&url, dir.path(), &[]).await;
+    // The worker starts the current period's pass of the kinds on a cadence of their own
+    // (erasure): the two reads compare once it has ended.
+    poll_until(Duration::from_secs(60), || async {
+        let started: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sexton.fan_outs WHERE job = 'erasure')",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        started && sexton::queue::counts(&pool).await.unwrap().idle()
+    })
+    .await;
     let (code, body) = http_get(&address, "/status.json").await.unwrap();
     assert_eq!(code, 200, "{body}");
     let served: Value = serde_json::from_str(&body).unwrap();
