@@ -223,6 +223,7 @@ pub async fn dry_run(pool: &PgPool, settings: &Settings, asked: Asked) -> anyhow
         &settings.paths,
         probe,
         settings_of(settings).keep_usage_records,
+        verify::Reading::Before,
     )
     .await
     .map_err(anyhow::Error::msg)?;
@@ -247,7 +248,10 @@ pub fn dry_run_text(dry: &DryRun) -> String {
         let _ = writeln!(out, "  {root:<30} {n:>10} files (root {root})");
     }
     if !dry.left.withheld.is_empty() {
-        out.push_str("and would withhold, until they can go:\n");
+        out.push_str(
+            "and would withhold, until they can go (with what they hang from: the conversation \
+             of a withheld run, the agent of a withheld session, and their rows):\n",
+        );
         for item in &dry.left.items {
             let _ = writeln!(out, "  {}", withheld_line(item));
         }

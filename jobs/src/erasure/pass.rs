@@ -372,6 +372,7 @@ impl<'a> Requests<'a> {
             self.env.paths,
             request.id,
             self.settings.keep_usage_records,
+            verify::Reading::After,
         )
         .await
         {

@@ -98,7 +98,9 @@ SELECT t, n FROM (VALUES
 WHERE n > 0";
 
 /// The owners of the scope left with why each stays: one row per owner, its first reason and
-/// hold. `$1` the request. An owner left with no reason was locked when its batch came (busy).
+/// hold. `$1` the request; `$2` whether the steps have yet to run (a dry run), when only the
+/// owners that would stay for a reason of their own are listed. After the steps, an owner left
+/// with no reason was locked when its batch came (busy).
 const WITHHELD: &str = "
 WITH m AS (SELECT kind, id FROM sexton.erasure_members WHERE request_id = $1),
 owners (what, id, reason, hold) AS (
@@ -126,7 +128,19 @@ owners (what, id, reason, hold) AS (
   WHERE a.id IN (SELECT id FROM m WHERE kind = 'account'))
 SELECT o.what, o.id, COALESCE(o.reason, 'busy') AS reason, o.hold, h.case_ref
 FROM owners o LEFT JOIN sexton.holds h ON h.id = o.hold
+-- Before the steps every owner is still there: one without a reason would go, and a parent
+-- waits for its children only if one of them is withheld, which that child's row says.
+WHERE NOT $2 OR (o.reason IS NOT NULL AND o.reason <> 'withheld_child')
 ORDER BY o.what, o.id";
+
+/// When what is left is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Before any step ran (`sexton erase --dry-run`): what would go, and what would stay.
+    Before,
+    /// After a pass's steps: what they left.
+    After,
+}
 
 /// An owner that stays, as `sexton erase status` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -160,7 +174,7 @@ impl Left {
     }
 }
 
-/// Reads what is left of request `request` (an independent read: RQ-5).
+/// Reads what is left of request `request` (an independent read: RQ-5), at `reading`.
 ///
 /// # Errors
 /// A database error, or a root that cannot be listed (for people).
@@ -169,6 +183,7 @@ pub async fn left(
     paths: &PathSettings,
     request: Uuid,
     keep_usage: bool,
+    reading: Reading,
 ) -> Result<Left, String> {
     let db = |err: sqlx::Error| err.to_string();
     let rows: Vec<(String, i64)> = sqlx::query_as(REMAINING)
@@ -179,6 +194,7 @@ pub async fn left(
         .map_err(db)?;
     let owners: Vec<Item> = sqlx::query_as(WITHHELD)
         .bind(request)
+        .bind(reading == Reading::Before)
         .fetch_all(&mut *conn)
         .await
         .map_err(db)?;
