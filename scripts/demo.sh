@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs `sexton demo` against a throw-away local PostgreSQL: migrate, seed demo data, one nightly
-# pass through the queue, before/after report. Installs PostgreSQL if it is missing.
+# pass through the queue, before/after report, then one conversation and one session erased on
+# request with their receipts. Installs PostgreSQL if it is missing.
 #   bash scripts/demo.sh                  # file roots on the local disk
 #   bash scripts/demo.sh --object-store   # every file root in a bucket of a local S3-compatible
 #                                         # server (s3s-fs, built once from crates.io): the seed
@@ -12,7 +13,7 @@ ensure_cargo
 ensure_postgres
 cargo build --quiet --bin sexton
 if [ "${1:-}" != "--object-store" ]; then
-  with_throwaway_postgres target/debug/sexton demo "$@"
+  with_throwaway_postgres "${CARGO_TARGET_DIR:-target}/debug/sexton" demo "$@"
   exit
 fi
 shift
@@ -29,4 +30,4 @@ with_s3s_fs with_throwaway_postgres bash -c '
   export SEXTON_STORAGE__ENDPOINT="$SEXTON_TEST_S3" SEXTON_STORAGE__REGION=us-east-1 \
     SEXTON_STORAGE__PATH_STYLE=true SEXTON_STORAGE__ALLOW_HTTP=true \
     SEXTON_STORAGE__ACCESS_KEY_ID=sexton-test SEXTON_STORAGE__SECRET_ACCESS_KEY=sexton-test-secret
-  exec target/debug/sexton demo "$@"' _ "$@"
+  exec "${CARGO_TARGET_DIR:-target}/debug/sexton" demo "$@"' _ "$@"

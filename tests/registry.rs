@@ -512,6 +512,60 @@ async fn op1_the_demo_runs_every_job_kind_and_reports_each(pool: PgPool) {
     .unwrap();
     assert_eq!(pruned, 0, "what the demo held stays (HD-3): {stdout}");
 
+    // RQ-1 … RQ-6: then it erased one conversation and one session through the queue, both
+    // completed, printed their receipts and the chain whole — and never its receipt key.
+    let erased: Vec<(&str, Uuid)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.strip_prefix("erasing ")?.split_whitespace();
+            Some((words.next()?, words.next()?.parse().ok()?))
+        })
+        .collect();
+    let scopes: Vec<&str> = erased.iter().map(|(scope, _)| *scope).collect();
+    assert_eq!(scopes, ["conversation", "session"], "{stdout}");
+    for (scope, id) in &erased {
+        let table = if *scope == "conversation" {
+            "conversations"
+        } else {
+            "sessions"
+        };
+        let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE id = $1"
+        )))
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(left, 0, "the demo's erasure of {scope} {id}: {stdout}");
+    }
+    let completed: Vec<(String, Option<Uuid>)> =
+        sqlx::query_as("SELECT state, scope_id FROM sexton.erasures ORDER BY received_at")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        completed,
+        [
+            ("completed".to_owned(), None),
+            ("completed".to_owned(), None)
+        ],
+        "{stdout}"
+    );
+    let receipts = stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"seq\":"))
+        .count();
+    assert_eq!(
+        receipts, 2,
+        "the receipts, as receipts export prints them: {stdout}"
+    );
+    assert!(
+        stdout.contains("the receipt chain is whole: 2 receipts"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("demo-only key"), "{stdout}");
+    assert!(!stdout.contains(sexton::demo::DEMO_RECEIPT_KEY), "{stdout}");
+
     let again = common::sexton(&url, dir.path())
         .arg("demo")
         .output()

@@ -1,7 +1,8 @@
 //! `sexton demo`: migrate, seed a small dataset, hold one conversation (HD-1), run one nightly
 //! pass through the queue exactly as a fleet would (tick, then a worker until the queue is
 //! idle), and print what changed: every table and root before and after, what the held
-//! conversation kept, and what each job kind's passes did. The worker's logs go to a file the
+//! conversation kept, and what each job kind's passes did; then erase one conversation and one
+//! session on request ([`erasure`]) and print their receipts. The worker's logs go to a file the
 //! report names.
 
 use std::collections::BTreeMap;
@@ -18,6 +19,10 @@ use crate::config::{PathSettings, Settings};
 use crate::context::JobContext;
 use crate::seed::{SeedOptions, seed};
 use crate::{db, holds, ledger, preview, queue, registry, schedule, tick, worker};
+
+mod erasure;
+
+pub use erasure::DEMO_RECEIPT_KEY;
 
 /// Where the demo writes its files and log: a fresh directory per run, or `SEXTON_DEMO_DIR` —
 /// with file roots in an object store, the directory a local server serves as their bucket
@@ -137,6 +142,7 @@ pub async fn run(settings: &Settings, scale: u64) -> anyhow::Result<()> {
         );
     }
     print_passes(&ledger::latest(&pool).await?);
+    erasure::run(&pool, &settings).await?;
     for (name, objects) in &settings.paths.objects {
         println!("root {} is {objects}", name.as_str());
     }
