@@ -94,7 +94,9 @@ pub(super) async fn run(pool: &PgPool, settings: &Settings) -> anyhow::Result<()
             answer.due_at.to_rfc3339(),
             dry.left.rows.len(),
             if files > 0 {
-                format!(" and {files} files no row leads to (a directory, traces)")
+                format!(
+                    " and {files} more on disk that no row leads to (a session's directory, traces)"
+                )
             } else {
                 String::new()
             }
