@@ -235,7 +235,7 @@ async fn op6_status_json_is_sexton_status_json_and_status_page_false_turns_it_of
     // (erasure): the two reads compare once it has ended.
     poll_until(Duration::from_secs(60), || async {
         let started: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM sexton.fan_outs WHERE job = 'erasure')",
+            "SELECT EXISTS (SELECT 1 FROM sexton.fan_outs WHERE job = 'erasure' AND finished_at IS NOT NULL)",
         )
         .fetch_one(&pool)
         .await

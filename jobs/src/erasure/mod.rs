@@ -103,6 +103,8 @@ pub struct ErasureSettings {
     pub receipt_key: Option<ReceiptKey>,
     /// Rows (or owners) one transaction takes at most.
     pub batch_size: u32,
+    /// How long one transaction should last: its size follows (PF-2).
+    pub transaction_target: std::time::Duration,
     /// Time after which a hop takes no further step.
     pub budget: std::time::Duration,
 }
@@ -118,6 +120,7 @@ pub struct RawSettings {
     #[serde(default)]
     receipt_key: Option<Raw<String>>,
     batch_size: Raw<i64>,
+    transaction_target_ms: Raw<i64>,
     hop_budget_ms: Raw<i64>,
 }
 
@@ -153,6 +156,7 @@ fn settings(s: RawSettings, c: &mut Check<'_>) -> Option<ErasureSettings> {
         1..=100_000,
         "an integer from 1 to 100000",
     );
+    let transaction_target = c.millis("erasure.transaction_target_ms", &s.transaction_target_ms);
     let budget = c.millis("erasure.hop_budget_ms", &s.hop_budget_ms);
     Some(ErasureSettings {
         deadline: chrono::Duration::days(deadline?),
@@ -161,6 +165,7 @@ fn settings(s: RawSettings, c: &mut Check<'_>) -> Option<ErasureSettings> {
         keep_usage_records: keep_usage_records?,
         receipt_key: receipt_key?,
         batch_size: batch_size?,
+        transaction_target: transaction_target?,
         budget: budget?,
     })
 }

@@ -14,7 +14,7 @@ use super::verify::{self, Left};
 use super::{Cursor, ErasureSettings, Subject, Withheld, derivatives, plan};
 use crate::files::{self, DrainError, FileCounts, Root};
 use crate::job::{Report, Rest, refused};
-use crate::owner_loop::{Error, Owners, Then, Took};
+use crate::owner_loop::{Chunks, Error, Owners, Then, Took};
 use crate::receipts;
 
 /// A request found more than this many times with something left after its steps ended is
@@ -28,6 +28,9 @@ const DERIVATIVES: u32 = 1;
 const FIRST_DELETE: u32 = 2;
 const DRAIN: u32 = FIRST_DELETE + steps::STEPS.len() as u32;
 const CONCLUDE: u32 = DRAIN + 1;
+
+/// What a pass's first transaction takes, before one is timed.
+const FIRST_CHUNK: usize = 20;
 
 /// What a step needs of its request.
 #[derive(Debug, sqlx::FromRow)]
@@ -43,6 +46,9 @@ pub(super) struct Requests<'a> {
     settings: &'a ErasureSettings,
     env: Rest<'a>,
     failed: u64,
+    /// Rows (or owners) the next transaction takes: sized so that one lasts about
+    /// `[erasure] transaction_target_ms` (PF-2), from 1 to `batch_size`.
+    chunk: usize,
 }
 
 impl<'a> Requests<'a> {
@@ -51,6 +57,7 @@ impl<'a> Requests<'a> {
             settings,
             env,
             failed: 0,
+            chunk: FIRST_CHUNK.min(settings.batch_size as usize),
         }
     }
 
@@ -255,15 +262,16 @@ impl<'a> Requests<'a> {
     /// One transaction of a deleting step: the rows it removed added to the request's counts
     /// as it commits. The last id it took, when the step goes on.
     async fn delete(
-        &self,
+        &mut self,
         conn: &mut PgConnection,
         request: &InHand,
         delete: steps::Delete,
         after: Option<Uuid>,
         report: &mut Report<Withheld>,
     ) -> Result<(u64, Option<Uuid>), Error> {
-        let batch = i64::from(self.settings.batch_size);
+        let batch = self.chunk as i64;
         let keep = self.settings.keep_usage_records;
+        let started = Instant::now();
         let mut tx = crate::gate::begin(conn, "").await?;
         let (counts, taken, last) = match delete.shape {
             Shape::Owners { lock, take } => {
@@ -307,6 +315,12 @@ impl<'a> Requests<'a> {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        self.chunk = Chunks::Timed {
+            first: FIRST_CHUNK,
+            most: self.settings.batch_size as usize,
+            target: self.settings.transaction_target,
+        }
+        .next(self.chunk, started.elapsed());
         for (table, n) in &counts {
             let n = n.as_u64().unwrap_or(0);
             report.pruned += n;
@@ -325,7 +339,22 @@ impl<'a> Requests<'a> {
         request: &InHand,
         report: &mut Report<Withheld>,
     ) -> Result<(), Error> {
-        let scope = Some(request.account_id.unwrap_or_default());
+        // The request's account, and any other the scope's records are kept under (a run
+        // whose conversation's row is gone names its own account).
+        let scopes: Vec<Uuid> = sqlx::query_scalar(
+            "WITH m AS (SELECT kind, id FROM sexton.erasure_members WHERE request_id = $1)
+             SELECT COALESCE($2, '00000000-0000-0000-0000-000000000000')
+             UNION
+             SELECT DISTINCT p.account_id FROM sexton.pending_file_deletions p
+             WHERE p.quarantined_at IS NULL
+               AND (p.run_ids && ARRAY(SELECT id FROM m WHERE kind = 'run')
+                    OR p.session_id IN (SELECT id FROM m WHERE kind = 'session')
+                    OR p.agent_id IN (SELECT id FROM m WHERE kind = 'agent'))",
+        )
+        .bind(request.id)
+        .bind(request.account_id)
+        .fetch_all(&mut *conn)
+        .await?;
         let mut removed = Map::new();
         for root in [
             Root::Outputs,
@@ -334,8 +363,12 @@ impl<'a> Requests<'a> {
             Root::Traces,
         ] {
             let store = self.env.paths.store(root);
-            let (counts, _): (FileCounts, i64) =
-                files::drain_from(conn, root, &store, scope, 0).await?;
+            let mut counts = FileCounts::default();
+            for scope in &scopes {
+                let (drained, _): (FileCounts, i64) =
+                    files::drain_from(conn, root, &store, Some(*scope), 0).await?;
+                counts.add(drained);
+            }
             report.files.add(counts);
             if counts.deleted > 0 {
                 removed.insert(format!("files:{}", root.as_str()), counts.deleted.into());
@@ -475,7 +508,8 @@ impl<'a> Requests<'a> {
                  'request_id', id, 'ref', ref, 'scope', scope, 'requested_by', requested_by,
                  'received_at', received_at, 'due_at', due_at, 'completed_at', completed_at,
                  'verified_at', verified_at, 'subject_hash', subject_hash, 'key_id', key_id,
-                 'removed', removed, 'kept', kept, 'passes', passes, 'residues', residues)
+                 'removed', removed, 'kept', kept, 'withheld', withheld, 'passes', passes,
+                 'residues', residues)
              FROM done",
         )
         .bind(request.id)
