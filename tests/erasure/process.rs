@@ -360,3 +360,62 @@ async fn rq3_workers_killed_with_sigkill_mid_erasure_lose_nothing_outside_it_and
     .unwrap();
     assert_eq!(failed, [], "jobs failed for good");
 }
+
+#[sqlx::test]
+async fn rq3_a_row_the_platform_holds_past_the_lock_timeout_stays_busy_and_goes_on_retry(
+    pool: PgPool,
+) {
+    let (cli, one, other) = Cli::new(&pool).await;
+    // The platform holds a tool result of one run of the conversation, and the run itself of
+    // another: the first makes the run's deletion wait out the lock timeout (FL-6), the second
+    // is skipped as locked; neither stops the rest.
+    let mut platform = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tool_results WHERE run_id = $1 FOR UPDATE")
+        .bind(one.runs[0])
+        .execute(&mut *platform)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(one.runs[2])
+        .execute(&mut *platform)
+        .await
+        .unwrap();
+    let asked = cli.erase("conversation", one.conversation).await;
+    let id = asked["id"].as_str().unwrap().to_owned();
+    let mut child = worker(&cli.url, cli.dir.path(), true)
+        .env("SEXTON_ERASURE__RECEIPT_KEY", KEY)
+        .env("SEXTON_DATABASE__LOCK_TIMEOUT_MS", "300")
+        .spawn()
+        .unwrap();
+    let status = common::wait(&mut child, Duration::from_secs(120)).await;
+    assert!(status.success(), "the worker exited with {status}");
+    let waiting = cli.status(&id).await;
+    assert_eq!(waiting["state"], "waiting", "{waiting}");
+    assert_eq!(
+        waiting["withheld"]["busy"], 2,
+        "both windows were hit: {waiting}"
+    );
+    let mut theirs = one.runs.clone();
+    theirs.push(one.child_run);
+    let left: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM runs WHERE id = ANY($1) ORDER BY id")
+        .bind(&theirs)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let mut held = vec![one.runs[0], one.runs[2]];
+    held.sort();
+    assert_eq!(left, held, "only the two held runs stay");
+    platform.rollback().await.unwrap();
+    let retried = cli.run(&["erase", "retry", &id]).await;
+    assert_eq!(retried.code, Some(0), "{}", retried.stderr);
+    cli.work().await;
+    assert_eq!(cli.status(&id).await["state"], "completed");
+    // The control: the other conversation of the account, and the other account, stay.
+    let theirs: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM runs WHERE conversation_id = ANY($1)")
+            .bind([one.other_conversation, other.conversation])
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(theirs, 4);
+}

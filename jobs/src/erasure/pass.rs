@@ -14,7 +14,7 @@ use super::verify::{self, Left};
 use super::{Cursor, ErasureSettings, Subject, Withheld, derivatives, plan};
 use crate::files::{self, DrainError, FileCounts, Root};
 use crate::job::{Report, Rest, refused};
-use crate::owner_loop::{Chunks, Error, Owners, Then, Took};
+use crate::owner_loop::{Chunks, Error, Owners, Then, Took, busy_or};
 use crate::receipts;
 
 /// A request found more than this many times with something left after its steps ended is
@@ -285,14 +285,26 @@ impl<'a> Requests<'a> {
                     tx.commit().await?;
                     return Ok((0, None));
                 }
-                let counts: Json<Map<String, Value>> = sqlx::query_scalar(take)
+                let taken = sqlx::query_scalar(take)
                     .bind(request.id)
                     .bind(&ids)
                     .bind(keep)
                     .fetch_one(&mut *tx)
-                    .await?;
+                    .await;
+                // A row under one of them the platform holds past the lock timeout (FL-6): the
+                // batch is taken again owner by owner, and the one that waits again stays, left
+                // for the next pass to find (`busy`), while this one goes on.
+                let Some(Json(counts)) = busy_or::<Json<Map<String, Value>>>(taken)? else {
+                    tx.rollback().await?;
+                    return Ok(if ids.len() > 1 {
+                        self.chunk = 1;
+                        (0, Some(after.unwrap_or_default()))
+                    } else {
+                        (1, Some(ids[0]))
+                    });
+                };
                 let last = (ids.len() as i64 == batch).then(|| ids[ids.len() - 1]);
-                (counts.0, ids.len() as u64, last)
+                (counts, ids.len() as u64, last)
             }
             Shape::Sweep(sql) => {
                 let counts: Json<Map<String, Value>> = sqlx::query_scalar(sql)
