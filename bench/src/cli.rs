@@ -82,6 +82,20 @@ pub struct Cli {
     /// `--baseline-sexton`.
     #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
     pub tenant_baseline_accounts: Vec<u64>,
+    /// Erasure (PF-8): runs of the erased account, each with its execution detail.
+    #[arg(long, default_value_t = 100_000)]
+    pub erasure_runs: u64,
+    /// Erasure: sessions of the erased account, each with its history and an archive.
+    #[arg(long, default_value_t = 5_000)]
+    pub erasure_sessions: u64,
+    /// Erasure: files of the erased account (half outputs, a quarter session frames, 15 %
+    /// attachments, the rest traces).
+    #[arg(long, default_value_t = 10_000)]
+    pub erasure_files: u64,
+    /// Erasure: other accounts, each with a small backlog, whose nightly pass runs alone and
+    /// beside the erasure.
+    #[arg(long, default_value_t = 1_000)]
+    pub erasure_others: u64,
     /// Run traces and attachment bytes: start each method after a walk of its tree instead of
     /// dropping the page cache.
     #[arg(long)]

@@ -15,6 +15,7 @@ mod cli;
 mod cluster;
 mod compare;
 mod disk;
+mod erasure;
 mod expiry;
 mod method;
 mod objects;
@@ -71,6 +72,13 @@ static PARTS: &[Part] = &[
         heading: "## Many accounts",
         run: tenants::run,
         render: tenants::render,
+    },
+    Part {
+        name: "erasure",
+        about: "one account's erasure against children-first batches, beside the night (PF-8)",
+        heading: "## Erasure on request",
+        run: erasure::run,
+        render: erasure::render,
     },
 ];
 
