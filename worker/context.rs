@@ -24,6 +24,9 @@ pub struct JobContext {
     /// Hops of every queue together: at most `queue.concurrency` run at once, so that the pool
     /// (checked against it at start) always has their connections (FL-6).
     pub hops: Arc<Semaphore>,
+    /// The slot of the kinds that run beside the others (`Job::BESIDE`): one hop at a time,
+    /// outside `hops`, its connections budgeted apart (FL-6).
+    pub beside: Arc<Semaphore>,
     /// The database's health, read by every hop between owner transactions.
     pub health: Arc<Health>,
     /// Jobs this process is handling now, from fetch to settlement: a worker run until idle
@@ -45,6 +48,7 @@ impl JobContext {
             clock,
             stopping: Arc::default(),
             hops,
+            beside: Arc::new(Semaphore::new(1)),
             health,
             handling: Arc::default(),
             failed_for_good: Arc::default(),

@@ -93,7 +93,7 @@ impl Facts {
             max_connections: settings.database.max_connections,
             widest: KINDS
                 .iter()
-                .filter(|kind| kind.connections() == budget.per_hop)
+                .filter(|kind| !kind.beside() && kind.connections() == budget.per_hop)
                 .map(|kind| kind.name())
                 .collect(),
             subjects: explain::subjects()
@@ -448,7 +448,7 @@ fn comment(text: &str) -> String {
 
 /// Whose hops hold [`PoolBudget::per_hop`] connections, each name through `quote`.
 fn widest(facts: &Facts, quote: fn(&str) -> String) -> String {
-    if facts.widest.len() == KINDS.len() {
+    if facts.widest.len() == KINDS.iter().filter(|kind| !kind.beside()).count() {
         "every kind's".to_owned()
     } else {
         let names: Vec<String> = facts.widest.iter().map(|name| quote(name)).collect();
@@ -464,16 +464,32 @@ fn spare(facts: &Facts) -> String {
     }
 }
 
+/// The kinds whose hops run beside the shared budget, each name through `quote`.
+fn beside(quote: fn(&str) -> String) -> String {
+    let names: Vec<String> = KINDS
+        .iter()
+        .filter(|kind| kind.beside())
+        .map(|kind| quote(kind.name()))
+        .collect();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
 /// FL-6 in `config/default.toml`'s `[database]`.
 fn pool_budget_comment(facts: &Facts) -> String {
     let budget = &facts.budget;
     comment(&format!(
-        "With the defaults: {} hops x {} connections ({}) + {CONNECTIONS_PER_QUEUE} for each of \
-         the {} queues (the nightly one and one per job kind) + {FIXED_CONNECTIONS} = {}; the \
-         default of {} leaves {}.",
+        "With the defaults: {} hops x {} connections ({}) + {} beside them ({}) \
+         + {CONNECTIONS_PER_QUEUE} for each of the {} queues (the nightly one and one per job \
+         kind) + {FIXED_CONNECTIONS} = {}; the default of {} leaves {}.",
         budget.concurrency,
         budget.per_hop,
         widest(facts, str::to_owned),
+        budget.beside,
+        beside(str::to_owned),
         budget.queues,
         budget.needed(),
         facts.max_connections,
@@ -485,12 +501,15 @@ fn pool_budget_comment(facts: &Facts) -> String {
 fn pool_budget_sentence(facts: &Facts) -> String {
     let budget = &facts.budget;
     format!(
-        "with the defaults, `queue.concurrency` ({}) × {} connections ({}) + \
-         {CONNECTIONS_PER_QUEUE} for each of the {} queues (the nightly one and one per job kind) \
-         + {FIXED_CONNECTIONS} = {}; the default `database.max_connections` ({}) leaves {}",
+        "with the defaults, `queue.concurrency` ({}) × {} connections ({}) + {} for the hop \
+         beside them ({}, in a slot of its own) + {CONNECTIONS_PER_QUEUE} for each of the \
+         {} queues (the nightly one and one per job kind) + {FIXED_CONNECTIONS} = {}; the default \
+         `database.max_connections` ({}) leaves {}",
         budget.concurrency,
         budget.per_hop,
         widest(facts, |name| format!("`{name}`")),
+        budget.beside,
+        beside(|name| format!("`{name}`")),
         budget.queues,
         budget.needed(),
         facts.max_connections,

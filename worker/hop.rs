@@ -231,8 +231,8 @@ async fn run_locked<J: Job>(
     position: Position,
 ) -> Result<(), JobFailure> {
     let retryable = |e: anyhow::Error| JobFailure::Retryable(e);
-    let _permit = ctx
-        .hops
+    let slots = if J::BESIDE { &ctx.beside } else { &ctx.hops };
+    let _permit = slots
         .acquire()
         .await
         .context("the hop budget is closed")

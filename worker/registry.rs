@@ -172,6 +172,10 @@ impl<J: Job> Section for Registered<J> {
         J::CONNECTIONS
     }
 
+    fn beside(&self) -> bool {
+        J::BESIDE
+    }
+
     fn parse(
         &self,
         section: &serde_json::Value,

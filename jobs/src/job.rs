@@ -166,6 +166,10 @@ pub trait Job: Sized + Send + Sync + 'static {
     const CONNECTIONS: u32 = 1;
     /// The tables its hops delete rows of, counted in [`Report::rows`].
     const TABLES: &'static [&'static str] = &[];
+    /// Whether its hops run beside the others, in a slot of their own (one hop at a time per
+    /// worker), rather than in the shared `queue.concurrency` budget: a kind whose work comes on
+    /// request at any hour (erasure) never takes a slot the nightly passes would have (PF-8).
+    const BESIDE: bool = false;
 
     /// Why it leaves an owner in place.
     type Reason: Reason;

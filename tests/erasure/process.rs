@@ -419,3 +419,51 @@ async fn rq3_a_row_the_platform_holds_past_the_lock_timeout_stays_busy_and_goes_
             .unwrap();
     assert_eq!(theirs, 4);
 }
+
+#[sqlx::test]
+async fn rq8_an_erasure_runs_beside_the_nightly_hops_never_in_their_slot(pool: PgPool) {
+    let (cli, one, _other) = Cli::new(&pool).await;
+    // The night's one slot (queue.concurrency = 1) is taken by a hop waiting on a conversation
+    // the platform holds (its owner's lock timeout a minute).
+    let paths = run::roots(cli.dir.path());
+    let late = fixture::account(&pool, Some(30)).await;
+    let held = fixture::conversation(&pool, late).await;
+    fixture::run(
+        &pool,
+        &paths.output_root,
+        RunSpec::conversation(late, held, 40.0),
+    )
+    .await;
+    let mut platform = pool.begin().await.unwrap();
+    fixture::lock_conversation(&mut platform, held).await;
+    let settings = common::settings(cli.dir.path());
+    sexton::tick::tick(&pool, &settings, crate::common::fixture::pass_start())
+        .await
+        .unwrap();
+    let mut child = worker(&cli.url, cli.dir.path(), false)
+        .env("SEXTON_ERASURE__RECEIPT_KEY", KEY)
+        .env("SEXTON_QUEUE__CONCURRENCY", "1")
+        .env("SEXTON_EXECUTION_DETAILS__OWNER_LOCK_TIMEOUT_MS", "60000")
+        .spawn()
+        .unwrap();
+    common::wait_for_lock_waiter(&pool, "conversations").await;
+    // While it waits, an erasure is asked for, and completes.
+    let asked = cli.erase("session", one.session).await;
+    let id = asked["id"].as_str().unwrap().to_owned();
+    common::process::poll_until(Duration::from_secs(60), || async {
+        cli.status(&id).await["state"] == "completed"
+    })
+    .await;
+    let still_waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND query LIKE '%FROM conversations%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(still_waiting, 1, "the night's hop held its slot all along");
+    platform.rollback().await.unwrap();
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+}

@@ -53,6 +53,8 @@ pub trait Section: Sync {
     fn section(&self) -> &'static str;
     /// Connections one hop of this job holds at once.
     fn connections(&self) -> u32;
+    /// Whether its hops run in the slot beside the shared budget (`Job::BESIDE`).
+    fn beside(&self) -> bool;
     /// Reads the section; problems go to `check`.
     fn parse(
         &self,

@@ -19,8 +19,12 @@ pub const CONNECTIONS_PER_QUEUE: u32 = 1;
 pub struct PoolBudget {
     /// Hops running at once across all queues (`queue.concurrency`).
     pub concurrency: usize,
-    /// Connections the widest job kind's hop holds (`Job::CONNECTIONS`).
+    /// Connections the widest job kind's hop holds (`Job::CONNECTIONS`), of those in the
+    /// shared budget.
     pub per_hop: u32,
+    /// Connections the hop slot beside the shared budget holds (`Job::BESIDE`): the widest of
+    /// its kinds', 0 without one.
+    pub beside: u32,
     /// Queues a worker consumes: one per job kind and the nightly one.
     pub queues: u64,
 }
@@ -30,7 +34,18 @@ impl PoolBudget {
     pub fn new(concurrency: usize, jobs: &[&dyn Section]) -> Self {
         Self {
             concurrency,
-            per_hop: jobs.iter().map(|j| j.connections()).max().unwrap_or(1),
+            per_hop: jobs
+                .iter()
+                .filter(|j| !j.beside())
+                .map(|j| j.connections())
+                .max()
+                .unwrap_or(1),
+            beside: jobs
+                .iter()
+                .filter(|j| j.beside())
+                .map(|j| j.connections())
+                .max()
+                .unwrap_or(0),
             queues: jobs.len() as u64 + 1,
         }
     }
@@ -43,6 +58,7 @@ impl PoolBudget {
     /// The least `database.max_connections` that serves it.
     pub fn needed(&self) -> u64 {
         self.concurrency as u64 * u64::from(self.per_hop)
+            + u64::from(self.beside)
             + u64::from(FIXED_CONNECTIONS)
             + self.bookkeeping()
     }
@@ -50,11 +66,12 @@ impl PoolBudget {
     /// What `database.max_connections` is expected to be, and why.
     pub fn expected(&self) -> String {
         format!(
-            "at least queue.concurrency ({}) x {} connections per hop + {FIXED_CONNECTIONS} for \
-             the listener, schedule and gauges + {} for the {} queues' bookkeeping = {}; raise \
-             it or lower queue.concurrency",
+            "at least queue.concurrency ({}) x {} connections per hop + {} for the hop beside \
+             them + {FIXED_CONNECTIONS} for the listener, schedule and gauges + {} for the {} \
+             queues' bookkeeping = {}; raise it or lower queue.concurrency",
             self.concurrency,
             self.per_hop,
+            self.beside,
             self.bookkeeping(),
             self.queues,
             self.needed()

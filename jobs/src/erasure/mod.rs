@@ -187,6 +187,8 @@ impl Job for Erase {
     const SCOPE: Scope = Scope::Global;
     const SECTION: &'static str = "erasure";
     const TABLES: &'static [&'static str] = steps::TABLES;
+    /// An erasure runs beside the nightly passes, never in their slots (PF-8).
+    const BESIDE: bool = true;
 
     type Reason = Withheld;
     /// None: everything of the scope goes, whatever its age.
