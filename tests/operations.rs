@@ -315,6 +315,29 @@ async fn op3_a_real_prometheus_scrapes_the_contract_series(pool: PgPool) {
             );
         }
     }
+    // RQ-7: every state of the erasure requests, the due date (+Inf: none open) and the
+    // residues, scraped as the overdue alert reads them.
+    let states: BTreeSet<String> = prometheus
+        .query("sexton_erasures")
+        .await
+        .iter()
+        .filter_map(|s| label(s, "state").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        states,
+        sexton::telemetry::metrics::ERASURE_STATES
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect()
+    );
+    let due = prometheus.query("min(sexton_erasure_due_seconds)").await;
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert_eq!(due[0]["value"][1], "+Inf", "no open request: {due:?}");
+    assert!(
+        prometheus
+            .shows("sexton_erasure_residues_total", Duration::from_secs(30))
+            .await
+    );
     // Grouped by kind, each kind is its own series, as the alerts and the dashboard group them.
     assert_eq!(
         kinds_of(

@@ -696,7 +696,9 @@ fn samples(page: &str) -> std::collections::BTreeMap<String, f64> {
 /// labels declared are the labels the hops use).
 #[sqlx::test]
 async fn op3_every_series_is_exported_from_start_at_zero(pool: PgPool) {
-    use sexton::telemetry::metrics::{JOB_RUN_OUTCOMES, QUEUE_STATES, SLOT_OUTCOMES};
+    use sexton::telemetry::metrics::{
+        ERASURE_STATES, JOB_RUN_OUTCOMES, QUEUE_STATES, SLOT_OUTCOMES,
+    };
     common::migrate(&pool).await;
     let dir = tempfile::tempdir().unwrap();
     let settings = common::settings(dir.path());
@@ -759,6 +761,9 @@ async fn op3_every_series_is_exported_from_start_at_zero(pool: PgPool) {
         expected.push(format!("sexton_queue_jobs{{state=\"{state}\"}}"));
     }
     expected.push("sexton_holds_active".to_owned());
+    for state in ERASURE_STATES {
+        expected.push(format!("sexton_erasures{{state=\"{state}\"}}"));
+    }
     assert!(
         expected
             .iter()
@@ -773,6 +778,12 @@ async fn op3_every_series_is_exported_from_start_at_zero(pool: PgPool) {
             "{series} at 0 from start; the page: {at_start:#?}"
         );
     }
+    // RQ-7: no open erasure request, no due date: +Inf, which no alert threshold is above.
+    assert_eq!(
+        at_start.get("sexton_erasure_due_seconds"),
+        Some(&f64::INFINITY),
+        "{at_start:#?}"
+    );
 
     // The control: a pass of every kind with something due adds no series of its own.
     account_with_old_runs(&pool, &settings.paths.output_root, 2).await;
@@ -812,6 +823,8 @@ async fn op3_every_series_is_exported_from_start_at_zero(pool: PgPool) {
     for series in after.keys() {
         if series.starts_with("sexton_last_success_timestamp_seconds")
             || series.starts_with("sexton_backlog_seconds")
+            // The database's total, exported once read (`export_from_start` says why).
+            || series.starts_with("sexton_erasure_residues_total")
             || !series.starts_with("sexton_")
         {
             continue;

@@ -1,11 +1,13 @@
 //! The gauges a worker keeps current between scrapes: the queue, each kind's backlog, the last
-//! success, quarantined file deletions, active holds and the database's health (OP-3, HD-5).
+//! success, quarantined file deletions, active holds, erasure requests and the database's health
+//! (OP-3, HD-5, RQ-7).
 
 use crate::context::JobContext;
 use crate::telemetry::metrics;
 use crate::{holds, queue, registry};
 
-/// Keeps the queue, backlog, last-success, quarantine and holds gauges current (OP-3, HD-5).
+/// Keeps the queue, backlog, last-success, quarantine, holds and erasure gauges current (OP-3,
+/// HD-5, RQ-7).
 pub async fn refresh(ctx: JobContext) {
     loop {
         match queue::counts(&ctx.pool).await {
@@ -40,9 +42,21 @@ pub async fn refresh(ctx: JobContext) {
                 "could not count active holds"
             ),
         }
+        match erasures(&ctx.pool).await {
+            Ok(tally) => metrics::erasures(&tally),
+            Err(err) => tracing::warn!(error = %err, "could not count the erasure requests"),
+        }
         if let Some(readings) = ctx.health.last() {
             metrics::health(&readings);
         }
         tokio::time::sleep(ctx.settings.http.refresh_interval).await;
     }
+}
+
+/// The erasure requests as the gauges show them.
+async fn erasures(
+    pool: &sqlx::PgPool,
+) -> Result<sexton_jobs::erasure::visible::Tally, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sexton_jobs::erasure::visible::tally(&mut conn).await
 }

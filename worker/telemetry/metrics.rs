@@ -87,6 +87,20 @@ fn describe() {
         "sexton_holds_active",
         "Holds placed and not released (HD-5): what they cover stays."
     );
+    describe_gauge!(
+        "sexton_erasures",
+        "Erasure requests by state (RQ-7): received, running, waiting, verifying, completed, failed."
+    );
+    describe_gauge!(
+        "sexton_erasure_due_seconds",
+        "Seconds until the earliest due date of an open erasure request, negative once overdue; \
+         +Inf when none is open (RQ-7)."
+    );
+    describe_counter!(
+        "sexton_erasure_residues_total",
+        "Residues erasure verification found, over every request (RQ-5): the database's total, \
+         the same on every replica."
+    );
 }
 
 /// Every value the labels of one registered kind's series can take (OP-3).
@@ -109,6 +123,16 @@ pub const SLOT_OUTCOMES: [&str; 3] = ["enqueued", "duplicate", "caught_up"];
 /// The states of sexton's queue jobs ([`queue_jobs`]).
 pub const QUEUE_STATES: [&str; 4] = ["pending", "running", "done", "failed"];
 
+/// The states of erasure requests ([`erasures`]).
+pub const ERASURE_STATES: [&str; 6] = [
+    "received",
+    "running",
+    "waiting",
+    "verifying",
+    "completed",
+    "failed",
+];
+
 /// The roots of pending file deletions ([`failing`]).
 const ROOTS: [&str; 4] = ["outputs", "sessions", "attachments", "traces"];
 
@@ -121,7 +145,11 @@ const ROOTS: [&str; 4] = ["outputs", "sessions", "attachments", "traces"];
 /// Two gauges are left until they are known, because 0 would be a false reading rather than
 /// none yet: `sexton_last_success_timestamp_seconds` (0 reads as a last success in 1970, which
 /// fires the missed-pass alert on every fresh fleet and hides the `absent()` of the never-ran
-/// alert) and `sexton_backlog_seconds` (a kind that measures no backlog exports none).
+/// alert) and `sexton_backlog_seconds` (a kind that measures no backlog exports none); and one
+/// counter, `sexton_erasure_residues_total`, the database's total rather than this process's
+/// count: 0 then the total at the first read would count every residue ever found again in
+/// `increase()` on every restart. `sexton_erasure_due_seconds` starts at +Inf, what it reads
+/// with no open request: no due date, nothing to warn of, until the first read says otherwise.
 pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
     for labels in kinds {
         let kind = labels.kind;
@@ -174,6 +202,12 @@ pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
     ] {
         gauge!(name).increment(0.0);
     }
+    for state in ERASURE_STATES {
+        gauge!("sexton_erasures", "state" => state).increment(0.0);
+    }
+    // Once: a later call (another worker in this process) keeps what a read set.
+    static DUE: std::sync::Once = std::sync::Once::new();
+    DUE.call_once(|| gauge!("sexton_erasure_due_seconds").set(f64::INFINITY));
 }
 
 /// One hop of `kind`.
@@ -256,6 +290,18 @@ pub fn backlog(kind: &'static str, seconds: f64) {
 /// Holds placed and not released.
 pub fn holds_active(holds: i64) {
     gauge!("sexton_holds_active").set(holds as f64);
+}
+
+/// The erasure requests (RQ-7): per state; the seconds until the earliest due date of an open
+/// one (negative once overdue, +Inf with none open, so that `< threshold` never holds); and the
+/// residues verification found, the database's total, which never goes down (a read lower than
+/// the last, which requests never deleted cannot give, leaves it as it was).
+pub fn erasures(tally: &sexton_jobs::erasure::visible::Tally) {
+    for (state, n) in &tally.states {
+        gauge!("sexton_erasures", "state" => state.as_str()).set(*n as f64);
+    }
+    gauge!("sexton_erasure_due_seconds").set(tally.due_seconds.unwrap_or(f64::INFINITY));
+    counter!("sexton_erasure_residues_total").absolute(u64::try_from(tally.residues).unwrap_or(0));
 }
 
 /// A hop that stopped early on a red health indicator.

@@ -34,6 +34,7 @@ mod read;
 pub mod request;
 mod steps;
 pub mod verify;
+pub mod visible;
 
 pub use request::{Erasure, Request, State};
 
