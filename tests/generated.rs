@@ -104,6 +104,42 @@ fn op5_the_missed_nightly_pass_alert_leaves_out_exactly_the_kinds_not_run_nightl
     );
 }
 
+/// RQ-7: `SextonErasureOverdue` warns `[erasure] warn_days` before an open request's due date,
+/// the threshold written from the default; a changed default is out of date until rewritten.
+#[test]
+fn rq7_the_erasure_alert_warns_from_the_default_warn_days() {
+    let blocks = assert_generated("erasure-warn-days");
+    assert_eq!(blocks[0].file, "deploy/prometheus/alerts.yml");
+    let defaults = Facts::defaults().unwrap();
+    assert_eq!(defaults.erasure_warn_days, 7, "the documented default");
+    assert!(
+        blocks[0]
+            .generated
+            .contains("min(sexton_erasure_due_seconds) < 7 * 86400"),
+        "{}",
+        blocks[0].generated
+    );
+    // The control: another default, another threshold.
+    let dir = tempfile::tempdir().unwrap();
+    let file = "deploy/prometheus/alerts.yml";
+    for file in generated::files() {
+        let copy = dir.path().join(file);
+        std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+        std::fs::copy(root().join(file), &copy).unwrap();
+    }
+    let changed = Facts {
+        erasure_warn_days: 3,
+        ..defaults
+    };
+    generated::write(dir.path(), &changed).unwrap();
+    let alerts = std::fs::read_to_string(dir.path().join(file)).unwrap();
+    assert!(
+        alerts.contains("min(sexton_erasure_due_seconds) < 3 * 86400")
+            && !alerts.contains("< 7 * 86400"),
+        "{alerts}"
+    );
+}
+
 /// A fact changed in the code leaves every block saying it out of date until `generate`
 /// rewrites them, and rewriting them back restores the files byte for byte.
 #[test]
@@ -129,6 +165,7 @@ fn generated_a_fact_changed_in_the_code_is_stale_until_rewritten() {
     changed.max_connections += 1;
     changed.subjects.push(("widget", None));
     changed.not_nightly.push("widget_cleanup");
+    changed.erasure_warn_days += 1;
     let err = generated::check(dir.path(), &changed).unwrap_err();
     let text = err.to_string();
     for rendered in generated::blocks(dir.path(), &facts).unwrap() {

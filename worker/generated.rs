@@ -1,7 +1,8 @@
 //! What the docs, `config/default.toml` and the alert rules repeat from the code, rendered from
 //! the code (`sexton generate`) rather than read back out of their prose: the pool a worker needs
-//! (FL-6), the subjects `sexton explain` knows (OP-1), and the kinds the missed-pass alert leaves
-//! out because they do not run with the nightly slot (OP-5).
+//! (FL-6), the subjects `sexton explain` knows (OP-1), the kinds the missed-pass alert leaves
+//! out because they do not run with the nightly slot (OP-5), and how long before an erasure
+//! request's due date its alert warns (`[erasure] warn_days`, RQ-7).
 //!
 //! Each fact sits in a marked block of its file — `<!-- generated: NAME -->` … `<!-- end
 //! generated -->` in Markdown (inline within a sentence, or on lines of their own around a
@@ -14,7 +15,8 @@ use std::collections::BTreeSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use sexton_jobs::job::Cadence;
+use sexton_jobs::erasure::{Erase, ErasureSettings};
+use sexton_jobs::job::{Cadence, Job as _};
 
 use crate::config::{CONNECTIONS_PER_QUEUE, ConfigError, FIXED_CONNECTIONS, PoolBudget, Settings};
 use crate::explain;
@@ -59,6 +61,11 @@ const BLOCKS: &[Block] = &[
         name: "kinds-not-nightly",
         render: missed_pass_expr,
     },
+    Block {
+        file: "deploy/prometheus/alerts.yml",
+        name: "erasure-warn-days",
+        render: erasure_due_expr,
+    },
 ];
 
 /// What the blocks are rendered from.
@@ -75,6 +82,9 @@ pub struct Facts {
     pub subjects: Vec<(&'static str, Option<String>)>,
     /// The kinds whose passes do not start with the nightly slot: a cadence of their own, or off.
     pub not_nightly: Vec<&'static str>,
+    /// How many days before an open erasure request's due date it is reported
+    /// (`[erasure] warn_days`).
+    pub erasure_warn_days: i64,
 }
 
 impl Facts {
@@ -105,6 +115,11 @@ impl Facts {
                 .filter(|kind| kind.cadence(settings) != Cadence::Nightly)
                 .map(|kind| kind.name())
                 .collect(),
+            erasure_warn_days: settings
+                .jobs
+                .get::<ErasureSettings>(Erase::NAME)
+                .warn
+                .num_days(),
         }
     }
 
@@ -543,6 +558,16 @@ fn missed_pass_expr(facts: &Facts) -> String {
     format!(
         "expr: time() - max by (kind) (sexton_last_success_timestamp_seconds{selector}) > \
          {MISSED_PASS_HOURS} * 3600"
+    )
+}
+
+/// RQ-7 in deploy/prometheus/alerts.yml: `SextonErasureOverdue`'s warning, from `[erasure]
+/// warn_days` before the earliest due date of an open request until that date (its second rule
+/// pages once the date has passed). With no open request the gauge reads +Inf and neither holds.
+fn erasure_due_expr(facts: &Facts) -> String {
+    format!(
+        "expr: min(sexton_erasure_due_seconds) < {} * 86400 and min(sexton_erasure_due_seconds) >= 0",
+        facts.erasure_warn_days
     )
 }
 
