@@ -1,6 +1,7 @@
 //! `sexton status` (OP-1): what an operator reads at 9 am after the nightly pass — per job and
 //! account the last pass from the ledger, each job's backlog and queue, the jobs failed for
-//! good with their last error, the active holds (HD-5) and the fleet's workers. What it reads
+//! good with their last error, the active holds (HD-5), the open erasure requests (RQ-7) and the
+//! fleet's workers. What it reads
 //! by default is bounded whatever the number of accounts — the latest fan-out of each job, the
 //! passes that did not finish (through their partial index, capped), capped lists — so that
 //! the status page serves the same read (OP-6); only `--all` reads every account's pass.
@@ -10,6 +11,8 @@ use std::fmt::Write as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use sexton_jobs::job::Scope;
+
+use sexton_jobs::erasure::visible::{self, Open};
 
 use crate::config::Settings;
 use crate::holds;
@@ -32,6 +35,10 @@ pub const WORKERS_SHOWN: i64 = 50;
 
 /// How many active holds are listed, newest first: the rest are `sexton holds list`'s.
 pub const HOLDS_SHOWN: i64 = 10;
+
+/// How many open erasure requests are listed, the earliest due first: the rest are `sexton
+/// erase status`'s.
+pub const ERASURES_SHOWN: i64 = 20;
 
 /// Everything `sexton status` reports; `--json` prints it as it is.
 #[derive(Debug, Clone, Serialize)]
@@ -58,6 +65,12 @@ pub struct Status {
     /// Why the holds could not be read, when they could not (the rest of the status is shown
     /// all the same; the jobs remove nothing meanwhile, HD-3).
     pub holds_error: Option<String>,
+    /// How many erasure requests are open (RQ-7).
+    pub erasures_open: i64,
+    /// The open erasure requests, the earliest due first, at most [`ERASURES_SHOWN`]: ids,
+    /// states, due dates and counts, never the subject's id (RQ-6); `sexton erase status` says
+    /// more of each.
+    pub erasures: Vec<Open>,
     /// How many worker processes have registered consumers of sexton's queues.
     pub workers_total: i64,
     /// The worker processes, the most recently heard from first, at most [`WORKERS_SHOWN`].
@@ -222,6 +235,8 @@ pub async fn read(
         });
     }
     let failing = sexton_jobs::files::failing(pool).await?;
+    let (erasures_open, erasures) =
+        visible::open(&mut *pool.acquire().await?, at, ERASURES_SHOWN).await?;
     Ok(Status {
         at,
         jobs,
@@ -241,6 +256,8 @@ pub async fn read(
         holds_active,
         holds,
         holds_error,
+        erasures_open,
+        erasures,
         workers_total,
         workers,
     })
@@ -362,9 +379,75 @@ impl Status {
                 }
             }
         }
+        render_erasures(&mut out, self);
         render_workers(&mut out, self);
         crate::text::printable(&out)
     }
+}
+
+/// The open erasure requests' lines of [`Status::render`] (RQ-7).
+fn render_erasures(out: &mut String, status: &Status) {
+    let n = status.erasures_open;
+    if n == 0 {
+        let _ = writeln!(out, "no open erasure request");
+        return;
+    }
+    let shown = status.erasures.len() as i64;
+    let _ = writeln!(
+        out,
+        "{n} open erasure request{}, the earliest due first{} (sexton erase status ID says more):",
+        if n == 1 { "" } else { "s" },
+        if shown < n {
+            format!(", the first {shown}")
+        } else {
+            String::new()
+        }
+    );
+    for request in &status.erasures {
+        let _ = writeln!(out, "  {}", erasure_line(request, status.at));
+    }
+    if shown < n {
+        let _ = writeln!(
+            out,
+            "  … and {} more: sexton erase status lists every one",
+            n - shown
+        );
+    }
+}
+
+/// One open request: its id, scope kind, state, due date (and how late or how near), what it
+/// withholds by reason and the holds that withhold it.
+fn erasure_line(request: &Open, at: DateTime<Utc>) -> String {
+    let days = (request.due_at - at).num_hours() as f64 / 24.0;
+    let mut line = format!(
+        "{} {}: {}, due {} ({})",
+        request.id,
+        request.scope,
+        request.state.as_str(),
+        time(Some(request.due_at)),
+        if request.overdue {
+            format!("OVERDUE by {:.1} days", -days)
+        } else {
+            format!("in {days:.1} days")
+        }
+    );
+    if !request.withheld.0.is_empty() {
+        let withheld: Vec<String> = request
+            .withheld
+            .0
+            .iter()
+            .map(|(reason, n)| format!("{reason} {n}"))
+            .collect();
+        let _ = write!(line, "; withheld: {}", withheld.join(", "));
+    }
+    if !request.holds.is_empty() {
+        let holds: Vec<String> = request.holds.iter().map(ToString::to_string).collect();
+        let _ = write!(line, "; by hold {}", holds.join(", "));
+    }
+    if request.residues > 0 {
+        let _ = write!(line, "; {} residues found", request.residues);
+    }
+    line
 }
 
 /// The fleet's workers' lines of [`Status::render`].

@@ -219,7 +219,8 @@ pub fn render(status: &Status) -> String {
     }
     out.push_str(
         "<a href=\"#failed\">failed jobs</a><a href=\"#holds\">holds</a>\
-                  <a href=\"#workers\">workers</a></nav></header><main>",
+                  <a href=\"#erasures\">erasures</a><a href=\"#workers\">workers</a></nav>\
+                  </header><main>",
     );
     render_summary(&mut out, status);
     for job in &status.jobs {
@@ -227,6 +228,7 @@ pub fn render(status: &Status) -> String {
     }
     render_failed(&mut out, status);
     render_holds(&mut out, status);
+    render_erasures(&mut out, status);
     render_workers(&mut out, status);
     out.push_str("</main></body></html>\n");
     out
@@ -524,6 +526,99 @@ fn render_holds(out: &mut String, status: &Status) {
         cell(out, "id", "id", &hold.scope_id.to_string());
         cell(out, "placed", "", &time(Some(hold.placed_at)));
         cell(out, "hold", "id", &hold.id.to_string());
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table></section>");
+}
+
+/// The open erasure requests (RQ-7, OP-6): ids, scope kinds, states, due dates and what each
+/// withholds by reason and hold — never the subject's id, the ticket or who asked.
+fn render_erasures(out: &mut String, status: &Status) {
+    out.push_str("<section id=\"erasures\"><h2>Open erasure requests</h2>");
+    let n = status.erasures_open;
+    if n == 0 {
+        out.push_str("<p>No open erasure request.</p></section>");
+        return;
+    }
+    let overdue = status.erasures.iter().filter(|r| r.overdue).count();
+    let _ = write!(
+        out,
+        "<p>{n} open request{}{}, the earliest due first{}. \
+         <code>sexton erase status ID</code> says more of each.</p><table>",
+        if n == 1 { "" } else { "s" },
+        if overdue > 0 {
+            format!(", <span class=\"bad\">{overdue} overdue</span>")
+        } else {
+            String::new()
+        },
+        if (status.erasures.len() as i64) < n {
+            format!(" (the first {})", status.erasures.len())
+        } else {
+            String::new()
+        }
+    );
+    head(
+        out,
+        &[
+            ("request", false),
+            ("scope", false),
+            ("state", false),
+            ("due", false),
+            ("withheld", false),
+            ("holds", false),
+        ],
+    );
+    for request in &status.erasures {
+        let _ = write!(out, "<tr id=\"erasure-{}\">", request.id);
+        cell(out, "request", "id", &request.id.to_string());
+        cell(out, "scope", "", &esc(request.scope.as_str()));
+        cell(
+            out,
+            "state",
+            if request.state.as_str() == "failed" {
+                "bad"
+            } else {
+                ""
+            },
+            &esc(request.state.as_str()),
+        );
+        cell(
+            out,
+            "due",
+            if request.overdue { "bad" } else { "" },
+            &format!(
+                "{}{}",
+                time(Some(request.due_at)),
+                if request.overdue { " (overdue)" } else { "" }
+            ),
+        );
+        let withheld: Vec<String> = request
+            .withheld
+            .0
+            .iter()
+            .map(|(reason, n)| format!("{} {n}", esc(reason)))
+            .collect();
+        cell(
+            out,
+            "withheld",
+            if withheld.is_empty() { "" } else { "warn" },
+            &if withheld.is_empty() {
+                "none".to_owned()
+            } else {
+                withheld.join(", ")
+            },
+        );
+        let holds: Vec<String> = request.holds.iter().map(ToString::to_string).collect();
+        cell(
+            out,
+            "holds",
+            "id",
+            &if holds.is_empty() {
+                "–".to_owned()
+            } else {
+                holds.join(" ")
+            },
+        );
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></section>");
