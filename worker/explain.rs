@@ -1,8 +1,18 @@
 //! `sexton explain <subject> <id> [--json]`: the verdict of the job that owns a row
 //! or file — eligible, retained with every reason and its rule id, or removed — from the job's
 //! own code, through the registry. Read-only.
+//!
+//! An erasure comes first (RQ-7): of an account, a conversation, an agent, a session or a run
+//! that an open erasure request covers, `explain` says which request removes it next or which
+//! hold it waits on; of one a completed request removed, which request and when (found by the
+//! subject's keyed hash under `[erasure] receipt_key`). Anything no erasure touched gets its own
+//! kind's verdict, as before.
 
 use chrono::{DateTime, Utc};
+use sexton_jobs::erasure::{self, Erase, ErasureSettings};
+use sexton_jobs::explain::Explanation;
+use sexton_jobs::job::Job as _;
+use sqlx::PgConnection;
 
 use crate::config::Settings;
 use crate::db;
@@ -105,7 +115,11 @@ pub async fn explain(
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *conn)
         .await?;
-    let Some(explanation) = kind.explain(&mut conn, settings, now, subject, id).await? else {
+    let explanation = match erased(&mut conn, settings, kind, subject, id).await? {
+        Some(erased) => Some(erased),
+        None => kind.explain(&mut conn, settings, now, subject, id).await?,
+    };
+    let Some(explanation) = explanation else {
         // Say what the id names instead, if it names anything.
         for other in KINDS {
             for s in other.subjects() {
@@ -129,4 +143,27 @@ pub async fn explain(
         print!("{explanation}");
     }
     Ok(())
+}
+
+/// What an erasure says of `subject` `id` when another kind owns the subject (a session, a run):
+/// the erasure kind answers for its own subjects itself.
+async fn erased(
+    conn: &mut PgConnection,
+    settings: &Settings,
+    kind: &dyn Kind,
+    subject: &'static str,
+    id: &str,
+) -> anyhow::Result<Option<Explanation>> {
+    if kind.name() == Erase::NAME || !erasure::explain::SUBJECTS.contains(&subject) {
+        return Ok(None);
+    }
+    let Ok(id) = uuid::Uuid::parse_str(id) else {
+        return Ok(None);
+    };
+    let key = settings
+        .jobs
+        .get::<ErasureSettings>(Erase::NAME)
+        .receipt_key
+        .as_ref();
+    Ok(erasure::explain::explain(conn, key, subject, id).await?)
 }

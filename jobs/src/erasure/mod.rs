@@ -28,6 +28,7 @@ use crate::receipts::ReceiptKey;
 use crate::settings::{Check, Raw};
 
 mod derivatives;
+pub mod explain;
 mod pass;
 pub mod plan;
 mod read;
