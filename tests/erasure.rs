@@ -3,6 +3,7 @@
 //! account, and the other account, stay as they were.
 
 mod process;
+mod visible;
 mod world;
 
 use std::collections::BTreeSet;
