@@ -182,17 +182,62 @@ async fn rq2_a_session_goes_with_its_history_archives_frames_and_traces(pool: Pg
 }
 
 #[sqlx::test]
-async fn rq3_a_session_its_agent_points_at_is_withheld_and_the_request_waits(pool: PgPool) {
+async fn rq3_a_session_its_agent_points_at_is_withheld_until_it_points_elsewhere_and_a_retry(
+    pool: PgPool,
+) {
     let dir = common::backend::tempdir();
     let (paths, one, _other) = two_tenants(&pool, dir.path()).await;
     let before = snapshot(&pool).await;
     let asked = request(&pool, Subject::Session, one.other_session).await;
-    let done = erase(&pool, &paths, &settings(true), asked.id).await;
-    assert_eq!(done.state, State::Waiting, "{done:?}");
-    assert_eq!(done.withheld.0["pointed_at"], 1);
-    // Its history goes all the same? No: a withheld session keeps everything under it.
+    let waiting = erase(&pool, &paths, &settings(true), asked.id).await;
+    assert_eq!(waiting.state, State::Waiting, "{waiting:?}");
+    assert_eq!(waiting.withheld.0["pointed_at"], 1);
+    // A withheld session keeps everything under it: its history, its directory, its trace.
     assert_eq!(before, snapshot(&pool).await);
     assert!(exists(&paths.sessions_root, one.other_session.to_string()));
+    assert!(exists(&paths.traces_root, &one.other_trace));
+    // The agent moves on to another session; retried, the request completes.
+    sqlx::query("UPDATE agents SET main_session_id = $2 WHERE id = $1")
+        .bind(one.agent)
+        .bind(one.session)
+        .execute(&pool)
+        .await
+        .unwrap();
+    request::retry(&mut pool.acquire().await.unwrap(), asked.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let done = erase(&pool, &paths, &settings(true), asked.id).await;
+    assert_eq!(done.state, State::Completed, "{done:?}");
+    assert!(!exists(&paths.sessions_root, one.other_session.to_string()));
+    assert!(!exists(&paths.traces_root, &one.other_trace));
+    assert!(exists(&paths.sessions_root, one.session.to_string()));
+}
+
+#[sqlx::test]
+async fn rq2_a_file_another_row_still_names_under_another_spelling_stays(pool: PgPool) {
+    let dir = common::backend::tempdir();
+    let (paths, one, _other) = two_tenants(&pool, dir.path()).await;
+    // The other conversation's run names the erased run's output file too, spelled otherwise.
+    let shared = format!("{}/{}/out.bin", one.account, one.runs[0]);
+    sqlx::query("INSERT INTO output_files (run_id, relative_path) VALUES ($1, $2)")
+        .bind(one.other_run)
+        .bind(format!("./{}//{}/out.bin", one.account, one.runs[0]))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let asked = request(&pool, Subject::Conversation, one.conversation).await;
+    let done = erase(&pool, &paths, &settings(true), asked.id).await;
+    assert_eq!(done.state, State::Completed, "{done:?}");
+    assert!(
+        exists(&paths.output_root, &shared),
+        "a file another row names stays"
+    );
+    // The control: the erased runs' own files went.
+    assert!(!exists(
+        &paths.output_root,
+        format!("{}/{}/out.bin", one.account, one.runs[1])
+    ));
 }
 
 #[sqlx::test]

@@ -8,20 +8,31 @@ fn facts() -> Facts {
 
 #[test]
 fn a_block_is_rewritten_and_the_text_around_it_kept() {
-    let text =
-        "# Intro.\n  # generated: kinds-not-nightly\n  expr: stale\n  # end generated\nafter\n";
-    let (out, rendered) = regenerate("deploy/prometheus/alerts.yml", text, &facts()).unwrap();
-    assert_eq!(rendered.len(), 1);
+    // alerts.yml holds two blocks: this test rewrites the first; the second, as committed.
+    let alerts = std::fs::read_to_string("deploy/prometheus/alerts.yml").unwrap();
+    let start = alerts
+        .find("        # generated: erasure-warn-days")
+        .unwrap();
+    let end =
+        start + alerts[start..].find("# end generated\n").unwrap() + "# end generated\n".len();
+    let tail = &alerts[start..end];
+    let text = format!(
+        "# Intro.\n  # generated: kinds-not-nightly\n  expr: stale\n  # end generated\nafter\n{tail}"
+    );
+    let (out, rendered) = regenerate("deploy/prometheus/alerts.yml", &text, &facts()).unwrap();
+    assert_eq!(rendered.len(), 2);
     assert_eq!(rendered[0].committed, "  expr: stale\n");
     assert!(!rendered[0].is_current());
     let expr = missed_pass_expr(&facts());
     assert_eq!(
         out,
-        format!("# Intro.\n  # generated: kinds-not-nightly\n  {expr}\n  # end generated\nafter\n")
+        format!(
+            "# Intro.\n  # generated: kinds-not-nightly\n  {expr}\n  # end generated\nafter\n{tail}"
+        )
     );
     let (again, rendered) = regenerate("deploy/prometheus/alerts.yml", &out, &facts()).unwrap();
     assert_eq!(again, out);
-    assert!(rendered[0].is_current());
+    assert!(rendered.iter().all(|r| r.is_current()));
 }
 
 #[test]
