@@ -18,7 +18,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::common::{self, fixture::pass_start, run};
-use world::{Tenant, assert_exactly, snapshot};
+use world::{Tenant, assert_exactly, drop_foreign_keys, orphans, snapshot};
 
 const KEY: &str = "a receipt key for the tests";
 
@@ -309,91 +309,6 @@ async fn rq2_an_agent_goes_with_its_sessions_pinned_records_memories_of_every_re
         &paths.sessions_root,
         other.other_session.to_string()
     ));
-}
-
-/// Every foreign key of the platform's tables, dropped: the platform owns its schema, and may
-/// carry none of the reference schema's cascades.
-async fn drop_foreign_keys(pool: &PgPool) {
-    let keys: Vec<(String, String)> = sqlx::query_as(
-        "SELECT conrelid::regclass::text, conname FROM pg_constraint
-         WHERE contype = 'f' AND connamespace = 'public'::regnamespace",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    assert!(
-        keys.len() > 20,
-        "the reference schema's foreign keys: {keys:?}"
-    );
-    for (table, key) in keys {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER TABLE {table} DROP CONSTRAINT \"{key}\""
-        )))
-        .execute(pool)
-        .await
-        .unwrap();
-    }
-}
-
-/// Rows whose parent the reference schema's foreign keys name is gone, per (table, column).
-async fn orphans(pool: &PgPool) -> Vec<(String, i64)> {
-    let mut found = Vec::new();
-    for (table, column, parent) in [
-        ("conversations", "account_id", "accounts"),
-        ("turns", "conversation_id", "conversations"),
-        ("variants", "turn_id", "turns"),
-        ("follow_ups", "variant_id", "variants"),
-        ("fragments", "account_id", "accounts"),
-        ("runs", "account_id", "accounts"),
-        ("runs", "conversation_id", "conversations"),
-        ("run_tasks", "run_id", "runs"),
-        ("run_task_edges", "run_id", "runs"),
-        ("tool_results", "run_id", "runs"),
-        ("sealed_requests", "run_id", "runs"),
-        ("reasoning_traces", "run_id", "runs"),
-        ("invocation_attempts", "run_id", "runs"),
-        ("output_files", "run_id", "runs"),
-        ("settlement_receipts", "run_id", "runs"),
-        ("delegations", "parent_run_id", "runs"),
-        ("history_requests", "run_id", "runs"),
-        ("history_requests", "conversation_id", "conversations"),
-        (
-            "history_request_sources",
-            "history_request_id",
-            "history_requests",
-        ),
-        ("history_request_sources", "source_run_id", "runs"),
-        ("usage_records", "account_id", "accounts"),
-        ("conversation_events", "conversation_id", "conversations"),
-        ("agents", "account_id", "accounts"),
-        ("sessions", "agent_id", "agents"),
-        ("sessions", "account_id", "accounts"),
-        ("conversation_entries", "session_id", "sessions"),
-        ("conversation_archives", "session_id", "sessions"),
-        (
-            "conversation_archive_entries",
-            "archive_id",
-            "conversation_archives",
-        ),
-        ("handoffs", "agent_id", "agents"),
-        ("dream_preloads", "agent_id", "agents"),
-        ("working_records", "agent_id", "agents"),
-        ("brain_memories", "agent_id", "agents"),
-        ("attachments", "account_id", "accounts"),
-        ("board_tasks", "account_id", "accounts"),
-    ] {
-        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM {table} t WHERE t.{column} IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM {parent} p WHERE p.id = t.{column})"
-        )))
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if n > 0 {
-            found.push((format!("{table}.{column}"), n));
-        }
-    }
-    found
 }
 
 #[sqlx::test]

@@ -13,7 +13,6 @@ use crate::{
     clock, db, demo, doctor, erase, explain, generated, holds, preview, receipts, registry,
     sessions, status, tick, traces, worker,
 };
-use sexton_jobs::erasure::Subject;
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
 #[derive(Debug, Parser)]
@@ -102,15 +101,15 @@ pub enum Command {
     #[command(args_conflicts_with_subcommands = true)]
     Erase {
         #[command(subcommand)]
-        command: Option<EraseCommand>,
+        command: Option<erase::EraseCommand>,
         #[command(flatten)]
-        request: EraseRequest,
+        request: erase::EraseRequest,
     },
     /// Erasure receipts (RQ-6): the chain of what each completed request removed, which
     /// outlives the data; the subject only as a keyed hash.
     Receipts {
         #[command(subcommand)]
-        command: ReceiptsCommand,
+        command: receipts::ReceiptsCommand,
     },
     /// Per job the latest slot's fan-out and passes by state, the backlog and the queue, the
     /// passes that did not finish, the jobs failed for good (with their last error), and the
@@ -196,62 +195,6 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             )
     });
     if bad_configuration { 2 } else { 1 }
-}
-
-/// What `sexton erase` asks to erase.
-#[derive(Debug, clap::Args)]
-pub struct EraseRequest {
-    /// Everything of this account (its row kept as the usage records' anchor when they are kept).
-    #[arg(long, value_name = "ID", group = "scope")]
-    account: Option<uuid::Uuid>,
-    /// This conversation, its forks and its runs with their delegated children.
-    #[arg(long, value_name = "ID", group = "scope")]
-    conversation: Option<uuid::Uuid>,
-    /// This agent with all its sessions, records, memories and traces.
-    #[arg(long, value_name = "ID", group = "scope")]
-    agent: Option<uuid::Uuid>,
-    /// This session with its history, archives, directory and traces.
-    #[arg(long, value_name = "ID", group = "scope")]
-    session: Option<uuid::Uuid>,
-    /// The request's ticket (a data-subject request's number).
-    #[arg(long = "ref", value_name = "REF")]
-    reference: Option<String>,
-    /// Who asks for it.
-    #[arg(long, value_name = "NAME")]
-    by: Option<String>,
-    /// When it must be done by (RFC 3339); `[erasure] deadline_days` from now if omitted.
-    #[arg(long, value_name = "RFC3339")]
-    due: Option<DateTime<Utc>>,
-    /// Print what would go, per table and root, and what would be withheld and why; record
-    /// nothing.
-    #[arg(long)]
-    dry_run: bool,
-    /// Print one JSON object: {"id", "state", "due_at", "existing"}.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum EraseCommand {
-    /// The open requests (every one with --all), or one, with state, due date, counts and what
-    /// is withheld.
-    Status {
-        /// Only this request.
-        id: Option<uuid::Uuid>,
-        /// Completed requests too.
-        #[arg(long)]
-        all: bool,
-        /// Print a JSON array of the requests.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Run a failed or waiting request again now.
-    Retry {
-        id: uuid::Uuid,
-        /// Print the request as JSON.
-        #[arg(long)]
-        json: bool,
-    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -341,59 +284,6 @@ pub enum HoldsCommand {
     },
 }
 
-#[derive(Debug, Subcommand)]
-pub enum ReceiptsCommand {
-    /// Walk the chain: exit 0 when it is whole, 1 naming the first receipt removed, altered or
-    /// reordered.
-    Verify {
-        /// Print one JSON object: {"whole", "receipts", "first_bad": {seq, what}, "head"}.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Print every receipt as one JSON object a line, in seq order: {seq, request_id, body,
-    /// prev_hash, hash, written_at}.
-    Export {
-        /// Only the receipts written at or after this date or moment (RFC 3339; a date alone is
-        /// its midnight, UTC).
-        #[arg(long, value_name = "DATE", value_parser = since_moment)]
-        since: Option<DateTime<Utc>>,
-    },
-    /// A subject's receipts, found by its hash under [erasure] receipt_key (the key's era: the
-    /// receipts written under another key are counted, not checked).
-    #[command(group(ArgGroup::new("scope").required(true)))]
-    Find {
-        /// The receipts of this account's erasures.
-        #[arg(long, value_name = "ID", group = "scope")]
-        account: Option<uuid::Uuid>,
-        /// The receipts of this conversation's erasures.
-        #[arg(long, value_name = "ID", group = "scope")]
-        conversation: Option<uuid::Uuid>,
-        /// The receipts of this agent's erasures.
-        #[arg(long, value_name = "ID", group = "scope")]
-        agent: Option<uuid::Uuid>,
-        /// The receipts of this session's erasures.
-        #[arg(long, value_name = "ID", group = "scope")]
-        session: Option<uuid::Uuid>,
-        /// Print one JSON object: {key_id, receipts: [...], other_keys: [{key_id, receipts}]}.
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-/// A moment `receipts export --since` reads from: RFC 3339, or a date alone (its midnight, UTC).
-fn since_moment(value: &str) -> Result<DateTime<Utc>, String> {
-    value
-        .parse::<DateTime<Utc>>()
-        .or_else(|_| {
-            chrono::NaiveDate::parse_from_str(value, "%Y-%m-%d")
-                .map(|date| date.and_time(chrono::NaiveTime::MIN).and_utc())
-        })
-        .map_err(|_| {
-            "expected an RFC 3339 date or moment such as 2026-12-01 or 2026-12-01T03:00:00Z"
-                .to_owned()
-        })
-}
-
 /// A moment a slot can be asked for at (RFC 3339, within the years a schedule names).
 fn slot_moment(value: &str) -> Result<DateTime<Utc>, String> {
     let at = value
@@ -472,8 +362,8 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             command: TracesCommand::Clean { confirm, json },
         } => traces::clean(&settings, confirm, json).await,
         Command::Holds { command } => run_holds(&settings, command).await,
-        Command::Erase { command, request } => run_erase(&settings, command, request).await,
-        Command::Receipts { command } => run_receipts(&settings, command).await,
+        Command::Erase { command, request } => erase::run(&settings, command, request).await,
+        Command::Receipts { command } => receipts::run(&settings, command).await,
         Command::Status {
             json,
             all,
@@ -577,80 +467,6 @@ async fn run_sessions_prune(
 }
 
 /// `sexton holds place`, `release` and `list`.
-async fn run_erase(
-    settings: &Settings,
-    command: Option<EraseCommand>,
-    request: EraseRequest,
-) -> anyhow::Result<()> {
-    let read_only = matches!(command, Some(EraseCommand::Status { .. })) || request.dry_run;
-    let pool = db::connect(
-        &settings.database,
-        if read_only {
-            db::Access::Read
-        } else {
-            db::Access::Write
-        },
-    )
-    .await?;
-    match command {
-        Some(EraseCommand::Status { id, all, json }) => {
-            let requests = erase::status(&pool, id, all).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&requests)?);
-            } else {
-                print!("{}", erase::status_text(&requests, all));
-            }
-        }
-        Some(EraseCommand::Retry { id, json }) => {
-            let request = erase::retry(&pool, settings, id).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&request)?);
-            } else {
-                println!("{}: {}", request.id, request.state.as_str());
-            }
-        }
-        None => {
-            let scope = [
-                (Subject::Account, request.account),
-                (Subject::Conversation, request.conversation),
-                (Subject::Agent, request.agent),
-                (Subject::Session, request.session),
-            ]
-            .into_iter()
-            .find_map(|(subject, id)| Some((subject, id?)));
-            let asked = erase::Asked {
-                scope,
-                reference: request.reference,
-                by: request.by,
-                due: request.due,
-            };
-            if request.dry_run {
-                let dry = erase::dry_run(&pool, settings, asked).await?;
-                if request.json {
-                    println!("{}", serde_json::to_string_pretty(&dry)?);
-                } else {
-                    print!("{}", erase::dry_run_text(&dry));
-                }
-            } else {
-                let answer = erase::request(&pool, settings, asked).await?;
-                if request.json {
-                    println!("{}", serde_json::to_string(&answer)?);
-                } else if answer.existing {
-                    println!(
-                        "{} (already open for this scope: {}, due {})",
-                        answer.id,
-                        answer.state,
-                        answer.due_at.to_rfc3339()
-                    );
-                } else {
-                    println!("{}", answer.id);
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 async fn run_holds(settings: &Settings, command: HoldsCommand) -> anyhow::Result<()> {
     let pool = db::connect(
         &settings.database,
@@ -714,33 +530,6 @@ async fn run_holds(settings: &Settings, command: HoldsCommand) -> anyhow::Result
         }
     }
     Ok(())
-}
-
-/// `sexton receipts verify`, `export` and `find`.
-async fn run_receipts(settings: &Settings, command: ReceiptsCommand) -> anyhow::Result<()> {
-    match command {
-        ReceiptsCommand::Verify { json } => receipts::verify(settings, json).await,
-        ReceiptsCommand::Export { since } => receipts::export(settings, since).await,
-        ReceiptsCommand::Find {
-            account,
-            conversation,
-            agent,
-            session,
-            json,
-        } => {
-            // Clap's group gives exactly one.
-            let (scope, id) = [
-                ("account", account),
-                ("conversation", conversation),
-                ("agent", agent),
-                ("session", session),
-            ]
-            .into_iter()
-            .find_map(|(scope, id)| Some((scope, id?)))
-            .context("receipts find: a scope flag is required")?;
-            receipts::find(settings, scope, id, json).await
-        }
-    }
 }
 
 /// `sexton status`; an unknown `--job` is bad usage.

@@ -2,6 +2,7 @@
 //! queue; `erase status` and `erase retry`; `--dry-run` lists what would go and what would be
 //! withheld, recording nothing.
 
+use clap::Subcommand;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -347,4 +348,138 @@ pub fn status_text(requests: &[Request], all: bool) -> String {
         }
     }
     out
+}
+
+/// What `sexton erase` asks to erase.
+#[derive(Debug, clap::Args)]
+pub struct EraseRequest {
+    /// Everything of this account (its row kept as the usage records' anchor when they are kept).
+    #[arg(long, value_name = "ID", group = "scope")]
+    account: Option<uuid::Uuid>,
+    /// This conversation, its forks and its runs with their delegated children.
+    #[arg(long, value_name = "ID", group = "scope")]
+    conversation: Option<uuid::Uuid>,
+    /// This agent with all its sessions, records, memories and traces.
+    #[arg(long, value_name = "ID", group = "scope")]
+    agent: Option<uuid::Uuid>,
+    /// This session with its history, archives, directory and traces.
+    #[arg(long, value_name = "ID", group = "scope")]
+    session: Option<uuid::Uuid>,
+    /// The request's ticket (a data-subject request's number).
+    #[arg(long = "ref", value_name = "REF")]
+    reference: Option<String>,
+    /// Who asks for it.
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+    /// When it must be done by (RFC 3339); `[erasure] deadline_days` from now if omitted.
+    #[arg(long, value_name = "RFC3339")]
+    due: Option<DateTime<Utc>>,
+    /// Print what would go, per table and root, and what would be withheld and why; record
+    /// nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print one JSON object: {"id", "state", "due_at", "existing"}.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EraseCommand {
+    /// The open requests (every one with --all), or one, with state, due date, counts and what
+    /// is withheld.
+    Status {
+        /// Only this request.
+        id: Option<uuid::Uuid>,
+        /// Completed requests too.
+        #[arg(long)]
+        all: bool,
+        /// Print a JSON array of the requests.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a failed or waiting request again now.
+    Retry {
+        id: uuid::Uuid,
+        /// Print the request as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs `sexton erase`, `erase status` and `erase retry`.
+///
+/// # Errors
+/// [`Error`] for bad usage; a database or queue error.
+pub async fn run(
+    settings: &Settings,
+    command: Option<EraseCommand>,
+    given: EraseRequest,
+) -> anyhow::Result<()> {
+    let read_only = matches!(command, Some(EraseCommand::Status { .. })) || given.dry_run;
+    let pool = crate::db::connect(
+        &settings.database,
+        if read_only {
+            crate::db::Access::Read
+        } else {
+            crate::db::Access::Write
+        },
+    )
+    .await?;
+    match command {
+        Some(EraseCommand::Status { id, all, json }) => {
+            let requests = status(&pool, id, all).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&requests)?);
+            } else {
+                print!("{}", status_text(&requests, all));
+            }
+        }
+        Some(EraseCommand::Retry { id, json }) => {
+            let request = retry(&pool, settings, id).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&request)?);
+            } else {
+                println!("{}: {}", request.id, request.state.as_str());
+            }
+        }
+        None => {
+            let scope = [
+                (Subject::Account, given.account),
+                (Subject::Conversation, given.conversation),
+                (Subject::Agent, given.agent),
+                (Subject::Session, given.session),
+            ]
+            .into_iter()
+            .find_map(|(subject, id)| Some((subject, id?)));
+            let asked = Asked {
+                scope,
+                reference: given.reference,
+                by: given.by,
+                due: given.due,
+            };
+            if given.dry_run {
+                let dry = dry_run(&pool, settings, asked).await?;
+                if given.json {
+                    println!("{}", serde_json::to_string_pretty(&dry)?);
+                } else {
+                    print!("{}", dry_run_text(&dry));
+                }
+            } else {
+                let answer = request(&pool, settings, asked).await?;
+                if given.json {
+                    println!("{}", serde_json::to_string(&answer)?);
+                } else if answer.existing {
+                    println!(
+                        "{} (already open for this scope: {}, due {})",
+                        answer.id,
+                        answer.state,
+                        answer.due_at.to_rfc3339()
+                    );
+                } else {
+                    println!("{}", answer.id);
+                }
+            }
+        }
+    }
+    Ok(())
 }

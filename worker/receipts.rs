@@ -3,6 +3,8 @@
 //! recomputed under `[erasure] receipt_key`). The chain and its reading are
 //! `sexton_jobs::receipts`'; this module connects, asks and prints.
 
+use anyhow::Context as _;
+use clap::{ArgGroup, Subcommand};
 use std::fmt::Write as _;
 use std::io::Write as _;
 
@@ -200,4 +202,87 @@ fn line(receipt: &Receipt) -> String {
         field("completed_at"),
         receipt.hash
     )
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReceiptsCommand {
+    /// Walk the chain: exit 0 when it is whole, 1 naming the first receipt removed, altered or
+    /// reordered.
+    Verify {
+        /// Print one JSON object: {"whole", "receipts", "first_bad": {seq, what}, "head"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print every receipt as one JSON object a line, in seq order: {seq, request_id, body,
+    /// prev_hash, hash, written_at}.
+    Export {
+        /// Only the receipts written at or after this date or moment (RFC 3339; a date alone is
+        /// its midnight, UTC).
+        #[arg(long, value_name = "DATE", value_parser = since_moment)]
+        since: Option<DateTime<Utc>>,
+    },
+    /// A subject's receipts, found by its hash under [erasure] receipt_key (the key's era: the
+    /// receipts written under another key are counted, not checked).
+    #[command(group(ArgGroup::new("scope").required(true)))]
+    Find {
+        /// The receipts of this account's erasures.
+        #[arg(long, value_name = "ID", group = "scope")]
+        account: Option<uuid::Uuid>,
+        /// The receipts of this conversation's erasures.
+        #[arg(long, value_name = "ID", group = "scope")]
+        conversation: Option<uuid::Uuid>,
+        /// The receipts of this agent's erasures.
+        #[arg(long, value_name = "ID", group = "scope")]
+        agent: Option<uuid::Uuid>,
+        /// The receipts of this session's erasures.
+        #[arg(long, value_name = "ID", group = "scope")]
+        session: Option<uuid::Uuid>,
+        /// Print one JSON object: {key_id, receipts: [...], other_keys: [{key_id, receipts}]}.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A moment `receipts export --since` reads from: RFC 3339, or a date alone (its midnight, UTC).
+fn since_moment(value: &str) -> Result<DateTime<Utc>, String> {
+    value
+        .parse::<DateTime<Utc>>()
+        .or_else(|_| {
+            chrono::NaiveDate::parse_from_str(value, "%Y-%m-%d")
+                .map(|date| date.and_time(chrono::NaiveTime::MIN).and_utc())
+        })
+        .map_err(|_| {
+            "expected an RFC 3339 date or moment such as 2026-12-01 or 2026-12-01T03:00:00Z"
+                .to_owned()
+        })
+}
+
+/// Runs `sexton receipts verify`, `export` and `find`.
+///
+/// # Errors
+/// [`Error`] for bad usage or a broken chain; a database error.
+pub async fn run(settings: &Settings, command: ReceiptsCommand) -> anyhow::Result<()> {
+    match command {
+        ReceiptsCommand::Verify { json } => verify(settings, json).await,
+        ReceiptsCommand::Export { since } => export(settings, since).await,
+        ReceiptsCommand::Find {
+            account,
+            conversation,
+            agent,
+            session,
+            json,
+        } => {
+            // Clap's group gives exactly one.
+            let (scope, id) = [
+                ("account", account),
+                ("conversation", conversation),
+                ("agent", agent),
+                ("session", session),
+            ]
+            .into_iter()
+            .find_map(|(scope, id)| Some((scope, id?)))
+            .context("receipts find: a scope flag is required")?;
+            find(settings, scope, id, json).await
+        }
+    }
 }
