@@ -487,8 +487,9 @@ async fn tr4_the_background_job_runs_once_per_period_fleet_wide_only_when_enable
     };
     let (a, b) = (Proc::spawn(worker()), Proc::spawn(worker()));
     poll_until(Duration::from_secs(60), || async { !old.exists() }).await;
-    a.wait_for(event::PERIOD_PUSHED).await;
-    b.wait_for(event::PERIOD_PUSHED).await;
+    // Each replica pushes the period of every kind on a cadence of its own (erasure too).
+    a.wait_for_job(event::PERIOD_PUSHED, "trace_cleanup").await;
+    b.wait_for_job(event::PERIOD_PUSHED, "trace_cleanup").await;
     common::process::wait_until_idle(&pool).await;
     let mut lines = a.stop().await;
     lines.extend(b.stop().await);

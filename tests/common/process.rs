@@ -63,12 +63,24 @@ impl Proc {
     /// Waits until the worker logs the event `name` (a hang guard bounds the wait).
     /// On the guard, it fails with the worker's last lines.
     pub async fn wait_for(&self, name: &str) {
+        self.wait_until(name, |e| e["event"] == name).await;
+    }
+
+    /// Waits until the worker logs the event `name` of the job kind `job`.
+    pub async fn wait_for_job(&self, name: &str, job: &str) {
+        self.wait_until(&format!("{name} of {job}"), |e| {
+            e["event"] == name && e["job"] == job
+        })
+        .await;
+    }
+
+    async fn wait_until(&self, what: &str, seen: impl Fn(&serde_json::Value) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while !self.saw(name) {
+        while !self.events.lock().unwrap().iter().any(&seen) {
             if tokio::time::Instant::now() >= deadline {
                 let lines = self.lines.lock().unwrap();
                 let tail = &lines[lines.len().saturating_sub(40)..];
-                panic!("the worker never logged {name:?} within 60 s; its last lines: {tail:#?}");
+                panic!("the worker never logged {what:?} within 60 s; its last lines: {tail:#?}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -39,6 +39,7 @@ struct InHand {
     scope: Subject,
     scope_id: Option<Uuid>,
     account_id: Option<Uuid>,
+    residues: i32,
 }
 
 /// The open requests as the owner loop works them.
@@ -74,7 +75,7 @@ impl<'a> Requests<'a> {
     ) -> Result<Option<(InHand, u32, Option<Uuid>)>, sqlx::Error> {
         if let Some(at) = at {
             let same: Option<InHand> = sqlx::query_as(
-                "SELECT id, scope, scope_id, account_id FROM sexton.erasures
+                "SELECT id, scope, scope_id, account_id, residues FROM sexton.erasures
                  WHERE id = $1 AND state IN ('received', 'running', 'verifying')",
             )
             .bind(at.request)
@@ -85,7 +86,7 @@ impl<'a> Requests<'a> {
             }
         }
         let next: Option<InHand> = sqlx::query_as(
-            "SELECT id, scope, scope_id, account_id FROM sexton.erasures
+            "SELECT id, scope, scope_id, account_id, residues FROM sexton.erasures
              WHERE state IN ('received', 'running', 'verifying')
                 OR (state = 'waiting' AND next_attempt_at <= now())
              ORDER BY due_at, received_at LIMIT 1",
@@ -133,6 +134,14 @@ impl<'a> Requests<'a> {
             }
             _ => {
                 let delete = steps::STEPS[(step - FIRST_DELETE) as usize];
+                if delete.after_residue && request.residues == 0 {
+                    return Ok(next(step + 1));
+                }
+                if after.is_none() {
+                    // A step's owners cost what they cost (a conversation ten runs' worth): its
+                    // first transaction is sized afresh.
+                    self.chunk = FIRST_CHUNK.min(self.settings.batch_size as usize);
+                }
                 let started = Instant::now();
                 let (taken, last) = self.delete(conn, request, delete, after, report).await?;
                 let seconds = started.elapsed().as_secs_f64();
@@ -354,14 +363,18 @@ impl<'a> Requests<'a> {
         // The request's account, and any other the scope's records are kept under (a run
         // whose conversation's row is gone names its own account).
         let scopes: Vec<Uuid> = sqlx::query_scalar(
-            "WITH m AS (SELECT kind, id FROM sexton.erasure_members WHERE request_id = $1)
-             SELECT COALESCE($2, '00000000-0000-0000-0000-000000000000')
+            "SELECT COALESCE($2, '00000000-0000-0000-0000-000000000000')
              UNION
              SELECT DISTINCT p.account_id FROM sexton.pending_file_deletions p
-             WHERE p.quarantined_at IS NULL
-               AND (p.run_ids && ARRAY(SELECT id FROM m WHERE kind = 'run')
-                    OR p.session_id IN (SELECT id FROM m WHERE kind = 'session')
-                    OR p.agent_id IN (SELECT id FROM m WHERE kind = 'agent'))",
+             WHERE p.quarantined_at IS NULL AND p.account_id <> COALESCE($2, p.account_id)
+               AND (EXISTS (SELECT 1 FROM sexton.erasure_members m
+                            WHERE m.request_id = $1 AND m.kind = 'run' AND m.id = ANY (p.run_ids))
+                    OR EXISTS (SELECT 1 FROM sexton.erasure_members m
+                               WHERE m.request_id = $1 AND m.kind = 'session'
+                                 AND m.id = p.session_id)
+                    OR EXISTS (SELECT 1 FROM sexton.erasure_members m
+                               WHERE m.request_id = $1 AND m.kind = 'agent'
+                                 AND m.id = p.agent_id))",
         )
         .bind(request.id)
         .bind(request.account_id)

@@ -68,6 +68,9 @@ pub enum Shape {
 #[derive(Debug, Clone, Copy)]
 pub struct Delete {
     pub shape: Shape,
+    /// Taken only by a pass after a verification found a residue: what it sweeps the steps
+    /// before it never leave behind on their own.
+    pub after_residue: bool,
 }
 
 /// A lock statement over the request's members of `kind` in `table`.
@@ -102,6 +105,7 @@ macro_rules! counts {
 /// and only if no other row still names it under any spelling: EX-3), settlements, delegations,
 /// history requests and usage links. A run in flight or held stays (`erasure_run_withheld`).
 const RUNS: Delete = Delete {
+    after_residue: false,
     shape: Shape::Owners {
         lock: lock!("runs", "run"),
         take: concat!(
@@ -178,6 +182,7 @@ const RUNS: Delete = Delete {
 /// variants, follow-ups, the fragments only those follow-ups reference, their events and
 /// history requests, and their usage links.
 const CONVERSATIONS: Delete = Delete {
+    after_residue: false,
     shape: Shape::Owners {
         lock: lock!("conversations", "conversation"),
         take: concat!(
@@ -246,6 +251,7 @@ const CONVERSATIONS: Delete = Delete {
 /// Sessions, each with its history, archives and the handoffs naming it (unless a hold on the
 /// other session keeps a handoff); its directory recorded for the drain (frames included).
 const SESSIONS: Delete = Delete {
+    after_residue: false,
     shape: Shape::Owners {
         lock: lock!("sessions", "session"),
         take: concat!(
@@ -294,6 +300,7 @@ const SESSIONS: Delete = Delete {
 /// memories of every revision — unless a hold on the agent or its account keeps them; whether
 /// or not the agent's row is still there.
 const AGENT_RECORDS: Delete = Delete {
+    after_residue: false,
     shape: Shape::Sweep(concat!(
         "WITH agent AS (
              SELECT m.id FROM sexton.erasure_members m
@@ -332,6 +339,7 @@ const AGENT_RECORDS: Delete = Delete {
 
 /// Agents, once nothing of theirs is left and no hold covers them.
 const AGENTS: Delete = Delete {
+    after_residue: false,
     shape: Shape::Owners {
         lock: lock!("agents", "agent"),
         take: concat!(
@@ -354,6 +362,7 @@ const AGENTS: Delete = Delete {
 /// bytes recorded for the drain), its session retention policy, and — unless kept by law —
 /// its usage records; nothing while a hold covers the account.
 const ACCOUNT_RECORDS: Delete = Delete {
+    after_residue: false,
     shape: Shape::Sweep(concat!(
         "WITH account AS (
              SELECT m.id FROM sexton.erasure_members m
@@ -394,6 +403,7 @@ const ACCOUNT_RECORDS: Delete = Delete {
 /// The account row itself, once nothing of it is left: deleted, or — when usage records are
 /// kept by law — kept as their anchor, its name the request's id (RQ-2).
 const ACCOUNT: Delete = Delete {
+    after_residue: false,
     shape: Shape::Owners {
         lock: lock!("accounts", "account"),
         take: concat!(
@@ -432,6 +442,7 @@ const ACCOUNT: Delete = Delete {
 /// at most a batch per statement. (Runs of a conversation that is gone are found by the next
 /// pass's plan and go with the runs' step.)
 const ORPHANS: Delete = Delete {
+    after_residue: true,
     shape: Shape::Sweep(concat!(
         "WITH m AS (SELECT kind, id FROM sexton.erasure_members WHERE request_id = $1),
          run AS (SELECT id FROM m WHERE kind = 'run'

@@ -90,7 +90,9 @@ SELECT t, n FROM (VALUES
   ('session_retention_policies', (SELECT count(*) FROM session_retention_policies x
                                   WHERE x.account_id IN (SELECT id FROM acct))),
   ('pending_file_deletions', (SELECT count(*) FROM sexton.pending_file_deletions x
-                              WHERE x.run_ids && ARRAY(SELECT id FROM run)
+                              WHERE EXISTS (SELECT 1 FROM sexton.erasure_members r
+                                            WHERE r.request_id = $1 AND r.kind = 'run'
+                                              AND r.id = ANY (x.run_ids))
                                  OR x.session_id IN (SELECT id FROM sess)
                                  OR x.agent_id IN (SELECT id FROM agent)
                                  OR x.account_id IN (SELECT id FROM acct)))
