@@ -13,40 +13,7 @@ use uuid::Uuid;
 use crate::common::fixture::{self, RunSpec};
 
 /// Every table of the data contract (§1).
-pub const TABLES: &[&str] = &[
-    "accounts",
-    "conversations",
-    "turns",
-    "variants",
-    "follow_ups",
-    "fragments",
-    "runs",
-    "run_tasks",
-    "run_task_edges",
-    "tool_results",
-    "sealed_requests",
-    "reasoning_traces",
-    "invocation_attempts",
-    "output_files",
-    "settlement_receipts",
-    "delegations",
-    "history_requests",
-    "history_request_sources",
-    "usage_records",
-    "conversation_events",
-    "agents",
-    "sessions",
-    "board_tasks",
-    "session_retention_policies",
-    "conversation_entries",
-    "conversation_archives",
-    "conversation_archive_entries",
-    "handoffs",
-    "dream_preloads",
-    "working_records",
-    "brain_memories",
-    "attachments",
-];
+pub use sexton::demo::TABLES;
 
 /// Every row of every table, as JSON text.
 pub type Snapshot = BTreeMap<&'static str, BTreeSet<String>>;
