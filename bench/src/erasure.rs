@@ -13,12 +13,15 @@
 mod fill;
 mod floor;
 mod markdown;
+mod night;
+mod profile;
+mod state;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
@@ -29,6 +32,9 @@ use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
 
 use self::fill::{Digest, File, Sizes};
+use self::night::night;
+use self::profile::profile;
+use self::state::{differences, end_state};
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::compare::Comparison;
@@ -576,238 +582,4 @@ async fn floor_beside_writer(
     writer_pool.close().await;
     score(&mut m, 0, 0, writes, longest);
     Ok(m)
-}
-
-/// A method's end state: the platform's tables and the files left, after checking that nothing
-/// of the erased account is left but what the law keeps.
-async fn end_state(
-    base: &PgConnectOptions,
-    db: &str,
-    files: &Path,
-    account: Uuid,
-) -> anyhow::Result<(Digest, Vec<String>)> {
-    let pool = connect(base, db, "bench").await?;
-    fill::left_of(&pool, account).await?;
-    let digest = fill::digest(&pool).await?;
-    pool.close().await;
-    let left = fill::files_left(files)?;
-    let account = account.to_string();
-    if let Some(file) = left.iter().find(|f| f.contains(&account)) {
-        bail!("{db}: a file of the erased account is left: {file}");
-    }
-    Ok((digest, left))
-}
-
-/// What differs between two end states, in a few words.
-fn differences(a: &(Digest, Vec<String>), b: &(Digest, Vec<String>)) -> String {
-    let mut out: Vec<String> =
-        a.0.iter()
-            .filter(|(table, v)| b.0.get(*table) != Some(v))
-            .map(|(table, (n, _))| {
-                let m = b.0.get(table).map_or(-1, |(m, _)| *m);
-                format!("{table}: {n} rows against {m}")
-            })
-            .collect();
-    if a.1 != b.1 {
-        out.push(format!("files: {} against {}", a.1.len(), b.1.len()));
-    }
-    out.join("; ")
-}
-
-/// The other accounts' nightly pass on a fresh copy `db` (its tree under `root`): `sexton tick`
-/// at the template's now, then one worker until idle — with `erasure`, after the account's
-/// erasure was requested and its first hop began, the same worker working both. Returns the
-/// night, and with `erasure` the erasure's seconds from its first hop to its completion.
-async fn night(
-    cli: &Cli,
-    admin: &PgPool,
-    template: &Template,
-    db: &str,
-    root: &Path,
-    erasure: bool,
-) -> anyhow::Result<(Night, Option<f64>)> {
-    recreate(admin, db, Some(TEMPLATE)).await?;
-    let files = root.join(db);
-    fill::write_tree(&files, &template.files).await?;
-    let log = log_path(cli, db, &files)?;
-    let rss_file = files.with_extension("rss");
-    let pool = connect(&admin.connect_options(), db, "bench").await?;
-    let started = Instant::now();
-    let child = if erasure {
-        request(cli, db, &files, template.account).await?;
-        let child = spawn_worker(cli, db, &files, &log, &rss_file)?;
-        // The night starts once the erasure's first hop runs.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let running: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM apalis.jobs
-                                WHERE job_type = 'sexton.erasure' AND lock_at IS NOT NULL)",
-            )
-            .fetch_one(&pool)
-            .await?;
-            if running || Instant::now() > deadline {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        tick(cli, db, &files, template.now).await?;
-        child
-    } else {
-        tick(cli, db, &files, template.now).await?;
-        spawn_worker(cli, db, &files, &log, &rss_file)?
-    };
-    let peak = wait_worker(child, &rss_file).await?;
-    let worker_seconds = started.elapsed().as_secs_f64();
-    let (seconds, jobs): (f64, i64) = sqlx::query_as(
-        "SELECT EXTRACT(EPOCH FROM max(j.done_at) - s.lock_at)::float8, count(*)
-         FROM apalis.jobs j
-         CROSS JOIN (SELECT lock_at FROM apalis.jobs
-                     WHERE job_type = 'sexton.nightly' ORDER BY lock_at LIMIT 1) s
-         WHERE j.job_type <> 'sexton.erasure'
-         GROUP BY s.lock_at",
-    )
-    .fetch_one(&pool)
-    .await?;
-    let (pruned, old_sessions): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM runs WHERE details_pruned_at IS NOT NULL),
-                (SELECT count(*) FROM sessions WHERE state = 'completed' AND account_id <> $1)",
-    )
-    .bind(template.account)
-    .fetch_one(&pool)
-    .await?;
-    let others = i64::try_from(cli.erasure_others)?;
-    if (pruned, old_sessions) != (2 * others, 0) {
-        bail!(
-            "{db}: the night pruned {pruned} runs (expected {}) and left {old_sessions} old sessions",
-            2 * others
-        );
-    }
-    let beside = if erasure {
-        let (state, s): (String, Option<f64>) = sqlx::query_as(
-            "SELECT e.state, EXTRACT(EPOCH FROM e.completed_at
-                    - (SELECT min(lock_at) FROM apalis.jobs WHERE job_type = 'sexton.erasure'))::float8
-             FROM sexton.erasures e",
-        )
-        .fetch_one(&pool)
-        .await?;
-        if state != "completed" {
-            bail!("{db}: the erasure beside the night ended {state}");
-        }
-        s
-    } else {
-        None
-    };
-    pool.close().await;
-    drop_db(admin, db).await?;
-    let _ = std::fs::remove_dir_all(&files);
-    Ok((
-        Night {
-            seconds,
-            jobs,
-            worker_seconds,
-            worker_peak_rss_kb: peak,
-        },
-        beside,
-    ))
-}
-
-/// `sexton tick` on `db` at `now`: the nightly slot.
-async fn tick(cli: &Cli, db: &str, files: &Path, now: DateTime<Utc>) -> anyhow::Result<()> {
-    let at = now.to_rfc3339();
-    if !sexton(&cli.sexton, db, files, &["tick", "--at", &at])
-        .status()
-        .await?
-        .success()
-    {
-        bail!("sexton tick failed on {db}");
-    }
-    Ok(())
-}
-
-/// Samples sexton's backends on the database of `pool` every 50 ms while an erasure hop runs,
-/// until `stop`: what each active one runs, named by the erasure's step it belongs to; the share
-/// of the samples of each (a sample with no backend active counts as `no statement running`:
-/// the worker's own work, file unlinks and listings, and the queue's hand-over between hops).
-async fn profile(pool: PgPool, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<(String, f64)>> {
-    let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut samples = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        let (hop, active): (bool, Vec<String>) = sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM apalis.jobs
-                            WHERE job_type = 'sexton.erasure' AND status = 'Running'),
-                    ARRAY(SELECT query FROM pg_stat_activity
-                          WHERE datname = current_database() AND application_name = 'sexton'
-                            AND state = 'active')",
-        )
-        .fetch_one(&pool)
-        .await?;
-        if hop {
-            samples += 1;
-            if active.is_empty() {
-                *counts.entry("no statement running".into()).or_default() += 1;
-            }
-            for query in active {
-                *counts.entry(step_of(&query)).or_default() += 1;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    pool.close().await;
-    let mut shares: Vec<(String, f64)> = counts
-        .into_iter()
-        .map(|(step, n)| (step, n as f64 / samples.max(1) as f64))
-        .collect();
-    shares.sort_by(|a, b| b.1.total_cmp(&a.1));
-    Ok(shares)
-}
-
-/// The erasure's step a statement belongs to, by its first words (pg_stat_activity keeps a
-/// statement's first kilobyte; jobs/src/erasure/steps.rs, pass.rs, verify.rs); another
-/// statement by its first words.
-fn step_of(query: &str) -> String {
-    const STEPS: &[(&str, &str)] = &[
-        ("WITH RECURSIVE seed", "plan (the scope's ids)"),
-        (
-            "SELECT m.kind, m.id, COALESCE(s.agent_id",
-            "derivatives (members read)",
-        ),
-        ("WITH found (root, path", "derivatives (traces recorded)"),
-        (
-            "SELECT t.id FROM sexton.erasure_members m JOIN",
-            "lock a batch",
-        ),
-        (
-            "SELECT r.id FROM runs r WHERE r.id = ANY($2)",
-            "runs (take)",
-        ),
-        (
-            "SELECT c.id FROM conversations c WHERE c.id = ANY($2)",
-            "conversations (take)",
-        ),
-        (
-            "SELECT s.id FROM sessions s WHERE s.id = ANY($2)",
-            "sessions (take)",
-        ),
-        ("WITH agent AS (", "agent records (sweep)"),
-        ("DELETE FROM agents a", "agents (take)"),
-        ("WITH account AS (", "account records (sweep)"),
-        (
-            "SELECT 1 FROM usage_records u WHERE u.account_id = a.id",
-            "account (take)",
-        ),
-        (
-            "WITH m AS (SELECT kind, id FROM sexton.erasure_members",
-            "verify (read every table)",
-        ),
-        ("UPDATE sexton.erasures SET removed", "request's counts"),
-        ("pending_file_deletions", "drain (file records)"),
-        ("apalis.", "queue"),
-        ("pg_type", "client's type lookups"),
-    ];
-    let query = query.split_whitespace().collect::<Vec<_>>().join(" ");
-    if let Some((_, step)) = STEPS.iter().find(|(needle, _)| query.contains(needle)) {
-        return (*step).to_owned();
-    }
-    let words: Vec<&str> = query.split_whitespace().take(6).collect();
-    format!("other: {}", words.join(" "))
 }
