@@ -13,16 +13,18 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
 use futures::{StreamExt as _, TryStreamExt as _};
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt as _};
 
 use super::drain::{Claimed, Removed};
 use super::{FileCounts, Root};
 
+mod bucket;
 mod key;
 mod times;
 
+pub use bucket::{BucketAnswer, parse_url};
 pub use key::key_of;
 pub use times::written_before;
 use times::{SECOND, unit_of};
@@ -75,6 +77,8 @@ pub struct ObjectRoot {
     /// The finest unit, in nanoseconds, of the times the store's listings were seen to give
     /// (see [`listed_unit`](Self::listed_unit)); a second until a finer one is seen.
     listing_unit: Arc<AtomicU32>,
+    /// The S3 client itself, to presign what `object_store` has no call for (see [`bucket`]).
+    signer: Option<Arc<AmazonS3>>,
 }
 
 impl fmt::Debug for ObjectRoot {
@@ -96,26 +100,6 @@ impl PartialEq for ObjectRoot {
 }
 
 impl Eq for ObjectRoot {}
-
-/// A root's text that is `s3://BUCKET/PREFIX`, split (the prefix without its slashes); `None`
-/// for any other text (a local path).
-///
-/// # Errors
-/// The text starts with `s3://` but names no bucket, or a prefix that is not one key's start.
-pub fn parse_url(text: &str) -> Option<Result<(String, String), String>> {
-    let rest = text.strip_prefix("s3://")?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    if bucket.is_empty() {
-        return Some(Err("s3://BUCKET/PREFIX, with a bucket".to_owned()));
-    }
-    let prefix = prefix.trim_end_matches('/');
-    if !prefix.is_empty()
-        && let Err(why) = key_of("", prefix)
-    {
-        return Some(Err(format!("s3://BUCKET/PREFIX, the prefix {why}")));
-    }
-    Some(Ok((bucket.to_owned(), prefix.to_owned())))
-}
 
 impl ObjectRoot {
     /// The root at `s3://bucket/prefix`, reached as `storage` says.
@@ -140,8 +124,12 @@ impl ObjectRoot {
         if let Some(secret) = &storage.secret_access_key {
             builder = builder.with_secret_access_key(secret);
         }
-        let store = builder.build().map_err(|err| err.to_string())?;
-        Ok(Self::with_store(bucket, prefix, Arc::new(store)))
+        let store = Arc::new(builder.build().map_err(|err| err.to_string())?);
+        let signer = Some(store.clone());
+        Ok(Self {
+            signer,
+            ..Self::with_store(bucket, prefix, store)
+        })
     }
 
     /// The root at `bucket`/`prefix` through `store` (a test wraps the client to count calls).
@@ -151,6 +139,7 @@ impl ObjectRoot {
             prefix: prefix.trim_matches('/').to_owned(),
             store,
             listing_unit: Arc::new(AtomicU32::new(SECOND)),
+            signer: None,
         }
     }
 
@@ -161,6 +150,7 @@ impl ObjectRoot {
             prefix: self.prefix.clone(),
             store: wrap(self.store.clone()),
             listing_unit: self.listing_unit.clone(),
+            signer: self.signer.clone(),
         }
     }
 
@@ -570,21 +560,6 @@ pub enum Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn os1_urls_name_a_bucket_and_a_prefix() {
-        assert_eq!(
-            parse_url("s3://b/p/q/").unwrap().unwrap(),
-            ("b".to_owned(), "p/q".to_owned())
-        );
-        assert_eq!(
-            parse_url("s3://b").unwrap().unwrap(),
-            ("b".to_owned(), String::new())
-        );
-        assert!(parse_url("s3:///p").unwrap().is_err());
-        assert!(parse_url("s3://b/p//q").unwrap().is_err());
-        assert!(parse_url("/var/lib/platform").is_none());
-    }
 
     #[test]
     fn os1_the_secret_is_never_in_debug_output() {
