@@ -2,9 +2,10 @@
 //! a fixed order, each finding with what to do: the database reachable and writable, the pooler
 //! (ER-5), every index sexton's migrations create present and valid, the role's privileges on
 //! what sexton reads, deletes and updates, each file root (a file created and removed in it, or
-//! the bucket listed), the database's clock against this host's, the session's timeouts as
-//! configured, and the fleet's pools against the server's `max_connections`. Exit 0 with no
-//! finding, 1 with findings, 2 when it cannot check (no database to ask).
+//! the bucket listed and its versioning read: [`objects`]), the database's clock against this
+//! host's, the session's timeouts as configured, and the fleet's pools against the server's
+//! `max_connections`. Exit 0 with no finding, 1 with findings, 2 when it cannot check (no
+//! database to ask).
 
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
@@ -16,6 +17,8 @@ use sqlx::PgPool;
 use crate::config::Settings;
 use crate::db::{self, DbError};
 use crate::text;
+
+mod objects;
 
 /// What `doctor` found, when it could look.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +37,7 @@ pub enum Error {
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
     /// What was checked: `database`, `pooler`, `index <name>`, `privileges`, `root <name>`,
-    /// `clock`, `timeouts`, `pool`.
+    /// `versioning <name>` (an object-store root's), `clock`, `timeouts`, `pool`.
     pub check: String,
     /// Nothing to do.
     pub ok: bool,
@@ -144,7 +147,7 @@ pub async fn run(settings: &Settings) -> Result<Vec<Check>, Error> {
         Root::Sessions,
         Root::Traces,
     ] {
-        checks.push(file_root(settings, root).await);
+        checks.extend(file_root(settings, root).await);
     }
     checks.push(clock(&pool).await?);
     checks.push(timeouts(&pool, settings).await?);
@@ -334,20 +337,13 @@ async fn privileges(pool: &PgPool) -> Result<Check, sqlx::Error> {
     })
 }
 
-/// A file created and removed in a local root, or the bucket listed for an object-store one.
-async fn file_root(settings: &Settings, root: Root) -> Check {
-    let check = format!("root {}", root.as_str());
+/// A file created and removed in a local root; for an object-store one, the bucket listed and
+/// its versioning read.
+async fn file_root(settings: &Settings, root: Root) -> Vec<Check> {
     match settings.paths.store(root) {
-        Store::Object(objects) => match objects.reach().await {
-            Ok(()) => Check::ok(check, format!("{objects} listed")),
-            Err(why) => Check::finding(
-                check,
-                format!("{objects} cannot be listed: {why}"),
-                "check [storage] (endpoint, credentials) and the bucket policy: sexton lists, \
-                 reads, and deletes objects under the prefix",
-            ),
-        },
+        Store::Object(objects) => objects::root(root.as_str(), &objects).await,
         Store::Local(path) => {
+            let check = format!("root {}", root.as_str());
             let probe = path.join(format!(".sexton-doctor-{}", std::process::id()));
             let made = std::fs::OpenOptions::new()
                 .write(true)
@@ -355,7 +351,7 @@ async fn file_root(settings: &Settings, root: Root) -> Check {
                 .mode(0o600)
                 .open(&probe)
                 .and_then(|_| std::fs::remove_file(&probe));
-            match made {
+            vec![match made {
                 Ok(()) => Check::ok(
                     check,
                     format!("{}: a file created and removed", path.display()),
@@ -369,7 +365,7 @@ async fn file_root(settings: &Settings, root: Root) -> Check {
                         std::fs::metadata("/proc/self").map_or(0, |m| m.uid())
                     ),
                 ),
-            }
+            }]
         }
     }
 }
