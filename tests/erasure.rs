@@ -2,6 +2,7 @@
 //! exactly the scope's, judged against a snapshot of every row of every table; the rest of the
 //! account, and the other account, stay as they were.
 
+mod lanes;
 mod process;
 mod visible;
 mod world;

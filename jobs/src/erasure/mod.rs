@@ -191,6 +191,8 @@ impl Job for Erase {
     const TABLES: &'static [&'static str] = steps::TABLES;
     /// An erasure runs beside the nightly passes, never in their slots (PF-8).
     const BESIDE: bool = true;
+    /// A second lane for the owner steps while no other kind's pass is under way.
+    const CONNECTIONS: u32 = 2;
 
     type Reason = Withheld;
     /// None: everything of the scope goes, whatever its age.

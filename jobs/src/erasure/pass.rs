@@ -5,17 +5,20 @@
 use std::time::Instant;
 
 use serde_json::{Map, Value};
+use sqlx::pool::PoolConnection;
 use sqlx::types::Json;
-use sqlx::{Connection as _, PgConnection};
+use sqlx::{Connection as _, PgConnection, Postgres};
 use uuid::Uuid;
 
 use super::steps::{self, Shape};
 use super::{Cursor, ErasureSettings, Subject, Withheld, derivatives, plan};
 use crate::files::{self, DrainError, FileCounts, Root};
 use crate::job::{Report, Rest, refused};
-use crate::owner_loop::{Chunks, Error, Owners, Then, Took, busy_or};
+use crate::owner_loop::{self, Chunks, Error, Owners, Then, Took};
+use lanes::{Next, OwnerTx, Yield};
 
 mod conclude;
+mod lanes;
 
 /// A request found more than this many times with something left after its steps ended is
 /// failed, naming what is left: a residue the steps cannot remove needs a person.
@@ -31,6 +34,11 @@ const CONCLUDE: u32 = DRAIN + 1;
 
 /// What a pass's first transaction takes, before one is timed.
 const FIRST_CHUNK: usize = 20;
+
+/// Adds `$2`, rows or files removed by kind, to request `$1`'s counts.
+const ADD_REMOVED: &str =
+    "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
+     WHERE id = $1";
 
 /// What a step needs of its request.
 #[derive(Debug, sqlx::FromRow)]
@@ -50,6 +58,11 @@ pub(super) struct Requests<'a> {
     /// Rows (or owners) the next transaction takes: sized so that one lasts about
     /// `[erasure] transaction_target_ms` (PF-2), from 1 to `batch_size`.
     chunk: usize,
+    /// The second lane's connection, once a step has used it.
+    second: Option<PoolConnection<Postgres>>,
+    /// The lanes crossed: the next transaction is one lane's.
+    alone: bool,
+    give_way: Yield,
 }
 
 impl<'a> Requests<'a> {
@@ -59,6 +72,9 @@ impl<'a> Requests<'a> {
             env,
             failed: 0,
             chunk: FIRST_CHUNK.min(settings.batch_size as usize),
+            second: None,
+            alone: false,
+            give_way: Yield::default(),
         }
     }
 
@@ -268,8 +284,8 @@ impl<'a> Requests<'a> {
         Ok(recorded)
     }
 
-    /// One transaction of a deleting step: the rows it removed added to the request's counts
-    /// as it commits. The last id it took, when the step goes on.
+    /// One round of a deleting step: one transaction per lane, the rows each removed added to
+    /// the request's counts as it commits. The last id taken, when the step goes on.
     async fn delete(
         &mut self,
         conn: &mut PgConnection,
@@ -278,70 +294,71 @@ impl<'a> Requests<'a> {
         after: Option<Uuid>,
         report: &mut Report<Withheld>,
     ) -> Result<(u64, Option<Uuid>), Error> {
-        let batch = self.chunk as i64;
+        let batch = self.chunk;
         let keep = self.settings.keep_usage_records;
+        let giving_way = self.give_way.now(conn).await?;
         let started = Instant::now();
-        let mut tx = crate::gate::begin(conn, "").await?;
+        let mut again = None;
         let (counts, taken, last) = match delete.shape {
             Shape::Owners { lock, take } => {
-                let ids: Vec<Uuid> = sqlx::query_scalar(lock)
-                    .bind(request.id)
-                    .bind(after.unwrap_or_default())
-                    .bind(batch)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                if ids.is_empty() {
-                    tx.commit().await?;
-                    return Ok((0, None));
-                }
-                let taken = sqlx::query_scalar(take)
-                    .bind(request.id)
-                    .bind(&ids)
-                    .bind(keep)
-                    .fetch_one(&mut *tx)
-                    .await;
-                // A row under one of them the platform holds past the lock timeout (FL-6): the
-                // batch is taken again owner by owner, and the one that waits again stays, left
-                // for the next pass to find (`busy`), while this one goes on.
-                let Some(Json(counts)) = busy_or::<Json<Map<String, Value>>>(taken)? else {
-                    tx.rollback().await?;
-                    return Ok(if ids.len() > 1 {
-                        self.chunk = 1;
-                        (0, Some(after.unwrap_or_default()))
-                    } else {
-                        (1, Some(ids[0]))
-                    });
+                let owners = OwnerTx {
+                    request: request.id,
+                    lock,
+                    take,
+                    after: after.unwrap_or_default(),
+                    batch,
+                    keep_usage_records: keep,
                 };
-                let last = (ids.len() as i64 == batch).then(|| ids[ids.len() - 1]);
-                (counts, ids.len() as u64, last)
+                let lanes = if giving_way || std::mem::take(&mut self.alone) {
+                    vec![owners.run(conn).await?]
+                } else {
+                    let second = self.second_lane().await?;
+                    let (first, second) = tokio::join!(owners.run(conn), owners.run(second));
+                    vec![first?, second?]
+                };
+                let settled = lanes::settle(lanes, batch);
+                let last = match settled.next {
+                    Next::Done => None,
+                    Next::From(last) => Some(last),
+                    Next::OneByOne | Next::Alone => Some(after.unwrap_or_default()),
+                };
+                again = Some(settled.next);
+                (settled.counts, settled.taken, last)
             }
             Shape::Sweep(sql) => {
-                let counts: Json<Map<String, Value>> = sqlx::query_scalar(sql)
+                let mut tx = owner_loop::begin(conn, None, false).await?;
+                let Json(counts): Json<Map<String, Value>> = sqlx::query_scalar(sql)
                     .bind(request.id)
-                    .bind(batch)
+                    .bind(batch as i64)
                     .bind(keep)
                     .fetch_one(&mut *tx)
                     .await?;
-                let taken: u64 = counts.0.values().filter_map(Value::as_u64).sum();
+                sqlx::query(ADD_REMOVED)
+                    .bind(request.id)
+                    .bind(Json(&counts))
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                let taken: u64 = counts.values().filter_map(Value::as_u64).sum();
                 // Another round while the last one found anything.
-                (counts.0, taken, (taken > 0).then(Uuid::nil))
+                (counts, taken, (taken > 0).then(Uuid::nil))
             }
         };
-        sqlx::query(
-            "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
-             WHERE id = $1",
-        )
-        .bind(request.id)
-        .bind(Json(&counts))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        let took = started.elapsed();
         self.chunk = Chunks::Timed {
             first: FIRST_CHUNK,
             most: self.settings.batch_size as usize,
             target: self.settings.transaction_target,
         }
-        .next(self.chunk, started.elapsed());
+        .next(self.chunk, took);
+        match again {
+            Some(Next::OneByOne) => self.chunk = 1,
+            Some(Next::Alone) => self.alone = true,
+            _ => {}
+        }
+        if giving_way {
+            tokio::time::sleep(took * lanes::GIVE_WAY).await;
+        }
         for (table, n) in &counts {
             let n = n.as_u64().unwrap_or(0);
             report.pruned += n;
@@ -350,6 +367,14 @@ impl<'a> Requests<'a> {
             }
         }
         Ok((taken, last))
+    }
+
+    /// The second lane's connection, taken from the pool once per hop (`Job::CONNECTIONS`).
+    async fn second_lane(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
+        if self.second.is_none() {
+            self.second = Some(self.env.pool.acquire().await?);
+        }
+        Ok(self.second.as_deref_mut().expect("acquired above"))
     }
 
     /// Removes the files the steps recorded, root by root, for the request's account (and
@@ -400,14 +425,11 @@ impl<'a> Requests<'a> {
                 removed.insert(format!("bytes:{}", root.as_str()), counts.bytes.into());
             }
         }
-        sqlx::query(
-            "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
-             WHERE id = $1",
-        )
-        .bind(request.id)
-        .bind(Json(&removed))
-        .execute(&mut *conn)
-        .await?;
+        sqlx::query(ADD_REMOVED)
+            .bind(request.id)
+            .bind(Json(&removed))
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 

@@ -1,0 +1,249 @@
+//! An owner step's transactions, one or two at a time. Two lanes lock from the same place with
+//! `SKIP LOCKED`, so each takes owners the other has not: together they take the first owners
+//! after the cursor that nobody else holds, as one lane taking twice as many would, each in a
+//! transaction as short as one lane's. An erasure gives way to the other kinds' passes (PF-8):
+//! while one is under way it works one lane and rests three times as long as each transaction
+//! took, so that the night keeps the database's cores.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::owner_loop::busy_or;
+
+/// How often an erasure asks whether another kind's pass is under way.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// While another kind's pass is under way, an erasure rests this many times as long as each of
+/// its transactions took: it then holds at most a quarter of one core.
+pub(super) const GIVE_WAY: u32 = 3;
+
+/// What one lane's transaction did.
+#[derive(Debug)]
+pub(super) enum Lane {
+    /// Nothing left to lock after the cursor.
+    Empty,
+    /// Committed: the owners it took and the rows it removed per table.
+    Took {
+        ids: Vec<Uuid>,
+        counts: Map<String, Value>,
+    },
+    /// A row under the owners it locked stayed busy past the lock timeout (FL-6): rolled back.
+    Busy { ids: Vec<Uuid> },
+    /// It and the other lane each waited on a row the other had deleted — a row under owners
+    /// of both, such as a delegation between their runs — and the database chose it to roll
+    /// back (a deadlock, SQLSTATE 40P01).
+    Crossed,
+}
+
+/// An owner step's transaction, as every lane runs it.
+pub(super) struct OwnerTx {
+    pub request: Uuid,
+    pub lock: &'static str,
+    pub take: &'static str,
+    /// The cursor: the last owner taken, the nil UUID first.
+    pub after: Uuid,
+    pub batch: usize,
+    pub keep_usage_records: bool,
+}
+
+impl OwnerTx {
+    /// Locks a batch after the cursor, judges and deletes it, and adds what it removed to the
+    /// request's counts, in one transaction (asynchronous commit: the drain's synchronous
+    /// commit makes it durable before any file goes).
+    pub(super) async fn run(&self, conn: &mut PgConnection) -> Result<Lane, sqlx::Error> {
+        let mut tx = crate::owner_loop::begin(conn, None, false).await?;
+        let ids: Vec<Uuid> = sqlx::query_scalar(self.lock)
+            .bind(self.request)
+            .bind(self.after)
+            .bind(self.batch as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Lane::Empty);
+        }
+        let taken = sqlx::query_scalar(self.take)
+            .bind(self.request)
+            .bind(&ids)
+            .bind(self.keep_usage_records)
+            .fetch_one(&mut *tx)
+            .await;
+        let taken = match taken {
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("40P01") => {
+                tx.rollback().await?;
+                return Ok(Lane::Crossed);
+            }
+            taken => busy_or::<Json<Map<String, Value>>>(taken)?,
+        };
+        let Some(Json(counts)) = taken else {
+            tx.rollback().await?;
+            return Ok(Lane::Busy { ids });
+        };
+        sqlx::query(super::ADD_REMOVED)
+            .bind(self.request)
+            .bind(Json(&counts))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Lane::Took { ids, counts })
+    }
+}
+
+/// Where an owner step goes on after a round of lanes.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    /// A lane found fewer than a batch after the cursor: nothing is left to lock.
+    Done,
+    /// From this owner on.
+    From(Uuid),
+    /// A batch was busy: again from the same cursor, one owner per transaction, so that only
+    /// the owner that waits again stays (for the next pass, `busy`).
+    OneByOne,
+    /// The lanes crossed: again from the same cursor, one lane for a round.
+    Alone,
+}
+
+/// A round of lanes, settled: the rows removed per table, the owners taken, what comes next.
+#[derive(Debug)]
+pub(super) struct Settled {
+    pub counts: Map<String, Value>,
+    pub taken: u64,
+    pub next: Next,
+}
+
+/// Settles `lanes`, which each locked at most `batch` owners after the same cursor.
+pub(super) fn settle(lanes: Vec<Lane>, batch: usize) -> Settled {
+    let mut counts = Map::new();
+    let mut taken = 0;
+    let mut short = false;
+    let mut busy_batch = false;
+    let mut crossed = false;
+    let mut last: Option<Uuid> = None;
+    for lane in lanes {
+        let ids = match lane {
+            Lane::Empty => {
+                short = true;
+                continue;
+            }
+            Lane::Crossed => {
+                crossed = true;
+                continue;
+            }
+            Lane::Took { ids, counts: more } => {
+                for (table, n) in more {
+                    let sum = counts.get(&table).and_then(Value::as_u64).unwrap_or(0)
+                        + n.as_u64().unwrap_or(0);
+                    counts.insert(table, sum.into());
+                }
+                ids
+            }
+            Lane::Busy { ids } if ids.len() > 1 => {
+                busy_batch = true;
+                continue;
+            }
+            // One owner that waited again stays: it is passed over.
+            Lane::Busy { ids } => ids,
+        };
+        taken += ids.len() as u64;
+        short |= ids.len() < batch;
+        last = last.max(ids.last().copied());
+    }
+    let next = match (crossed, busy_batch, short, last) {
+        (true, ..) => Next::Alone,
+        (false, true, ..) => Next::OneByOne,
+        (false, false, false, Some(last)) => Next::From(last),
+        _ => Next::Done,
+    };
+    Settled {
+        counts,
+        taken,
+        next,
+    }
+}
+
+/// Whether an erasure gives way now: another kind's pass was under way when last looked at
+/// (at most [`LOOK_EVERY`] ago).
+#[derive(Debug, Default)]
+pub(super) struct Yield {
+    looked: Option<(Instant, bool)>,
+}
+
+impl Yield {
+    /// Whether another kind's pass is under way: one that is unfinished and moved in the last
+    /// minute (a pass abandoned long ago does not count).
+    pub(super) async fn now(&mut self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+        if let Some((at, busy)) = self.looked
+            && at.elapsed() < LOOK_EVERY
+        {
+            return Ok(busy);
+        }
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sexton.passes
+                            WHERE finished_at IS NULL AND job <> 'erasure'
+                              AND updated_at > now() - interval '1 minute')",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        self.looked = Some((Instant::now(), busy));
+        Ok(busy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: u128, from: u128) -> Vec<Uuid> {
+        (from..from + n).map(Uuid::from_u128).collect()
+    }
+
+    fn took(n: u128, from: u128) -> Lane {
+        let mut counts = Map::new();
+        counts.insert("runs".into(), (n as u64).into());
+        Lane::Took {
+            ids: ids(n, from),
+            counts,
+        }
+    }
+
+    #[test]
+    fn rq3_two_lanes_go_on_from_the_furthest_owner_and_end_when_either_finds_the_end() {
+        // Two full lanes: on from the furthest, the rows of both counted.
+        let both = settle(vec![took(3, 1), took(3, 4)], 3);
+        assert_eq!(both.next, Next::From(Uuid::from_u128(6)));
+        assert_eq!(both.taken, 6);
+        assert_eq!(both.counts["runs"], 6);
+        // A short or empty lane scanned to the end: the step is done.
+        assert_eq!(settle(vec![took(3, 1), took(1, 4)], 3).next, Next::Done);
+        assert_eq!(settle(vec![took(3, 1), Lane::Empty], 3).next, Next::Done);
+        assert_eq!(settle(vec![Lane::Empty], 3).next, Next::Done);
+        // One lane alone is what the step always was.
+        assert_eq!(
+            settle(vec![took(3, 1)], 3).next,
+            Next::From(Uuid::from_u128(3))
+        );
+    }
+
+    #[test]
+    fn rq3_a_busy_batch_is_taken_again_one_by_one_and_a_busy_owner_is_passed_over() {
+        let busy = settle(vec![took(3, 4), Lane::Busy { ids: ids(3, 1) }], 3);
+        assert_eq!(busy.next, Next::OneByOne);
+        assert_eq!(busy.taken, 3);
+        let one = settle(vec![Lane::Busy { ids: ids(1, 1) }, took(1, 2)], 1);
+        assert_eq!(one.next, Next::From(Uuid::from_u128(2)));
+        assert_eq!(one.taken, 2);
+        assert!(!one.counts.contains_key("missing"));
+    }
+
+    #[test]
+    fn rq3_lanes_that_crossed_go_again_from_the_same_owner_alone() {
+        let crossed = settle(vec![took(3, 4), Lane::Crossed], 3);
+        assert_eq!(crossed.next, Next::Alone);
+        assert_eq!(crossed.taken, 3);
+        assert_eq!(crossed.counts["runs"], 3);
+    }
+}
