@@ -51,7 +51,7 @@ async fn fl6_every_job_kind_busy_at_once_fits_the_default_pool(pool: PgPool) {
             settings.database.max_connections,
             settings.queue.concurrency
         ),
-        (20, 2),
+        (24, 2),
         "the test runs the default pool and concurrency"
     );
     let mut conversations = Vec::new();

@@ -221,6 +221,7 @@ pub async fn dry_run(pool: &PgPool, settings: &Settings, asked: Asked) -> anyhow
         .await?;
     let left = verify::left(
         &mut tx,
+        None,
         &settings.paths,
         probe,
         settings_of(settings).keep_usage_records,

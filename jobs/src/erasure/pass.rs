@@ -370,7 +370,7 @@ impl<'a> Requests<'a> {
     }
 
     /// The second lane's connection, taken from the pool once per hop (`Job::CONNECTIONS`).
-    async fn second_lane(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
+    pub(super) async fn second_lane(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
         if self.second.is_none() {
             self.second = Some(self.env.pool.acquire().await?);
         }

@@ -12,9 +12,12 @@ use super::Withheld;
 use super::derivatives;
 use crate::files::PathSettings;
 
-/// Rows of the scope left, per table: `$1` the request, `$2` whether usage records are kept
-/// (they stay then, their links cleared, and the account row as their anchor).
-const REMAINING: &str = "
+/// The scope's ids by kind, as a statement of [`REMAINING`] reads them: `$1` the request, `$2`
+/// whether usage records are kept (they stay then, their links cleared, and the account row as
+/// their anchor).
+macro_rules! members {
+    () => {
+        "
 WITH m AS (SELECT kind, id FROM sexton.erasure_members WHERE request_id = $1),
 acct AS (SELECT id FROM m WHERE kind = 'account'),
 conv AS (SELECT id FROM m WHERE kind = 'conversation'),
@@ -25,7 +28,34 @@ hreq AS (SELECT id FROM m WHERE kind = 'history_request'),
 agent AS (SELECT id FROM m WHERE kind = 'agent'),
 sess AS (SELECT id FROM m WHERE kind = 'session'),
 archive AS (SELECT id FROM m WHERE kind = 'archive')
-SELECT t, n FROM (VALUES
+"
+    };
+}
+
+/// Rows of the scope left, per table, in two statements a verification may run side by side:
+/// the runs' execution detail (most of the rows), then every other table.
+const REMAINING: [&str; 2] = [
+    concat!(
+        members!(),
+        "SELECT t, n FROM (VALUES
+  ('run_tasks', (SELECT count(*) FROM run_tasks x WHERE x.run_id IN (SELECT id FROM run))),
+  ('run_task_edges', (SELECT count(*) FROM run_task_edges x WHERE x.run_id IN (SELECT id FROM run))),
+  ('tool_results', (SELECT count(*) FROM tool_results x WHERE x.run_id IN (SELECT id FROM run))),
+  ('sealed_requests', (SELECT count(*) FROM sealed_requests x WHERE x.run_id IN (SELECT id FROM run))),
+  ('reasoning_traces', (SELECT count(*) FROM reasoning_traces x
+                        WHERE x.run_id IN (SELECT id FROM run))),
+  ('invocation_attempts', (SELECT count(*) FROM invocation_attempts x
+                           WHERE x.run_id IN (SELECT id FROM run))),
+  ('output_files', (SELECT count(*) FROM output_files x WHERE x.run_id IN (SELECT id FROM run))),
+  ('settlement_receipts', (SELECT count(*) FROM settlement_receipts x
+                           WHERE x.run_id IN (SELECT id FROM run))),
+  ('delegations', (SELECT count(*) FROM delegations x WHERE x.parent_run_id IN (SELECT id FROM run)))
+) AS c (t, n)
+WHERE n > 0"
+    ),
+    concat!(
+        members!(),
+        "SELECT t, n FROM (VALUES
   ('accounts', (SELECT count(*) FROM accounts x WHERE x.id IN (SELECT id FROM acct)
                   AND NOT ($2 AND x.name = $1::text))),
   ('conversations', (SELECT count(*) FROM conversations x
@@ -38,18 +68,6 @@ SELECT t, n FROM (VALUES
   ('runs', (SELECT count(*) FROM runs x
             WHERE x.id IN (SELECT id FROM run) OR x.conversation_id IN (SELECT id FROM conv)
                OR x.account_id IN (SELECT id FROM acct))),
-  ('run_tasks', (SELECT count(*) FROM run_tasks x WHERE x.run_id IN (SELECT id FROM run))),
-  ('run_task_edges', (SELECT count(*) FROM run_task_edges x WHERE x.run_id IN (SELECT id FROM run))),
-  ('tool_results', (SELECT count(*) FROM tool_results x WHERE x.run_id IN (SELECT id FROM run))),
-  ('sealed_requests', (SELECT count(*) FROM sealed_requests x WHERE x.run_id IN (SELECT id FROM run))),
-  ('reasoning_traces', (SELECT count(*) FROM reasoning_traces x
-                        WHERE x.run_id IN (SELECT id FROM run))),
-  ('invocation_attempts', (SELECT count(*) FROM invocation_attempts x
-                           WHERE x.run_id IN (SELECT id FROM run))),
-  ('output_files', (SELECT count(*) FROM output_files x WHERE x.run_id IN (SELECT id FROM run))),
-  ('settlement_receipts', (SELECT count(*) FROM settlement_receipts x
-                           WHERE x.run_id IN (SELECT id FROM run))),
-  ('delegations', (SELECT count(*) FROM delegations x WHERE x.parent_run_id IN (SELECT id FROM run))),
   ('history_requests', (SELECT count(*) FROM history_requests x
                         WHERE x.id IN (SELECT id FROM hreq) OR x.run_id IN (SELECT id FROM run)
                            OR x.conversation_id IN (SELECT id FROM conv))),
@@ -97,7 +115,9 @@ SELECT t, n FROM (VALUES
                                  OR x.agent_id IN (SELECT id FROM agent)
                                  OR x.account_id IN (SELECT id FROM acct)))
 ) AS c (t, n)
-WHERE n > 0";
+WHERE n > 0"
+    ),
+];
 
 /// The owners of the scope left with why each stays: one row per owner, its first reason and
 /// hold. `$1` the request; `$2` whether the steps have yet to run (a dry run), when only the
@@ -176,24 +196,49 @@ impl Left {
     }
 }
 
-/// Reads what is left of request `request` (an independent read: RQ-5), at `reading`.
+/// Reads what is left of request `request` (an independent read: RQ-5), at `reading`; with
+/// `beside`, half of it on that connection at the same time.
 ///
 /// # Errors
 /// A database error, or a root that cannot be listed (for people).
 pub async fn left(
     conn: &mut PgConnection,
+    beside: Option<&mut PgConnection>,
     paths: &PathSettings,
     request: Uuid,
     keep_usage: bool,
     reading: Reading,
 ) -> Result<Left, String> {
     let db = |err: sqlx::Error| err.to_string();
-    let rows: Vec<(String, i64)> = sqlx::query_as(REMAINING)
-        .bind(request)
-        .bind(keep_usage)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db)?;
+    let remaining = |statement| {
+        sqlx::query_as::<_, (String, i64)>(statement)
+            .bind(request)
+            .bind(keep_usage)
+    };
+    let rows = match beside {
+        Some(beside) => {
+            let (detail, rest) = tokio::join!(
+                remaining(REMAINING[0]).fetch_all(&mut *conn),
+                remaining(REMAINING[1]).fetch_all(beside)
+            );
+            let mut rows = detail.map_err(db)?;
+            rows.extend(rest.map_err(db)?);
+            rows
+        }
+        None => {
+            let mut rows = remaining(REMAINING[0])
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db)?;
+            rows.extend(
+                remaining(REMAINING[1])
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db)?,
+            );
+            rows
+        }
+    };
     let owners: Vec<Item> = sqlx::query_as(WITHHELD)
         .bind(request)
         .bind(reading == Reading::Before)

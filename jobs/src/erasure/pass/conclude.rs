@@ -28,11 +28,14 @@ impl Requests<'_> {
         .bind(request.id)
         .execute(&mut *conn)
         .await?;
+        let (paths, keep_usage_records) = (self.env.paths, self.settings.keep_usage_records);
+        let beside = self.second_lane().await?;
         let left = match verify::left(
             conn,
-            self.env.paths,
+            Some(beside),
+            paths,
             request.id,
-            self.settings.keep_usage_records,
+            keep_usage_records,
             verify::Reading::After,
         )
         .await
