@@ -82,6 +82,11 @@ pub struct Cli {
     /// `--baseline-sexton`.
     #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
     pub tenant_baseline_accounts: Vec<u64>,
+    /// Many accounts: keep each night's database, and the last night's file roots, instead of
+    /// dropping them: for a look afterwards, on a cluster that outlives the bench (run.sh's is
+    /// thrown away when it ends).
+    #[arg(long)]
+    pub tenant_keep: bool,
     /// Erasure (PF-8): runs of the erased account, each with its execution detail.
     #[arg(long, default_value_t = 100_000)]
     pub erasure_runs: u64,

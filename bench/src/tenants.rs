@@ -1,7 +1,8 @@
 //! Many accounts, the same due work (SPEC §8, PF-5): the whole night — `sexton tick`, then one
 //! worker through the queue until idle, every job kind at its default settings — over 10 k,
 //! 100 k and 1 M accounts of which the same 10 k hold a small backlog each, and the operator's
-//! two views (`status`, `preview`) after it. With `--baseline-sexton` an earlier binary (built
+//! two views (`status`, `preview`) after it, and the status page a fleet worker serves then
+//! (OP-6, [`served`]). With `--baseline-sexton` an earlier binary (built
 //! from its own commit) runs the same nights, on databases migrated by it, pair by pair with this
 //! build at the sizes `--tenant-baseline-accounts` names.
 //!
@@ -13,6 +14,7 @@
 //! end in exactly the state the rules give before its figures count.
 
 mod accounts;
+mod served;
 
 use std::path::Path;
 use std::process::Stdio;
@@ -26,6 +28,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
 use self::accounts::{check, fill};
+use self::served::{Served, served};
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::compare::{self, Build, Comparison, Side};
@@ -75,6 +78,10 @@ struct Night {
     status: View,
     status_json: View,
     preview: View,
+    /// This build's status page after the night, served by a fleet worker (OP-6); none for a
+    /// baseline build, and in nights measured before it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    served: Option<Served>,
 }
 
 /// One run of an operator's command after the night.
@@ -162,7 +169,8 @@ fn earlier(cli: &Cli) -> anyhow::Result<Vec<Night>> {
 }
 
 /// One night of `build` over `accounts` accounts: the database migrated (by that build) and
-/// filled, the night run and checked, the queue's figures read, then the operator's views.
+/// filled, the night run and checked, the queue's figures read, then the operator's views and
+/// (this build's) status page.
 async fn night(
     cli: &Cli,
     admin: &PgPool,
@@ -201,8 +209,19 @@ async fn night(
     let status_json = view(binary, &db, &roots, &["status", "--json"], &out).await?;
     let preview = view(binary, &db, &roots, &["preview"], &out).await?;
     let _ = std::fs::remove_file(&out);
-    drop_db(admin, &db).await?;
-    let _ = std::fs::remove_dir_all(&roots);
+    let served = if code == "sexton" {
+        let pool = connect(base, &db, "bench").await?;
+        let log = cli.scratch.join("tenants-serving-worker.log");
+        let page = served(binary, &db, &roots, &pool, &log).await?;
+        pool.close().await;
+        Some(page)
+    } else {
+        None
+    };
+    if !cli.tenant_keep {
+        drop_db(admin, &db).await?;
+        let _ = std::fs::remove_dir_all(&roots);
+    }
     Ok(Night {
         code: code.to_owned(),
         measured_at: Utc::now(),
@@ -218,6 +237,7 @@ async fn night(
         status,
         status_json,
         preview,
+        served,
     })
 }
 
@@ -403,6 +423,15 @@ const VIEWS: &[Column<(), Night>] = &[
         format!("{:.2} / {mb:.1}", n.status_json.seconds)
     }),
     ("preview s / RSS MB / lines", |_, n| seen(&n.preview)),
+    ("/status ms median / max / KB", |_, n| {
+        or_dash(n.served.as_ref(), |s| s.status.cell())
+    }),
+    ("/status.json ms median / max / KB", |_, n| {
+        or_dash(n.served.as_ref(), |s| s.status_json.cell())
+    }),
+    ("load while served", |_, n| {
+        or_dash(n.served.as_ref(), |s| s.load.clone())
+    }),
 ];
 
 /// A view's seconds, peak RSS and lines printed.
