@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sexton::event;
 use sexton::registry::KINDS;
@@ -258,6 +259,11 @@ async fn op6_status_json_is_sexton_status_json_and_status_page_false_turns_it_of
     keys(&printed, "", &mut b);
     assert_eq!(a, b);
     assert!(a.contains(".jobs[].pass_states.finished") && a.contains(".workers[].last_heartbeat"));
+    // The page's backlogs are its gauges' last measurement, never later than its read; the
+    // command's are read with the rest.
+    let at = |v: &Value, key: &str| v[key].as_str().unwrap().parse::<DateTime<Utc>>().unwrap();
+    assert!(at(&served, "backlogs_at") <= at(&served, "at"));
+    assert_eq!(at(&printed, "backlogs_at"), at(&printed, "at"));
     for field in ["jobs", "failed_jobs", "holds", "holds_active", "queue"] {
         let strip = |v: &Value| -> Value {
             let mut v = v[field].clone();

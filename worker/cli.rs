@@ -549,7 +549,7 @@ async fn run_status(settings: &Settings, listed: status::Listed, json: bool) -> 
     }
     let pool = db::connect(&settings.database, db::Access::Read).await?;
     let now = clock::database_now(&pool).await?;
-    let status = status::read(&pool, settings, now, &listed).await?;
+    let status = status::read(&pool, settings, now, &listed, None).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
     } else {

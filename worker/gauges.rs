@@ -2,24 +2,30 @@
 //! success, quarantined file deletions, active holds, erasure requests and the database's health
 //! (OP-3, HD-5, RQ-7).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use crate::context::JobContext;
+use crate::http::{Backlogs, Health};
 use crate::telemetry::metrics;
 use crate::{holds, queue, registry};
 
 /// Keeps the queue, backlog, last-success, quarantine, holds and erasure gauges current (OP-3,
-/// HD-5, RQ-7).
-pub async fn refresh(ctx: JobContext) {
+/// HD-5, RQ-7), and the backlogs the status page shows (`http`'s [`Health`], OP-6).
+pub async fn refresh(ctx: JobContext, http: Arc<Health>) {
     loop {
         match queue::counts(&ctx.pool).await {
             Ok(counts) => counts.publish(),
             Err(err) => tracing::warn!(error = %err, "could not count queue jobs"),
         }
+        let at = ctx.clock.now();
+        let mut backlogs = BTreeMap::new();
         for kind in registry::KINDS {
-            match kind
-                .backlog(&ctx.pool, &ctx.settings, ctx.clock.now())
-                .await
-            {
-                Ok(Some(seconds)) => metrics::backlog(kind.name(), seconds),
+            match kind.backlog(&ctx.pool, &ctx.settings, at).await {
+                Ok(Some(seconds)) => {
+                    metrics::backlog(kind.name(), seconds);
+                    backlogs.insert(kind.name(), seconds);
+                }
                 Ok(None) => {}
                 Err(err) => {
                     tracing::warn!(
@@ -30,6 +36,10 @@ pub async fn refresh(ctx: JobContext) {
                 }
             }
         }
+        http.backlogs_measured(Backlogs {
+            at,
+            seconds: backlogs,
+        });
         metrics::publish_last_success(&ctx.pool).await;
         match sexton_jobs::files::failing(&ctx.pool).await {
             Ok(failing) => metrics::failing(&failing),

@@ -6,6 +6,7 @@
 //! are served at once (more wait to be accepted), so that a slow or hostile client cannot
 //! tie up the process.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -15,14 +16,17 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use chrono::{DateTime, Utc};
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-/// What `/readyz` reports on.
+/// What `/readyz` reports on, and what the gauges measured for the status page.
 #[derive(Debug, Default)]
 pub struct Health {
     pool: OnceLock<PgPool>,
+    /// Each kind's backlog as the gauges last measured it.
+    backlogs: Mutex<Option<Backlogs>>,
     consuming: AtomicBool,
     /// The database takes no writes (ER-6): the worker takes no job.
     read_only: AtomicBool,
@@ -54,6 +58,19 @@ impl Health {
         self.pool.get()
     }
 
+    /// The gauges measured every kind's backlog (those that measure one) anew.
+    pub fn backlogs_measured(&self, backlogs: Backlogs) {
+        *self.backlogs.lock().unwrap_or_else(|e| e.into_inner()) = Some(backlogs);
+    }
+
+    /// The backlogs the gauges last measured, once they have.
+    pub fn backlogs(&self) -> Option<Backlogs> {
+        self.backlogs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// A queue consumer failed (it is restarted after a pause).
     pub fn consumer_failed(&self) {
         *self
@@ -82,6 +99,15 @@ impl Health {
             Ok(Ok(_))
         )
     }
+}
+
+/// Each kind's backlog in seconds, by its name, as measured at `at` (a kind that measures none,
+/// or whose measurement failed, is not in it). A backlog is read per account (OP-3): the status
+/// page shows the gauges' figures rather than reading them again at every request (OP-6).
+#[derive(Debug, Clone)]
+pub struct Backlogs {
+    pub at: DateTime<Utc>,
+    pub seconds: BTreeMap<&'static str, f64>,
 }
 
 #[derive(Clone)]

@@ -4,7 +4,9 @@
 //! fleet's workers. What it reads
 //! by default is bounded whatever the number of accounts — the latest fan-out of each job, the
 //! passes that did not finish (through their partial index, capped), capped lists — so that
-//! the status page serves the same read (OP-6); only `--all` reads every account's pass.
+//! the status page serves the same read (OP-6); only `--all` reads every account's pass. The
+//! backlogs are read per account (OP-3): the status page shows those its worker's gauges last
+//! measured instead of reading them at every request.
 
 use std::fmt::Write as _;
 
@@ -16,6 +18,7 @@ use sexton_jobs::erasure::visible::{self, Open};
 
 use crate::config::Settings;
 use crate::holds;
+use crate::http::Backlogs;
 use crate::ledger::{self, Pass};
 use crate::queue::{self, FailedJob, QueueCounts};
 use crate::registry;
@@ -44,6 +47,9 @@ pub const ERASURES_SHOWN: i64 = 20;
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
     pub at: DateTime<Utc>,
+    /// When the jobs' backlogs were measured: `at` for `sexton status`, the gauges' last
+    /// measurement for the status page (at most `http.refresh_interval_ms` earlier).
+    pub backlogs_at: DateTime<Utc>,
     pub jobs: Vec<JobStatus>,
     /// The nightly slots' own queue.
     pub nightly: QueueCounts,
@@ -149,7 +155,7 @@ pub struct FanOutSummary {
     pub nothing_due: i64,
 }
 
-/// Reads the status.
+/// Reads the status; the backlogs as `backlogs` measured them, or (without) anew.
 ///
 /// # Errors
 /// A database error.
@@ -158,6 +164,7 @@ pub async fn read(
     settings: &Settings,
     at: DateTime<Utc>,
     listed: &Listed,
+    backlogs: Option<&Backlogs>,
 ) -> anyhow::Result<Status> {
     let names: Vec<&str> = registry::KINDS.iter().map(|kind| kind.name()).collect();
     let latest = match listed.account {
@@ -217,10 +224,13 @@ pub async fn read(
                 .find(|(job, _)| job == kind.name())
                 .map(|(_, slot)| *slot),
             // A backlog measured through the holds is not known while they cannot be read.
-            backlog_seconds: match kind.backlog(pool, settings, at).await {
-                Ok(seconds) => seconds,
-                Err(_) if holds_error.is_some() => None,
-                Err(err) => return Err(err),
+            backlog_seconds: match backlogs {
+                Some(measured) => measured.seconds.get(kind.name()).copied(),
+                None => match kind.backlog(pool, settings, at).await {
+                    Ok(seconds) => seconds,
+                    Err(_) if holds_error.is_some() => None,
+                    Err(err) => return Err(err),
+                },
             },
             queue: by_queue.get(kind.queue()).copied().unwrap_or_default(),
             fan_out: fan_out.map(|f| FanOutSummary {
@@ -239,6 +249,7 @@ pub async fn read(
         visible::open(&mut *pool.acquire().await?, at, ERASURES_SHOWN).await?;
     Ok(Status {
         at,
+        backlogs_at: backlogs.map_or(at, |measured| measured.at),
         jobs,
         nightly: by_queue.get(tick::NIGHTLY).copied().unwrap_or_default(),
         // Every sexton queue's counts, added up rather than counted again.

@@ -1,11 +1,12 @@
 //! The status page (OP-6): `/status`, an HTML page a person opens in a browser, and
 //! `/status.json`, what `sexton status --json` prints — both from one read, [`status::read`]
-//! with the default listing, bounded whatever the number of accounts. The page is rendered on
-//! the server with its style inline: no script, no font or style from elsewhere (a fleet may
-//! have no internet), and a content security policy that forbids them. It shows counts and ids:
-//! no account name, no error text, no hold's reason (those are `sexton status`'s, for the
-//! operator at a terminal); every string it does show is escaped twice over — its control and
-//! bidirectional characters shown as `\u{…}` ([`text::one_line`]), then HTML-escaped.
+//! with the default listing, bounded whatever the number of accounts (the backlogs are those
+//! the worker's gauges last measured: a read of them is a read per account). The page is
+//! rendered on the server with its style inline: no script, no font or style from elsewhere (a
+//! fleet may have no internet), and a content security policy that forbids them. It shows counts
+//! and ids: no account name, no error text, no hold's reason (those are `sexton status`'s, for
+//! the operator at a terminal); every string it does show is escaped twice over — its control
+//! and bidirectional characters shown as `\u{…}` ([`text::one_line`]), then HTML-escaped.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -83,7 +84,15 @@ async fn read(page: &Page) -> Result<Status, Unavailable> {
         let _turn = page.reads.acquire().await.expect("never closed");
         // The database's clock, as `sexton status` reads it (FL-2).
         let at: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-        status::read(pool, &page.settings, at, &Listed::default()).await
+        let backlogs = page.health.backlogs();
+        status::read(
+            pool,
+            &page.settings,
+            at,
+            &Listed::default(),
+            backlogs.as_ref(),
+        )
+        .await
     };
     match tokio::time::timeout(READ_TIMEOUT, read).await {
         Ok(Ok(status)) => Ok(status),
@@ -310,6 +319,7 @@ fn render_summary(out: &mut String, status: &Status) {
         "Queue: {} pending, {} running, {} done, {} failed for good.",
         status.queue.pending, status.queue.running, status.queue.done, status.queue.failed
     );
+    let _ = write!(out, " Backlogs as of {}.", time(Some(status.backlogs_at)));
     if status.retrying_files.is_empty() && status.quarantined_files.is_empty() {
         out.push_str(" No file deletion failed or was quarantined.");
     }

@@ -105,7 +105,7 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<Ran> {
     }
     let ctx = JobContext::new(pool.clone(), settings.clone(), clock.clone());
     let wakeups = Arc::new(Wakeups::default());
-    let background = start_background(&ctx, mode, clock);
+    let background = start_background(&ctx, mode, clock, &health);
 
     let writable = db::Writable::new(&settings.database);
     let mut pause_first = false;
@@ -366,15 +366,19 @@ async fn serve_http(
 }
 
 /// The tasks a worker runs whether or not it consumes, aborted when it stops: the clock's
-/// measurement; in a fleet member also the gauges.
+/// measurement; in a fleet member also the gauges (and the backlogs its status page shows).
 fn start_background(
     ctx: &JobContext,
     mode: Mode,
     clock: Arc<DatabaseClock>,
+    health: &Arc<Health>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut background = vec![tokio::spawn(clock.keep(ctx.pool.clone()))];
     if mode == Mode::Fleet {
-        background.push(tokio::spawn(crate::gauges::refresh(ctx.clone())));
+        background.push(tokio::spawn(crate::gauges::refresh(
+            ctx.clone(),
+            health.clone(),
+        )));
     }
     background
 }

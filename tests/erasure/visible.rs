@@ -221,7 +221,7 @@ async fn rq7_status_lists_the_open_requests_by_id_and_never_a_subject(pool: PgPo
     let w = world(&pool).await;
     let settings = common::settings(w.dir.path());
     let at = now(&pool).await;
-    let status = sexton::status::read(&pool, &settings, at, &Default::default())
+    let status = sexton::status::read(&pool, &settings, at, &Default::default(), None)
         .await
         .unwrap();
     let json = serde_json::to_value(&status).unwrap();
