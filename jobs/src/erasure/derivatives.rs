@@ -8,14 +8,17 @@
 //! Local roots are read one entry at a time without following a symlink (TR-3: nothing outside
 //! the root); object-store roots by listing their keys.
 
-use std::io::Read as _;
-use std::path::{Path, PathBuf};
+use std::ffi::{CStr, CString};
+use std::os::fd::OwnedFd;
+use std::path::Path;
 
 use futures::TryStreamExt as _;
+use rustix::fs::FileType;
 use uuid::Uuid;
 
-use crate::files::{PathSettings, Root, Store};
-use crate::trace_cleanup::{FIRST_LINE_LIMIT, line_of, signature};
+use crate::files::tree::{Look, Looked, Step, Tree, is_not_a_directory, open_dir_at};
+use crate::files::{PathSettings, Root, Store, open_root};
+use crate::trace_cleanup::{FIRST_LINE_LIMIT, first_line, line_of, signature};
 
 /// A directory tree deeper than this is not followed further.
 const MAX_DEPTH: usize = 32;
@@ -50,9 +53,8 @@ pub async fn traces(
                 None => local_directories(&root)?,
             };
             for top in tops {
-                for (path, full) in local_files(&root, &top)? {
-                    let named =
-                        first_line_of(&full).and_then(|line| signature(&line).map(|(_, s)| s));
+                for (path, first) in local_files(&root, &top)? {
+                    let named = first.and_then(|line| signature(&line).map(|(_, s)| s));
                     push(&mut found, path, agent, whole, named, sessions);
                 }
             }
@@ -124,67 +126,95 @@ pub async fn session_directory(paths: &PathSettings, session: Uuid) -> Result<bo
     }
 }
 
+/// The local traces root opened; `None` when it does not exist.
+fn open_local(root: &Path) -> Result<Option<OwnedFd>, String> {
+    match open_root(root) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(format!("{}: {err}", root.display())),
+    }
+}
+
+/// What the walks below hand out: a directory's name, or a regular file's path and first line.
+type Walked = (String, Option<Vec<u8>>);
+
+/// What the walks below look for.
+struct Derivatives {
+    /// Directories are handed out (the root's top), not walked into.
+    directories: bool,
+}
+
+impl Look for Derivatives {
+    type Found = Walked;
+
+    fn look(
+        &self,
+        dir: &OwnedFd,
+        name: &CStr,
+        relative: &[u8],
+        stat: Result<rustix::fs::Stat, rustix::io::Errno>,
+    ) -> Looked<Self::Found> {
+        // A name that is not UTF-8 names no scope of a request's.
+        let (Ok(stat), Ok(relative)) = (stat, std::str::from_utf8(relative)) else {
+            return Looked::Skip;
+        };
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Directory if self.directories => Looked::Found((relative.to_owned(), None)),
+            FileType::Directory => Looked::Descend,
+            FileType::RegularFile if !self.directories => {
+                Looked::Found((relative.to_owned(), first_line(dir, name).ok()))
+            }
+            _ => Looked::Skip,
+        }
+    }
+}
+
+/// Everything a walk hands out.
+fn walked(mut tree: Tree<Derivatives>) -> Vec<Walked> {
+    let mut found = Vec::new();
+    while let Some(step) = tree.next_step() {
+        if let Step::Entry(_, entry) = step {
+            found.push(entry);
+        }
+    }
+    found
+}
+
 /// The directories at the top of a local root (read without following a symlink).
 fn local_directories(root: &Path) -> Result<Vec<String>, String> {
-    let entries = match std::fs::read_dir(root) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(err) => return Err(format!("{}: {err}", root.display())),
+    let Some(fd) = open_local(root)? else {
+        return Ok(Vec::new());
     };
-    let mut tops = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|err| format!("{}: {err}", root.display()))?;
-        if entry.file_type().is_ok_and(|kind| kind.is_dir())
-            && let Some(name) = entry.file_name().to_str()
-        {
-            tops.push(name.to_owned());
-        }
-    }
-    Ok(tops)
+    let tree = Tree::new(fd, Vec::new(), 1, Derivatives { directories: true })
+        .map_err(|err| format!("{}: {err}", root.display()))?;
+    Ok(walked(tree).into_iter().map(|(name, _)| name).collect())
 }
 
-/// The regular files below `root/<top>/`, as (path relative to the root, full path): entries
+/// The regular files below `root/<top>/`, as (path relative to the root, first line): entries
 /// read without following a symlink (a symlink is not a file of the root's), at most
 /// [`MAX_DEPTH`] deep. A `top` that does not exist has none.
-fn local_files(root: &Path, top: &str) -> Result<Vec<(String, PathBuf)>, String> {
-    let mut files = Vec::new();
-    let mut dirs = vec![(top.to_owned(), 0usize)];
-    while let Some((dir, depth)) = dirs.pop() {
-        let entries = match std::fs::read_dir(root.join(&dir)) {
-            Ok(entries) => entries,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(err) => return Err(format!("{}: {err}", root.join(&dir).display())),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|err| format!("{}: {err}", root.join(&dir).display()))?;
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            let relative = format!("{dir}/{name}");
-            let kind = entry
-                .file_type()
-                .map_err(|err| format!("{}: {err}", entry.path().display()))?;
-            if kind.is_dir() && depth < MAX_DEPTH {
-                dirs.push((relative, depth + 1));
-            } else if kind.is_file() {
-                files.push((relative, entry.path()));
-            }
+fn local_files(root: &Path, top: &str) -> Result<Vec<Walked>, String> {
+    let Some(fd) = open_local(root)? else {
+        return Ok(Vec::new());
+    };
+    let Ok(name) = CString::new(top) else {
+        return Ok(Vec::new());
+    };
+    let dir = match open_dir_at(&fd, &name) {
+        Ok(dir) => dir,
+        // Gone, or a symlink or a file where the directory would be: nothing of the root's.
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound || is_not_a_directory(&err) => {
+            return Ok(Vec::new());
         }
-    }
-    Ok(files)
-}
-
-/// The first line of a local file, read without following a symlink.
-fn first_line_of(path: &Path) -> Option<Vec<u8>> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(path)
-        .ok()?;
-    let mut buf = Vec::new();
-    file.take(FIRST_LINE_LIMIT as u64)
-        .read_to_end(&mut buf)
-        .ok()?;
-    Some(line_of(buf))
+        Err(err) => return Err(format!("{}: {err}", root.join(top).display())),
+    };
+    let prefix = format!("{top}/").into_bytes();
+    let tree = Tree::new(
+        dir,
+        prefix,
+        MAX_DEPTH + 1,
+        Derivatives { directories: false },
+    )
+    .map_err(|err| format!("{}: {err}", root.join(top).display()))?;
+    Ok(walked(tree))
 }

@@ -22,6 +22,7 @@ use sqlx::PgConnection;
 mod drain;
 pub mod object;
 mod store;
+pub mod tree;
 mod under;
 pub use drain::*;
 pub use store::*;
@@ -153,7 +154,7 @@ impl Root {
     /// output file's spelling instead, 34 ms for 200 paths at seed scale 10 against 5 ms. A
     /// surviving row whose path is loose (`..`, or absolute) keeps every file it could name
     /// (`sexton.may_name`), read through the partial index of such rows.
-    async fn referenced(
+    pub(crate) async fn referenced(
         self,
         conn: &mut PgConnection,
         paths: &[String],

@@ -45,7 +45,7 @@ mod walk;
 pub use clean::*;
 pub use lease::*;
 use walk::Seen;
-pub(crate) use walk::{line_of, signature};
+pub(crate) use walk::{first_line, line_of, signature};
 
 /// The lease file's name, directly under the traces root.
 pub const LEASE_FILE: &str = ".sexton-traces.lease";
@@ -64,9 +64,6 @@ const BUCKETS: usize = 16_384;
 
 /// Deepest directory nesting walked below the root.
 const MAX_DEPTH: usize = 32;
-
-/// Entries of a directory listed, then looked at together.
-const LISTED: usize = 512;
 
 crate::reasons! {
     /// Why a trace file was kept (TR-3, ER-3), as the background job's hops count it.

@@ -1,8 +1,7 @@
 //! The walk of a traces root: directories read one component at a time from the root's
 //! descriptor, each trace's first line read for its signature (TR-2).
 
-use std::collections::VecDeque;
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, OsStr};
 use std::io::{self, Read as _};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt as _;
@@ -10,14 +9,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{FileType, Mode, OFlags};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use crate::files::each_at_once;
 use crate::files::object::ObjectRoot;
+use crate::files::tree::{self, Look, Looked};
 
-use super::{Error, FIRST_LINE_LIMIT, FORMAT, LEASE_FILE, LISTED, MAX_DEPTH};
+use super::{Error, FIRST_LINE_LIMIT, FORMAT, LEASE_FILE, MAX_DEPTH};
 
 /// Bytes of a path as a [`Path`], whatever they are.
 pub(super) fn as_path(bytes: &[u8]) -> &Path {
@@ -94,7 +93,7 @@ pub(crate) fn signature(first_line: &[u8]) -> Option<(String, Uuid)> {
 }
 
 /// Reads the first line of `name` in `dir` (opened without following a symlink).
-pub(super) fn first_line(dir: &OwnedFd, name: &CStr) -> io::Result<Vec<u8>> {
+pub(crate) fn first_line(dir: &OwnedFd, name: &CStr) -> io::Result<Vec<u8>> {
     let fd = rustix::fs::openat(
         dir,
         name,
@@ -133,62 +132,51 @@ pub(super) fn escapes(root: &Path, relative: &[u8]) -> bool {
     }
 }
 
-/// A directory still to be read: opened relative to its parent when its turn comes.
-pub(super) struct Pending {
-    parent: Arc<OwnedFd>,
-    name: CString,
-    /// The directory's path relative to the root and a `/`, its exact bytes (empty: the root).
-    prefix: Vec<u8>,
-    depth: usize,
+/// What the trace walk makes of one entry ([`Look`]): `*.trace.jsonl` entries and symlinks
+/// leading out are handed out, directories walked into.
+pub(super) struct Traces {
+    root: PathBuf,
 }
 
-/// The directory being read.
-pub(super) struct Level {
-    fd: Arc<OwnedFd>,
-    dir: rustix::fs::Dir,
-    prefix: Vec<u8>,
-    depth: usize,
-    /// Entries listed and looked at, not yet handed out.
-    ready: VecDeque<Found>,
-}
+impl Look for Traces {
+    type Found = Entry;
 
-/// What one directory entry turned out to be, from its `lstat` (and a trace's first line).
-enum Found {
-    /// Gone since it was listed, or neither a trace nor a directory.
-    Skip,
-    /// A directory to walk: its name in its parent and its path relative to the root.
-    Dir(CString, Vec<u8>),
-    Entry(Entry),
-}
-
-/// Looks at the entry `name` of `dir` (its path `relative` to the root) without following it.
-fn look_at(root: &Path, dir: &OwnedFd, name: &CStr, relative: &[u8]) -> Found {
-    let is_trace = name.to_bytes().ends_with(b".trace.jsonl");
-    let kept = |reason| Found::Entry(Entry::Kept(reason, relative.to_vec()));
-    let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(stat) => stat,
-        Err(rustix::io::Errno::NOENT) => return Found::Skip,
-        Err(_) if is_trace => return kept("unreadable"),
-        Err(_) => return Found::Skip,
-    };
-    match FileType::from_raw_mode(stat.st_mode) {
-        FileType::Directory => Found::Dir(name.to_owned(), relative.to_vec()),
-        FileType::Symlink if escapes(root, relative) => kept("outside_root"),
-        FileType::RegularFile if is_trace => match first_line(dir, name) {
-            Ok(line) => match signature(&line) {
-                Some((agent_id, session_id)) => Found::Entry(Entry::Candidate(Candidate {
-                    path: relative.to_vec(),
-                    blocks_bytes: allocated(&stat),
-                    seen: seen(&stat),
-                    agent_id,
-                    session_id,
-                })),
-                None => kept("bad_signature"),
+    fn look(
+        &self,
+        dir: &OwnedFd,
+        name: &CStr,
+        relative: &[u8],
+        stat: Result<rustix::fs::Stat, rustix::io::Errno>,
+    ) -> Looked<Entry> {
+        let is_trace = name.to_bytes().ends_with(b".trace.jsonl");
+        let kept = |reason| Looked::Found(Entry::Kept(reason, relative.to_vec()));
+        if relative == LEASE_FILE.as_bytes() {
+            return Looked::Skip;
+        }
+        let stat = match stat {
+            Ok(stat) => stat,
+            Err(_) if is_trace => return kept("unreadable"),
+            Err(_) => return Looked::Skip,
+        };
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Directory => Looked::Descend,
+            FileType::Symlink if escapes(&self.root, relative) => kept("outside_root"),
+            FileType::RegularFile if is_trace => match first_line(dir, name) {
+                Ok(line) => match signature(&line) {
+                    Some((agent_id, session_id)) => Looked::Found(Entry::Candidate(Candidate {
+                        path: relative.to_vec(),
+                        blocks_bytes: allocated(&stat),
+                        seen: seen(&stat),
+                        agent_id,
+                        session_id,
+                    })),
+                    None => kept("bad_signature"),
+                },
+                Err(_) => kept("unreadable"),
             },
-            Err(_) => kept("unreadable"),
-        },
-        _ if is_trace => kept("not_regular"),
-        _ => Found::Skip,
+            _ if is_trace => kept("not_regular"),
+            _ => Looked::Skip,
+        }
     }
 }
 
@@ -229,119 +217,21 @@ impl Walk {
     }
 }
 
-/// A streaming walk of the tree below the root, one directory at a time, each opened relative
-/// to its parent without following a symlink. Only `*.trace.jsonl` entries and symlinks are
-/// reported; memory holds one directory reader, at most [`LISTED`] of its entries and the
-/// directories still to read.
-pub(super) struct Tree {
-    root: PathBuf,
-    current: Option<Level>,
-    todo: Vec<Pending>,
-}
+/// A streaming walk of the tree below a local traces root ([`crate::files::tree`]).
+pub(super) struct Tree(tree::Tree<Traces>);
 
 impl Tree {
     pub(super) fn new(root: &Path, fd: OwnedFd) -> io::Result<Tree> {
-        let fd = Arc::new(fd);
-        let dir = rustix::fs::Dir::read_from(&*fd)?;
-        Ok(Tree {
+        let traces = Traces {
             root: root.to_owned(),
-            current: Some(Level {
-                fd,
-                dir,
-                prefix: Vec::new(),
-                depth: 0,
-                ready: VecDeque::new(),
-            }),
-            todo: Vec::new(),
-        })
-    }
-
-    /// Opens the next directory waiting to be walked, if it is still a directory; `None` when
-    /// none is left.
-    fn open_next(&mut self) -> Option<()> {
-        let pending = self.todo.pop()?;
-        let opened = rustix::fs::openat(
-            &*pending.parent,
-            pending.name.as_c_str(),
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        );
-        // A directory swapped for a symlink, or removed, since it was listed: skipped.
-        if let Ok(fd) = opened
-            && let Ok(dir) = rustix::fs::Dir::read_from(&fd)
-        {
-            self.current = Some(Level {
-                fd: Arc::new(fd),
-                dir,
-                prefix: pending.prefix,
-                depth: pending.depth,
-                ready: VecDeque::new(),
-            });
-        }
-        Some(())
+        };
+        Ok(Tree(tree::Tree::new(fd, Vec::new(), MAX_DEPTH, traces)?))
     }
 
     pub(super) fn next_step(&mut self) -> Option<Step> {
-        loop {
-            let Some(level) = self.current.as_mut() else {
-                self.open_next()?;
-                continue;
-            };
-            let Some(found) = level.ready.pop_front() else {
-                let names = level.list();
-                if names.is_empty() {
-                    let done = self.current.take().map(|level| level.fd)?;
-                    return Some(Step::DirDone(Listing::Local(done)));
-                }
-                let found = each_at_once(&names, |(name, relative)| {
-                    look_at(&self.root, &level.fd, name, relative)
-                });
-                level.ready = found.into();
-                continue;
-            };
-            let entry = match found {
-                Found::Skip => continue,
-                Found::Dir(name, relative) => {
-                    if level.depth + 1 < MAX_DEPTH {
-                        self.todo.push(Pending {
-                            parent: level.fd.clone(),
-                            name,
-                            prefix: [relative.as_slice(), b"/"].concat(),
-                            depth: level.depth + 1,
-                        });
-                    }
-                    continue;
-                }
-                Found::Entry(entry) => entry,
-            };
-            return Some(Step::Entry(Listing::Local(level.fd.clone()), entry));
-        }
-    }
-}
-
-impl Level {
-    /// The directory's next [`LISTED`] entries (fewer at its end), each with its path
-    /// relative to the root; `.`, `..` and the lease file left out.
-    fn list(&mut self) -> Vec<(CString, Vec<u8>)> {
-        let mut names = Vec::new();
-        while names.len() < LISTED {
-            let Some(entry) = self.dir.next() else {
-                break;
-            };
-            let Ok(entry) = entry else {
-                continue;
-            };
-            let name = entry.file_name();
-            let bytes = name.to_bytes();
-            if bytes == b"."
-                || bytes == b".."
-                || (self.depth == 0 && bytes == LEASE_FILE.as_bytes())
-            {
-                continue;
-            }
-            // Names are bytes: one that is not UTF-8 is walked and judged like any other.
-            names.push((name.to_owned(), [self.prefix.as_slice(), bytes].concat()));
-        }
-        names
+        Some(match self.0.next_step()? {
+            tree::Step::Entry(dir, entry) => Step::Entry(Listing::Local(dir), entry),
+            tree::Step::DirDone(dir) => Step::DirDone(Listing::Local(dir)),
+        })
     }
 }
