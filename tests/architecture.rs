@@ -136,6 +136,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "explain",
             "gauges",
             "generated",
+            "orphans",
             "preview",
             "sessions",
             "traces",

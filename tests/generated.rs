@@ -183,7 +183,7 @@ fn generated_a_fact_changed_in_the_code_is_stale_until_rewritten() {
     generated::check(dir.path(), &changed).expect("rewritten");
     let alerts = std::fs::read_to_string(dir.path().join("deploy/prometheus/alerts.yml")).unwrap();
     assert!(
-        alerts.contains("{kind!~\"trace_cleanup|erasure|widget_cleanup\"}"),
+        alerts.contains("{kind!~\"trace_cleanup|orphans|erasure|widget_cleanup\"}"),
         "{alerts}"
     );
 

@@ -40,6 +40,8 @@ mod lost_backends;
 mod kind;
 // OS-3, OS-4: what only an object store can do — keys refused, batched deletes, per-key failures.
 mod objects;
+// DC-1 … DC-5: derivative cleanup, files no row owns.
+mod orphans;
 // OP-1 … OP-5: configuration, the CLI's output, metrics, logs and the deploy.
 mod operations;
 // ER-5: through a real PgBouncer: session mode as a direct connection, transaction mode refused.

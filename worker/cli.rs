@@ -10,8 +10,8 @@ use clap::{ArgGroup, Parser, Subcommand};
 use crate::config::Settings;
 use crate::seed::{SeedOptions, seed};
 use crate::{
-    clock, db, demo, doctor, erase, explain, generated, holds, preview, receipts, registry,
-    sessions, status, tick, traces, worker,
+    clock, db, demo, doctor, erase, explain, generated, holds, orphans, preview, receipts,
+    registry, sessions, status, tick, traces, worker,
 };
 
 /// sexton removes exactly what has expired from an AI-agent conversation platform.
@@ -88,6 +88,12 @@ pub enum Command {
     Traces {
         #[command(subcommand)]
         command: TracesCommand,
+    },
+    /// Derivative cleanup (SPEC §12): files no row owns, by the [orphans] grace, whether or not
+    /// the background job is on.
+    Orphans {
+        #[command(subcommand)]
+        command: orphans::OrphansCommand,
     },
     /// Holds (SPEC §9): what legal or security froze stays, whatever a window says, until
     /// released; a hold is never deleted.
@@ -185,6 +191,8 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
                 .is_some_and(erase::Error::is_usage)
             || e.downcast_ref::<receipts::Error>()
                 .is_some_and(receipts::Error::is_usage)
+            || e.downcast_ref::<orphans::Error>()
+                .is_some_and(orphans::Error::is_usage)
             || matches!(
                 e.downcast_ref::<db::DbError>(),
                 Some(
@@ -354,13 +362,14 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                     account,
                     json,
                 },
-        } => run_sessions_prune(&settings, account, confirm, json).await,
+        } => sessions::run(&settings, account, confirm, json).await,
         Command::Explain { subject, id, json } => {
             explain::explain(&settings, &subject, &id, json).await
         }
         Command::Traces {
             command: TracesCommand::Clean { confirm, json },
         } => traces::clean(&settings, confirm, json).await,
+        Command::Orphans { command } => orphans::run(&settings, command).await,
         Command::Holds { command } => run_holds(&settings, command).await,
         Command::Erase { command, request } => erase::run(&settings, command, request).await,
         Command::Receipts { command } => receipts::run(&settings, command).await,
@@ -447,22 +456,6 @@ async fn run_preview(settings: &Settings, shown: preview::Shown, json: bool) -> 
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     preview::write(&mut conn, settings, now, shown, json, &mut out).await?;
     out.flush()?;
-    Ok(())
-}
-
-/// `sexton sessions prune`: the sessions the ages would delete, deleted with `confirm`.
-async fn run_sessions_prune(
-    settings: &Settings,
-    account: Option<uuid::Uuid>,
-    confirm: bool,
-    json: bool,
-) -> anyhow::Result<()> {
-    let outcome = sessions::prune(settings, account, confirm, json).await?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&outcome)?);
-    } else {
-        print!("{}", outcome.render());
-    }
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use sexton_jobs::clock::SystemClock;
 use sexton_jobs::job::{Cadence, Job as _};
+use sexton_jobs::orphans::{OrphanSettings, Orphans};
 use sexton_jobs::trace_cleanup::{Limits, TraceCleanup, TraceSettings};
 
 use crate::config::{PathSettings, Settings};
@@ -212,7 +213,7 @@ async fn pruned_runs(pool: &sqlx::PgPool, conversation: uuid::Uuid) -> anyhow::R
 }
 
 /// The configured settings as the demo runs them: every job on (background trace cleanup with
-/// an age limit unless the configuration already enables it), no health pauses, and the file
+/// an age limit unless the configuration already enables it, derivative cleanup), no health pauses, and the file
 /// roots under `root` — where the seed writes them; a root configured in an object store is
 /// reached there by the jobs.
 fn demo_settings(settings: &Settings, root: &Path) -> Settings {
@@ -228,6 +229,14 @@ fn demo_settings(settings: &Settings, root: &Path) -> Settings {
             ..traces.clone()
         };
         settings.jobs.set(TraceCleanup::NAME, demo_traces);
+    }
+    let orphans: &OrphanSettings = settings.jobs.get(Orphans::NAME);
+    if !orphans.enabled {
+        let demo_orphans = OrphanSettings {
+            enabled: true,
+            ..orphans.clone()
+        };
+        settings.jobs.set(Orphans::NAME, demo_orphans);
     }
     // Freshly seeded tables are what autovacuum works on first: the demo does not wait for it.
     settings.health = sexton_jobs::health::HealthSettings::OFF;

@@ -56,6 +56,10 @@ pub async fn refresh(ctx: JobContext, http: Arc<Health>) {
             Ok(tally) => metrics::erasures(&tally),
             Err(err) => tracing::warn!(error = %err, "could not count the erasure requests"),
         }
+        match sexton_jobs::orphans::totals(&ctx.pool).await {
+            Ok(totals) => metrics::orphans(&totals),
+            Err(err) => tracing::warn!(error = %err, "could not count the orphans removed"),
+        }
         if let Some(readings) = ctx.health.last() {
             metrics::health(&readings);
         }

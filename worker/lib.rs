@@ -12,7 +12,8 @@
 //! 3. the job kinds: registry;
 //! 4. what runs over the kinds: tick (slots and their fan-out), status, status_page (`/status`
 //!    and `/status.json`), explain, gauges (kept current between scrapes), generated (the facts
-//!    the docs and deploy files repeat, rendered into them), preview, sessions, traces;
+//!    the docs and deploy files repeat, rendered into them), orphans (`sexton orphans scan`),
+//!    preview, sessions, traces;
 //! 5. the runtime: worker;
 //! 6. the CLI: demo, cli.
 
@@ -32,6 +33,7 @@ pub mod holds;
 pub mod hop;
 pub mod http;
 pub mod ledger;
+pub mod orphans;
 pub mod preview;
 pub mod queue;
 pub mod receipts;

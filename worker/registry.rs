@@ -14,6 +14,7 @@ use sexton_jobs::explain::Explanation;
 use sexton_jobs::job::{
     self, AccountRange, Cadence, HopOutcome, Inspect, Job, Look, Reason, Scope,
 };
+use sexton_jobs::orphans::Orphans;
 use sexton_jobs::pass::ArgsOf;
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
 use sexton_jobs::queue_retention::QueueRetention;
@@ -44,6 +45,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &Registered::<QueueRetention>::new(),
     &Registered::<AttachmentExpiry>::new(),
     &Registered::<TraceCleanup>::new().ending(&[HopOutcome::LeaseHeld]),
+    &Registered::<Orphans>::new(),
     &Registered::<Erase>::new(),
 ];
 

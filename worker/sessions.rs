@@ -317,3 +317,22 @@ impl Outcome {
         text::printable(&out)
     }
 }
+
+/// `sexton sessions prune`: the sessions the ages would delete, deleted with `confirm`.
+///
+/// # Errors
+/// As [`prune`].
+pub async fn run(
+    settings: &Settings,
+    account: Option<uuid::Uuid>,
+    confirm: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let outcome = prune(settings, account, confirm, json).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
+    } else {
+        print!("{}", outcome.render());
+    }
+    Ok(())
+}

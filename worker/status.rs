@@ -77,6 +77,8 @@ pub struct Status {
     /// states, due dates and counts, never the subject's id (RQ-6); `sexton erase status` says
     /// more of each.
     pub erasures: Vec<Open>,
+    /// The latest derivative cleanup that removed files, per root and reason (DC-5).
+    pub orphans: Option<sexton_jobs::orphans::LatestScan>,
     /// How many worker processes have registered consumers of sexton's queues.
     pub workers_total: i64,
     /// The worker processes, the most recently heard from first, at most [`WORKERS_SHOWN`].
@@ -269,6 +271,7 @@ pub async fn read(
         holds_error,
         erasures_open,
         erasures,
+        orphans: sexton_jobs::orphans::latest(pool).await?,
         workers_total,
         workers,
     })
@@ -391,6 +394,9 @@ impl Status {
             }
         }
         render_erasures(&mut out, self);
+        if let Some(scan) = &self.orphans {
+            let _ = writeln!(out, "{scan}");
+        }
         render_workers(&mut out, self);
         crate::text::printable(&out)
     }

@@ -15,6 +15,7 @@ pub mod gate;
 mod golden;
 pub mod health;
 pub mod job;
+pub mod orphans;
 pub mod owner_loop;
 pub mod pass;
 pub mod payload;

@@ -31,16 +31,18 @@ pub fn settings(dir: &Path) -> Settings {
     settings
 }
 
-/// The environment that switches background trace cleanup on (an age limit of 30 days), so
-/// that a pass covers every job kind.
-pub const EVERY_JOB_ENV: [(&str, &str); 2] = [
+/// The environment that switches background trace cleanup (an age limit of 30 days) and
+/// derivative cleanup on, so that a pass covers every job kind.
+pub const EVERY_JOB_ENV: [(&str, &str); 3] = [
     ("SEXTON_TRACES__ENABLED", "true"),
     ("SEXTON_TRACES__MAX_AGE_DAYS", "30"),
+    ("SEXTON_ORPHANS__ENABLED", "true"),
 ];
 
 /// `settings` as [`EVERY_JOB_ENV`] makes them.
 pub fn every_job(mut settings: Settings) -> Settings {
     use sexton_jobs::job::Job as _;
+    use sexton_jobs::orphans::{OrphanSettings, Orphans};
     use sexton_jobs::trace_cleanup::{Limits, TraceCleanup, TraceSettings};
     let traces: TraceSettings = settings
         .jobs
@@ -55,6 +57,14 @@ pub fn every_job(mut settings: Settings) -> Settings {
                 ..traces.limits
             },
             ..traces
+        },
+    );
+    let orphans: OrphanSettings = settings.jobs.get::<OrphanSettings>(Orphans::NAME).clone();
+    settings.jobs.set(
+        Orphans::NAME,
+        OrphanSettings {
+            enabled: true,
+            ..orphans
         },
     );
     settings

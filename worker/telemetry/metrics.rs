@@ -97,6 +97,17 @@ fn describe() {
          +Inf when none is open (RQ-7)."
     );
     describe_counter!(
+        "sexton_orphans_total",
+        "Files and directories no row owns that confirmed derivative cleanups found (DC-5), by \
+         root and reason: no_row all of them, grace, legal_hold, row_appeared and changed those \
+         that stayed. The database's totals, the same on every replica."
+    );
+    describe_counter!(
+        "sexton_orphans_removed_total",
+        "Files and directories no row owned that derivative cleanup removed (DC-5), by root. The \
+         database's total, the same on every replica."
+    );
+    describe_counter!(
         "sexton_erasure_residues_total",
         "Residues erasure verification found, over every request (RQ-5): the database's total, \
          the same on every replica."
@@ -148,8 +159,10 @@ const ROOTS: [&str; 4] = ["outputs", "sessions", "attachments", "traces"];
 /// alert) and `sexton_backlog_seconds` (a kind that measures no backlog exports none); and one
 /// counter, `sexton_erasure_residues_total`, the database's total rather than this process's
 /// count: 0 then the total at the first read would count every residue ever found again in
-/// `increase()` on every restart. `sexton_erasure_due_seconds` starts at +Inf, what it reads
-/// with no open request: no due date, nothing to warn of, until the first read says otherwise.
+/// `increase()` on every restart (so too `sexton_orphans_total` and
+/// `sexton_orphans_removed_total`, the database's totals of derivative cleanup).
+/// `sexton_erasure_due_seconds` starts at +Inf, what it reads with no open request: no due
+/// date, nothing to warn of, until the first read says otherwise.
 pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
     for labels in kinds {
         let kind = labels.kind;
@@ -205,6 +218,7 @@ pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
     for state in ERASURE_STATES {
         gauge!("sexton_erasures", "state" => state).increment(0.0);
     }
+
     // Once: a later call (another worker in this process) keeps what a read set.
     static DUE: std::sync::Once = std::sync::Once::new();
     DUE.call_once(|| gauge!("sexton_erasure_due_seconds").set(f64::INFINITY));
@@ -302,6 +316,25 @@ pub fn erasures(tally: &sexton_jobs::erasure::visible::Tally) {
     }
     gauge!("sexton_erasure_due_seconds").set(tally.due_seconds.unwrap_or(f64::INFINITY));
     counter!("sexton_erasure_residues_total").absolute(u64::try_from(tally.residues).unwrap_or(0));
+}
+
+/// What confirmed derivative cleanups found and removed (DC-5), per root and label, as the
+/// database totals them (`sexton_jobs::orphans::totals`): set as they read, the same on every
+/// replica.
+pub fn orphans(totals: &[(String, String, i64)]) {
+    for (root, label, n) in totals {
+        let (Some(root), n) = (
+            ROOTS.iter().find(|r| *r == root),
+            u64::try_from(*n).unwrap_or(0),
+        ) else {
+            continue;
+        };
+        if label == "removed" {
+            counter!("sexton_orphans_removed_total", "root" => *root).absolute(n);
+        } else if let Some(reason) = sexton_jobs::orphans::REASONS.iter().find(|r| *r == label) {
+            counter!("sexton_orphans_total", "root" => *root, "reason" => *reason).absolute(n);
+        }
+    }
 }
 
 /// A hop that stopped early on a red health indicator.
