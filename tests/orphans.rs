@@ -605,3 +605,84 @@ async fn dc5_the_jobs_counts_per_root_and_reason_reach_the_ledger_status_and_met
     assert_eq!(outputs["gone"], 1, "{status}");
     assert_eq!(status["orphans"]["confirmed"], true);
 }
+
+/// A file that cannot be removed (its directory is not sexton's user's to write) is counted and
+/// reported, and the scan goes on with the next. Run as `nobody` when the tests run as root, as
+/// a worker would run under its own user.
+#[sqlx::test]
+async fn dc4_an_unremovable_orphan_is_counted_and_the_scan_goes_on(pool: PgPool) {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    if backend::server().is_some() {
+        return; // A store has no directory permissions: nothing here to make unremovable.
+    }
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let w = World::at(&pool, now).await;
+    let (a, r) = (w.account, w.run);
+    let mode = |path: &Path, bits| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(bits)).unwrap();
+    };
+    let locked = w.put("outputs", &format!("{a}/{r}/locked/stays.bin"), 30.0);
+    let free = w.put("outputs", &format!("{a}/{r}/free/goes.bin"), 30.0);
+    let binary = w.dir.path().join("sexton");
+    std::fs::copy(env!("CARGO_BIN_EXE_sexton"), &binary).unwrap();
+    for path in [
+        w.dir.path().to_owned(),
+        binary.clone(),
+        w.path("outputs", ""),
+        w.path("outputs", &a.to_string()),
+        w.path("outputs", &format!("{a}/{r}")),
+    ] {
+        mode(&path, 0o755);
+    }
+    mode(&w.path("outputs", &format!("{a}/{r}/free")), 0o777);
+    mode(&w.path("outputs", &format!("{a}/{r}/locked")), 0o555);
+    let root_user = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap();
+    let mut cmd = if root_user {
+        let mut cmd = tokio::process::Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&binary);
+        cmd
+    } else {
+        tokio::process::Command::new(&binary)
+    };
+    let url = common::database_url(&pool).await;
+    let out = cmd
+        .args([
+            "orphans",
+            "scan",
+            "--root",
+            "outputs",
+            "--confirm",
+            "--json",
+        ])
+        .env("DATABASE_URL", &url)
+        .envs(backend::env(w.dir.path()))
+        .output()
+        .await
+        .unwrap();
+    mode(&w.path("outputs", &format!("{a}/{r}/locked")), 0o755);
+
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let outputs = &json["totals"]["roots"]["outputs"];
+    assert_eq!(outputs["removed"]["errors"], 1, "{json}");
+    assert_eq!(outputs["gone"], 1, "{json}");
+    assert!(
+        locked.exists(),
+        "the file that could not be removed is still there"
+    );
+    assert!(
+        !free.exists(),
+        "the control: the scan went on and removed the next"
+    );
+}
