@@ -252,7 +252,7 @@ impl ObjectRoot {
     }
 
     /// Every object under `relative/` (a session's directory, SS-6), with its size and time.
-    async fn under(&self, relative: &str) -> Result<Vec<(Key, Object)>, Refusal> {
+    pub(crate) async fn under(&self, relative: &str) -> Result<Vec<(Key, Object)>, Refusal> {
         let key = self.key(relative).map_err(Refusal::Refused)?;
         self.store
             .list(Some(&key))
