@@ -518,6 +518,21 @@ async fn dc3_the_dry_run_deletes_nothing_and_lists_exactly_what_confirm_removes(
         paths
     };
 
+    // `preview` runs the same scan as a dry run (DC-3).
+    let preview = common::sexton(&url, w.dir.path())
+        .args(["preview", "--json"])
+        .output()
+        .await
+        .unwrap();
+    let lines: serde_json::Value = serde_json::from_slice(&preview.stdout).unwrap();
+    let orphans_line = lines
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|line| line["job"] == "orphans")
+        .expect("preview has a line for orphans");
+    assert_eq!(orphans_line["roots"]["outputs"]["counts"]["no_row"], 2);
+    assert_eq!(orphans_line["roots"]["attachments"]["listed"], 1);
     let dry = scan(&["--root", "outputs", "--json"])
         .output()
         .await

@@ -3,6 +3,8 @@
 //! through the indexes (the path keys, the primary keys, `holds_active`); the same statements
 //! judge an entry and ask again just before it is unlinked.
 
+use std::collections::HashSet;
+
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -68,7 +70,8 @@ pub(super) async fn named(
                 Root::Attachments
             };
             let texts: Vec<String> = subjects.iter().filter_map(|s| s.text.clone()).collect();
-            let mut named = root.referenced(&mut *conn, &texts).await?;
+            let mut named: HashSet<String> =
+                root.referenced(&mut *conn, &texts).await?.into_iter().collect();
             named.extend(pending(conn, root, &texts).await?);
             Ok(subjects
                 .iter()
@@ -145,7 +148,12 @@ async fn by_id(
     sql: &'static str,
 ) -> Result<Vec<bool>, sqlx::Error> {
     let ids: Vec<Uuid> = subjects.iter().filter_map(|s| s.id).collect();
-    let found: Vec<Uuid> = sqlx::query_scalar(sql).bind(&ids).fetch_all(conn).await?;
+    let found: HashSet<Uuid> = sqlx::query_scalar(sql)
+        .bind(&ids)
+        .fetch_all(conn)
+        .await?
+        .into_iter()
+        .collect();
     Ok(subjects
         .iter()
         .map(|s| s.id.is_some_and(|id| found.contains(&id)))
@@ -180,13 +188,15 @@ pub(super) async fn held(
         }
         Kind::TraceDir => "EXISTS (SELECT 1 FROM sexton.trace_holds(u.id, NULL))",
     };
-    let held: Vec<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+    let held: HashSet<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT DISTINCT u.n FROM unnest($1::int[], $2::uuid[]) AS u (n, id) WHERE {covered}"
     )))
     .bind(&ns)
     .bind(&ids)
     .fetch_all(conn)
-    .await?;
+    .await?
+    .into_iter()
+    .collect();
     Ok((0..subjects.len())
         .map(|n| held.contains(&(n as i32)))
         .collect())
