@@ -35,5 +35,4 @@ with_s3s_fs with_throwaway_postgres cargo test --test tests -- --include-ignored
   tr3_the_trace_of_a_live_session tr4_the_background_job tr4_the_dry_run \
   at1_overlapping_roots ex3_an_output_path_naming_a_directory ex3_another_spelling_of_a_referenced \
   ss6_a_session_directory_of_any_depth ss6_workers_killed ss6_er3_a_removal_that_never_reports \
-  explain_attachments_agree explain_traces_agree erasure:: doctor:: orphans::dc1_ orphans::dc2_ \
-  orphans::dc3_ orphans::dc5_
+  explain_attachments_agree explain_traces_agree erasure:: doctor:: orphans::

@@ -149,8 +149,7 @@ fn summarise(parent: &OwnedFd, name: &CStr) -> Option<Summary> {
         whole: true,
         ..Summary::default()
     };
-    // One level deeper than a walk goes: a directory there is seen, never read, and makes the
-    // summary partial.
+    // A directory deeper than a walk goes is seen, never read: the summary is then partial.
     let mut tree = Tree::new(dir, Vec::new(), MAX_DEPTH, Everything).ok()?;
     while let Some(step) = tree.next_step() {
         match step {
@@ -439,15 +438,24 @@ async fn judge_directories(
         })
         .collect();
     let named = judge::named(ctx.conn, kind, &subjects).await?;
-    let gone: Vec<Directory> = ids
-        .iter()
-        .zip(named)
-        .filter(|(_, named)| !named)
-        .filter_map(|(id, _)| {
-            let name = CString::new(id.to_string()).ok()?;
-            summarise(root, &name).map(|summary| Directory { id: *id, summary })
-        })
-        .collect();
+    let mut gone: Vec<Directory> = Vec::new();
+    for (id, named) in ids.iter().zip(named) {
+        let Some(summary) = (!named)
+            .then(|| CString::new(id.to_string()).ok())
+            .flatten()
+            .and_then(|name| summarise(root, &name))
+        else {
+            continue;
+        };
+        if summary.whole {
+            gone.push(Directory { id: *id, summary });
+        } else {
+            // Nothing can say everything in it is older than the grace: it stays, counted.
+            let why = "not every directory in it could be read (deeper than the walk goes, or \
+                       unreadable): left whole";
+            unremovable(ctx.counts, ctx.root, id.to_string().as_bytes(), why);
+        }
+    }
     let gone = young_and_held(ctx, kind, gone, directory_subject, |d| d.summary.newest_ns).await?;
     for dir in &gone {
         ctx.list(
@@ -468,7 +476,7 @@ async fn judge_directories(
             continue;
         };
         let now = summarise(root, &c_name);
-        if !dir.summary.whole || now != Some(dir.summary) {
+        if now != Some(dir.summary) {
             ctx.counts.count("changed", 1);
             continue;
         }
