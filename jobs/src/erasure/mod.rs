@@ -179,6 +179,11 @@ pub struct Cursor {
     pub step: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<Uuid>,
+    /// The step's last look, on one lane from its first owner: what its two lanes skipped
+    /// because the other lane's transaction held it (a fork's parent link set to NULL by the
+    /// other's delete) is taken now, and only a row the platform holds stays `busy`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alone: bool,
 }
 
 /// The erasure kind, as the worker registers it.

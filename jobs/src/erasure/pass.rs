@@ -35,10 +35,18 @@ const CONCLUDE: u32 = DRAIN + 1;
 /// What a pass's first transaction takes, before one is timed.
 const FIRST_CHUNK: usize = 20;
 
-/// Adds `$2`, rows or files removed by kind, to request `$1`'s counts.
+/// Adds `$2`, files removed by root, to request `$1`'s counts.
 const ADD_REMOVED: &str =
     "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
      WHERE id = $1";
+
+/// Appends `$2`, rows removed by table, to request `$1`'s counts, as a deleting transaction
+/// commits: folded into its row by [`FOLD_REMOVED`].
+const APPEND_REMOVED: &str =
+    "INSERT INTO sexton.erasure_removed (request_id, removed) VALUES ($1, $2)";
+
+/// Folds request `$1`'s appended counts into its row.
+const FOLD_REMOVED: &str = "SELECT sexton.fold_erasure_removed($1)";
 
 /// What a step needs of its request.
 #[derive(Debug, sqlx::FromRow)]
@@ -62,6 +70,8 @@ pub(super) struct Requests<'a> {
     second: Option<PoolConnection<Postgres>>,
     /// The lanes crossed: the next transaction is one lane's.
     alone: bool,
+    /// The request whose appended counts this hop has folded into its row.
+    folded: Option<Uuid>,
     give_way: Yield,
 }
 
@@ -74,6 +84,7 @@ impl<'a> Requests<'a> {
             chunk: FIRST_CHUNK.min(settings.batch_size as usize),
             second: None,
             alone: false,
+            folded: None,
             give_way: Yield::default(),
         }
     }
@@ -88,7 +99,7 @@ impl<'a> Requests<'a> {
         &self,
         conn: &mut PgConnection,
         at: Option<&Cursor>,
-    ) -> Result<Option<(InHand, u32, Option<Uuid>)>, sqlx::Error> {
+    ) -> Result<Option<(InHand, Cursor)>, sqlx::Error> {
         if let Some(at) = at {
             let same: Option<InHand> = sqlx::query_as(
                 "SELECT id, scope, scope_id, account_id, residues FROM sexton.erasures
@@ -98,7 +109,7 @@ impl<'a> Requests<'a> {
             .fetch_optional(&mut *conn)
             .await?;
             if let Some(same) = same {
-                return Ok(Some((same, at.step, at.after)));
+                return Ok(Some((same, at.clone())));
             }
         }
         let next: Option<InHand> = sqlx::query_as(
@@ -109,24 +120,35 @@ impl<'a> Requests<'a> {
         )
         .fetch_optional(&mut *conn)
         .await?;
-        Ok(next.map(|request| (request, PLAN, None)))
+        Ok(next.map(|request| {
+            let at = Cursor {
+                request: request.id,
+                step: PLAN,
+                after: None,
+                alone: false,
+            };
+            (request, at)
+        }))
     }
 
-    /// Runs step `step` of `request` from `after`.
+    /// Runs `request`'s step where `now` stands.
     async fn work(
         &mut self,
         conn: &mut PgConnection,
         request: &InHand,
-        step: u32,
-        after: Option<Uuid>,
+        now: Cursor,
         report: &mut Report<Withheld>,
     ) -> Result<Took<Cursor>, Error> {
-        let at = |step: u32, after: Option<Uuid>| Cursor {
+        let Cursor {
+            step, after, alone, ..
+        } = now;
+        let at = |step: u32, after: Option<Uuid>, alone: bool| Cursor {
             request: request.id,
             step,
             after,
+            alone,
         };
-        let next = |step: u32| more(at(step, None));
+        let next = |step: u32| more(at(step, None, false));
         match step {
             PLAN => {
                 self.plan(conn, request).await?;
@@ -140,6 +162,10 @@ impl<'a> Requests<'a> {
                 })
             }
             DRAIN => {
+                sqlx::query(FOLD_REMOVED)
+                    .bind(request.id)
+                    .execute(&mut *conn)
+                    .await?;
                 self.drain(conn, request, report).await?;
                 Ok(next(CONCLUDE))
             }
@@ -159,11 +185,15 @@ impl<'a> Requests<'a> {
                     self.chunk = FIRST_CHUNK.min(self.settings.batch_size as usize);
                 }
                 let started = Instant::now();
-                let (taken, last) = self.delete(conn, request, delete, after, report).await?;
+                let (taken, last) = self
+                    .delete(conn, request, delete, after, alone, report)
+                    .await?;
                 let seconds = started.elapsed().as_secs_f64();
+                let owners = matches!(delete.shape, Shape::Owners { .. });
                 let went_on = match last {
-                    Some(last) => at(step, Some(last)),
-                    None => at(step + 1, None),
+                    Some(last) => at(step, Some(last), alone),
+                    None if owners && !alone => at(step, None, true),
+                    None => at(step + 1, None, false),
                 };
                 Ok(Took {
                     read: taken,
@@ -292,6 +322,7 @@ impl<'a> Requests<'a> {
         request: &InHand,
         delete: steps::Delete,
         after: Option<Uuid>,
+        alone: bool,
         report: &mut Report<Withheld>,
     ) -> Result<(u64, Option<Uuid>), Error> {
         let batch = self.chunk;
@@ -309,7 +340,7 @@ impl<'a> Requests<'a> {
                     batch,
                     keep_usage_records: keep,
                 };
-                let lanes = if giving_way || std::mem::take(&mut self.alone) {
+                let lanes = if std::mem::take(&mut self.alone) || giving_way || alone {
                     vec![owners.run(conn).await?]
                 } else {
                     let second = self.second_lane().await?;
@@ -333,7 +364,7 @@ impl<'a> Requests<'a> {
                     .bind(keep)
                     .fetch_one(&mut *tx)
                     .await?;
-                sqlx::query(ADD_REMOVED)
+                sqlx::query(APPEND_REMOVED)
                     .bind(request.id)
                     .bind(Json(&counts))
                     .execute(&mut *tx)
@@ -442,6 +473,10 @@ impl<'a> Requests<'a> {
         error: &Error,
     ) -> Result<(), sqlx::Error> {
         self.failed += 1;
+        sqlx::query(FOLD_REMOVED)
+            .bind(request)
+            .execute(&mut *conn)
+            .await?;
         sqlx::query(
             "UPDATE sexton.erasures SET state = 'failed', last_error = $2, updated_at = now()
              WHERE id = $1",
@@ -478,10 +513,18 @@ impl Owners for Requests<'_> {
         _room: Option<u32>,
         report: &mut Report<Withheld>,
     ) -> Result<Took<Cursor>, Error> {
-        let Some((request, step, after)) = self.in_hand(conn, at).await? else {
+        let Some((request, now)) = self.in_hand(conn, at).await? else {
             return Ok(Took::end(None));
         };
-        match self.work(conn, &request, step, after, report).await {
+        if self.folded != Some(request.id) {
+            // What the last hop's transactions appended, in the request's row (its status).
+            sqlx::query(FOLD_REMOVED)
+                .bind(request.id)
+                .execute(&mut *conn)
+                .await?;
+            self.folded = Some(request.id);
+        }
+        match self.work(conn, &request, now, report).await {
             Ok(took) => Ok(took),
             Err(err) if refused(&err) => {
                 tracing::error!(request = %request.id, error = %err, "erasure request failed");

@@ -51,8 +51,8 @@ pub(super) struct OwnerTx {
 }
 
 impl OwnerTx {
-    /// Locks a batch after the cursor, judges and deletes it, and adds what it removed to the
-    /// request's counts, in one transaction (asynchronous commit: the drain's synchronous
+    /// Locks a batch after the cursor, judges and deletes it, and appends what it removed to
+    /// the request's counts (`sexton.erasure_removed`), in one transaction (asynchronous commit: the drain's synchronous
     /// commit makes it durable before any file goes).
     pub(super) async fn run(&self, conn: &mut PgConnection) -> Result<Lane, sqlx::Error> {
         let mut tx = crate::owner_loop::begin(conn, None, false).await?;
@@ -83,7 +83,7 @@ impl OwnerTx {
             tx.rollback().await?;
             return Ok(Lane::Busy { ids });
         };
-        sqlx::query(super::ADD_REMOVED)
+        sqlx::query(super::APPEND_REMOVED)
             .bind(self.request)
             .bind(Json(&counts))
             .execute(&mut *tx)
@@ -115,8 +115,11 @@ pub(super) struct Settled {
     pub next: Next,
 }
 
-/// Settles `lanes`, which each locked at most `batch` owners after the same cursor.
+/// Settles `lanes`, which each locked at most `batch` owners after the same cursor. A lane that
+/// crossed the other, or found a row busy beside it, sends the round again from the same
+/// cursor on one lane.
 pub(super) fn settle(lanes: Vec<Lane>, batch: usize) -> Settled {
+    let together = lanes.len() > 1;
     let mut counts = Map::new();
     let mut taken = 0;
     let mut short = false;
@@ -140,6 +143,12 @@ pub(super) fn settle(lanes: Vec<Lane>, batch: usize) -> Settled {
                     counts.insert(table, sum.into());
                 }
                 ids
+            }
+            // Beside another lane, the row may have waited on that lane's transaction: the
+            // batch goes again alone, and only the platform's locks can then make it busy.
+            Lane::Busy { .. } if together => {
+                crossed = true;
+                continue;
             }
             Lane::Busy { ids } if ids.len() > 1 => {
                 busy_batch = true;
@@ -229,14 +238,20 @@ mod tests {
     }
 
     #[test]
-    fn rq3_a_busy_batch_is_taken_again_one_by_one_and_a_busy_owner_is_passed_over() {
-        let busy = settle(vec![took(3, 4), Lane::Busy { ids: ids(3, 1) }], 3);
+    fn rq3_a_batch_busy_alone_goes_one_by_one_and_one_busy_beside_a_lane_goes_again_alone() {
+        // Alone, a busy batch goes again one owner at a time; a busy owner is passed over.
+        let busy = settle(vec![Lane::Busy { ids: ids(3, 1) }], 3);
         assert_eq!(busy.next, Next::OneByOne);
-        assert_eq!(busy.taken, 3);
-        let one = settle(vec![Lane::Busy { ids: ids(1, 1) }, took(1, 2)], 1);
-        assert_eq!(one.next, Next::From(Uuid::from_u128(2)));
-        assert_eq!(one.taken, 2);
-        assert!(!one.counts.contains_key("missing"));
+        assert_eq!(busy.taken, 0);
+        let one = settle(vec![Lane::Busy { ids: ids(1, 7) }], 1);
+        assert_eq!(one.next, Next::From(Uuid::from_u128(7)));
+        assert_eq!(one.taken, 1);
+        // Beside another lane it may have waited on that lane: the round goes again alone, the
+        // other lane's rows counted.
+        let beside = settle(vec![took(3, 4), Lane::Busy { ids: ids(3, 1) }], 3);
+        assert_eq!(beside.next, Next::Alone);
+        assert_eq!(beside.taken, 3);
+        assert_eq!(beside.counts["runs"], 3);
     }
 
     #[test]
