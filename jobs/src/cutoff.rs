@@ -83,6 +83,16 @@ impl<T> Policy<T> {
     pub fn up_to(cutoff: Option<T>) -> Self {
         cutoff.map_or(Policy::Ends(HopOutcome::Finished), Policy::Cutoff)
     }
+
+    /// Prune up to `cutoff` while the kind is `enabled`; the pass ends, disabled, once it is
+    /// not.
+    pub fn while_enabled(enabled: bool, cutoff: T) -> Self {
+        if enabled {
+            Policy::Cutoff(cutoff)
+        } else {
+            Policy::Ends(HopOutcome::Disabled)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -46,6 +46,17 @@ pub enum Cadence {
     Off,
 }
 
+impl Cadence {
+    /// Once per `period` while the kind is `enabled`, else [`Cadence::Off`].
+    pub fn every_while(enabled: bool, period: chrono::Duration) -> Self {
+        if enabled {
+            Cadence::Every(period)
+        } else {
+            Cadence::Off
+        }
+    }
+}
+
 /// Where a hop stands: whose pass, which pass, which hop of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position {

@@ -43,6 +43,12 @@ impl Bounds {
     pub const fn new(window: Option<u32>, budget: Duration) -> Self {
         Self { window, budget }
     }
+
+    /// A run that takes what it needs in one hop: no window, no budget (a kind that walks a
+    /// root whole under its lease).
+    pub const fn whole() -> Self {
+        Self::new(None, Duration::MAX)
+    }
 }
 
 /// The removals the hop's steps record, and where they go.

@@ -26,7 +26,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::files::{FileCounts, PathSettings, Root};
-use crate::job::{Cadence, HopOutcome, Inspect, Job, Look, Report, Scope};
+use crate::job::{Cadence, Inspect, Job, Look, Report, Scope};
 use crate::owner_loop::{Bounds, End};
 use crate::pass::{Now, Policy, Step};
 use crate::settings::{Check, Raw};
@@ -204,26 +204,15 @@ impl Job for Orphans {
     }
 
     fn cadence(settings: &OrphanSettings) -> Cadence {
-        if settings.enabled {
-            Cadence::Every(settings.cadence)
-        } else {
-            Cadence::Off
-        }
+        Cadence::every_while(settings.enabled, settings.cadence)
     }
 
     fn bounds(_settings: &OrphanSettings) -> Bounds {
-        Bounds {
-            window: None,
-            budget: std::time::Duration::MAX,
-        }
+        Bounds::whole()
     }
 
     async fn policy(now: Now<'_, Self>) -> Result<Policy<()>, Error> {
-        Ok(if now.settings.enabled {
-            Policy::Cutoff(())
-        } else {
-            Policy::Ends(HopOutcome::Disabled)
-        })
+        Ok(Policy::while_enabled(now.settings.enabled, ()))
     }
 
     /// One scan of every root, confirmed, recorded in `sexton.orphan_scans`.

@@ -325,26 +325,15 @@ impl Job for TraceCleanup {
     }
 
     fn cadence(settings: &TraceSettings) -> Cadence {
-        if settings.enabled {
-            Cadence::Every(settings.cadence)
-        } else {
-            Cadence::Off
-        }
+        Cadence::every_while(settings.enabled, settings.cadence)
     }
 
     fn bounds(_settings: &TraceSettings) -> Bounds {
-        Bounds {
-            window: None,
-            budget: std::time::Duration::MAX,
-        }
+        Bounds::whole()
     }
 
     async fn policy(now: Now<'_, Self>) -> Result<Policy<()>, Error> {
-        Ok(if now.settings.enabled {
-            Policy::Cutoff(())
-        } else {
-            Policy::Ends(HopOutcome::Disabled)
-        })
+        Ok(Policy::while_enabled(now.settings.enabled, ()))
     }
 
     /// One run under the lease, the whole root.
