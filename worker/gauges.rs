@@ -52,18 +52,26 @@ pub async fn refresh(ctx: JobContext, http: Arc<Health>) {
                 "could not count active holds"
             ),
         }
-        match erasures(&ctx.pool).await {
-            Ok(tally) => metrics::erasures(&tally),
-            Err(err) => tracing::warn!(error = %err, "could not count the erasure requests"),
-        }
-        match sexton_jobs::orphans::totals(&ctx.pool).await {
-            Ok(totals) => metrics::orphans(&totals),
-            Err(err) => tracing::warn!(error = %err, "could not count the orphans removed"),
-        }
+        database_totals(&ctx.pool).await;
         if let Some(readings) = ctx.health.last() {
             metrics::health(&readings);
         }
         tokio::time::sleep(ctx.settings.http.refresh_interval).await;
+    }
+}
+
+/// The series that are the database's totals rather than this process's counts: the erasure
+/// requests (with the residues verification found) and what derivative cleanup found and removed
+/// (RQ-7, DC-5). Read once before the worker takes a job and then with the other gauges, so that
+/// they are exported from the start with what they total (OP-3).
+pub async fn database_totals(pool: &sqlx::PgPool) {
+    match erasures(pool).await {
+        Ok(tally) => metrics::erasures(&tally),
+        Err(err) => tracing::warn!(error = %err, "could not count the erasure requests"),
+    }
+    match sexton_jobs::orphans::totals(pool).await {
+        Ok(totals) => metrics::orphans(&totals),
+        Err(err) => tracing::warn!(error = %err, "could not count the orphans removed"),
     }
 }
 

@@ -25,7 +25,7 @@ use crate::status::{self, JobStatus, Listed, Status};
 use crate::text;
 
 mod lists;
-use lists::{render_erasures, render_failed, render_holds, render_workers};
+use lists::{render_erasures, render_failed, render_holds, render_orphans, render_workers};
 
 /// How long one read of the status may take before the page answers 503.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -231,7 +231,8 @@ pub fn render(status: &Status) -> String {
     }
     out.push_str(
         "<a href=\"#failed\">failed jobs</a><a href=\"#holds\">holds</a>\
-                  <a href=\"#erasures\">erasures</a><a href=\"#workers\">workers</a></nav>\
+                  <a href=\"#erasures\">erasures</a><a href=\"#orphans\">orphans</a>\
+                  <a href=\"#workers\">workers</a></nav>\
                   </header><main>",
     );
     render_summary(&mut out, status);
@@ -241,6 +242,7 @@ pub fn render(status: &Status) -> String {
     render_failed(&mut out, status);
     render_holds(&mut out, status);
     render_erasures(&mut out, status);
+    render_orphans(&mut out, status);
     render_workers(&mut out, status);
     out.push_str("</main></body></html>\n");
     out

@@ -103,6 +103,9 @@ pub async fn run(settings: &Settings, mode: Mode) -> anyhow::Result<Ran> {
         Ok(ahead) => crate::clock::report(ahead),
         Err(err) => tracing::warn!(error = %err, "could not read the database's clock"),
     }
+    if mode == Mode::Fleet {
+        crate::gauges::database_totals(&pool).await;
+    }
     let ctx = JobContext::new(pool.clone(), settings.clone(), clock.clone());
     let wakeups = Arc::new(Wakeups::default());
     let background = start_background(&ctx, mode, clock, &health);

@@ -9,7 +9,9 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::{World, output_row};
-use crate::common::process::{Proc, metric, poll_until, scrape, serving_fleet_worker, status_json};
+use crate::common::process::{
+    Proc, http_get, metric, poll_until, scrape, serving_fleet_worker, status_json,
+};
 use crate::common::{self, backend};
 
 /// `sexton orphans scan` lists and deletes nothing; `--confirm` removes exactly what it listed;
@@ -141,7 +143,29 @@ async fn dc5_the_jobs_counts_per_root_and_reason_reach_the_ledger_status_and_met
             && metric(&page, "sexton_orphans_removed_total{root=\"outputs\"}") == Some(1.0)
     })
     .await;
+    let (code, page) = http_get(&address, "/status").await.unwrap();
     worker.stop().await;
+    assert_eq!(code, 200);
+    let orphans = page
+        .split("<section id=\"orphans\">")
+        .nth(1)
+        .expect("the section");
+    let outputs = orphans
+        .split("<tr>")
+        .find(|row| row.contains(">outputs</td>"))
+        .expect("a row for outputs");
+    let shown = |label: &str| {
+        let cell = outputs.split(&format!("data-label=\"{label}\"")).nth(1)?;
+        cell.split("</td>")
+            .next()?
+            .rsplit('>')
+            .next()?
+            .parse::<u64>()
+            .ok()
+    };
+    for (label, n) in [("no_row", 2), ("grace", 1), ("removed", 1), ("failed", 0)] {
+        assert_eq!(shown(label), Some(n), "{label}: {outputs}");
+    }
 
     assert!(young.exists(), "the control: a young orphan stays");
     let (pruned, retained): (i64, serde_json::Value) = sqlx::query_as(
@@ -158,6 +182,29 @@ async fn dc5_the_jobs_counts_per_root_and_reason_reach_the_ledger_status_and_met
     assert_eq!(outputs["counts"]["grace"], 1, "{status}");
     assert_eq!(outputs["gone"], 1, "{status}");
     assert_eq!(status["orphans"]["confirmed"], true);
+
+    // OP-3: a worker started again exports the database's totals from its start, never 0 first
+    // (which `increase()` would read as every orphan found again).
+    let (mut cmd, address) = serving_fleet_worker(&url, w.dir.path());
+    cmd.env("SEXTON_SCHEDULE__CATCH_UP_HOURS", "0");
+    let again = Proc::spawn(cmd);
+    again.wait_for(sexton::event::WORKER_STARTED).await;
+    let page = scrape(&address).await;
+    again.stop().await;
+    assert_eq!(
+        metric(&page, "sexton_orphans_removed_total{root=\"outputs\"}"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        metric(&page, &series("root=\"outputs\",reason=\"grace\"")),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&page, &series("root=\"traces\",reason=\"legal_hold\"")),
+        Some(0.0),
+        "the control: a pair no scan counted reads 0 from the start"
+    );
 }
 
 /// A file that cannot be removed (its directory is not sexton's user's to write) is counted and

@@ -1,5 +1,6 @@
 //! The status page's lists (OP-6): the jobs failed for good, the active holds, the open erasure
-//! requests and the fleet's workers, each a section of its own.
+//! requests, the last derivative cleanup's counts and the fleet's workers, each a section of its
+//! own.
 
 use std::fmt::Write as _;
 
@@ -180,6 +181,80 @@ pub(super) fn render_erasures(out: &mut String, status: &Status) {
             } else {
                 holds.join(" ")
             },
+        );
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table></section>");
+}
+
+/// The last derivative cleanup (DC-5): per root, what no row owned, why some of it stayed, what
+/// went and what could not.
+pub(super) fn render_orphans(out: &mut String, status: &Status) {
+    out.push_str("<section id=\"orphans\"><h2>Orphans</h2>");
+    let Some(scan) = &status.orphans else {
+        out.push_str(
+            "<p>No derivative cleanup has run: <code>sexton orphans scan</code> lists what no \
+             row owns.</p></section>",
+        );
+        return;
+    };
+    let _ = write!(
+        out,
+        "<p>The last scan, {} by {}, {}.</p><table>",
+        time(Some(scan.finished_at)),
+        esc(&scan.by),
+        if scan.confirmed {
+            "confirmed: what no row owned past the grace went"
+        } else {
+            "a dry run: nothing was removed"
+        }
+    );
+    let mut columns = vec![("root", false), ("state", false)];
+    columns.extend(
+        sexton_jobs::orphans::REASONS
+            .iter()
+            .map(|reason| (*reason, true)),
+    );
+    columns.extend([("removed", true), ("bytes", true), ("failed", true)]);
+    head(out, &columns);
+    for (root, counts) in scan.roots.as_object().into_iter().flatten() {
+        let number = |path: &[&str]| {
+            path.iter()
+                .try_fold(counts, |value, key| value.get(key))
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0)
+        };
+        let state = counts.get("state").and_then(|s| s.as_str()).unwrap_or("");
+        out.push_str("<tr>");
+        cell(out, "root", "", &esc(root));
+        cell(
+            out,
+            "state",
+            if state == "scanned" { "" } else { "bad" },
+            &esc(state),
+        );
+        for reason in sexton_jobs::orphans::REASONS {
+            let n = number(&["counts", reason]);
+            let class = match reason {
+                _ if n == 0 => "n muted",
+                "legal_hold" | "row_appeared" | "changed" => "n warn",
+                _ => "n",
+            };
+            cell(out, reason, class, &n.to_string());
+        }
+        cell(out, "removed", "n", &number(&["gone"]).to_string());
+        cell(
+            out,
+            "bytes",
+            "n",
+            &number(&["removed", "bytes"]).to_string(),
+        );
+        let failed = number(&["removed", "errors"]);
+        cell(
+            out,
+            "failed",
+            if failed == 0 { "n muted" } else { "n bad" },
+            &failed.to_string(),
         );
         out.push_str("</tr>");
     }

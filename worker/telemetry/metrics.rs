@@ -156,11 +156,12 @@ const ROOTS: [&str; 4] = ["outputs", "sessions", "attachments", "traces"];
 /// Two gauges are left until they are known, because 0 would be a false reading rather than
 /// none yet: `sexton_last_success_timestamp_seconds` (0 reads as a last success in 1970, which
 /// fires the missed-pass alert on every fresh fleet and hides the `absent()` of the never-ran
-/// alert) and `sexton_backlog_seconds` (a kind that measures no backlog exports none); and one
-/// counter, `sexton_erasure_residues_total`, the database's total rather than this process's
-/// count: 0 then the total at the first read would count every residue ever found again in
-/// `increase()` on every restart (so too `sexton_orphans_total` and
-/// `sexton_orphans_removed_total`, the database's totals of derivative cleanup).
+/// alert) and `sexton_backlog_seconds` (a kind that measures no backlog exports none). The
+/// counters that are the database's totals rather than this process's counts
+/// (`sexton_erasure_residues_total`, `sexton_orphans_total`, `sexton_orphans_removed_total`) are
+/// exported once read, which the worker does as soon as it reaches the database, before it
+/// takes any job ([`crate::gauges::database_totals`]): 0 and then the total would count every
+/// residue and orphan ever found again in `increase()` on every restart.
 /// `sexton_erasure_due_seconds` starts at +Inf, what it reads with no open request: no due
 /// date, nothing to warn of, until the first read says otherwise.
 pub fn export_from_start(kinds: &[KindLabels], consumers: &[&'static str]) {
@@ -320,19 +321,19 @@ pub fn erasures(tally: &sexton_jobs::erasure::visible::Tally) {
 
 /// What confirmed derivative cleanups found and removed (DC-5), per root and label, as the
 /// database totals them (`sexton_jobs::orphans::totals`): set as they read, the same on every
-/// replica.
+/// replica, every root and reason among them (a pair no scan counted reads its total, 0).
 pub fn orphans(totals: &[(String, String, i64)]) {
-    for (root, label, n) in totals {
-        let (Some(root), n) = (
-            ROOTS.iter().find(|r| *r == root),
-            u64::try_from(*n).unwrap_or(0),
-        ) else {
-            continue;
-        };
-        if label == "removed" {
-            counter!("sexton_orphans_removed_total", "root" => *root).absolute(n);
-        } else if let Some(reason) = sexton_jobs::orphans::REASONS.iter().find(|r| *r == label) {
-            counter!("sexton_orphans_total", "root" => *root, "reason" => *reason).absolute(n);
+    let total = |root: &str, label: &str| {
+        totals
+            .iter()
+            .find(|(r, l, _)| r == root && l == label)
+            .map_or(0, |(_, _, n)| u64::try_from(*n).unwrap_or(0))
+    };
+    for root in ROOTS {
+        counter!("sexton_orphans_removed_total", "root" => root).absolute(total(root, "removed"));
+        for reason in sexton_jobs::orphans::REASONS {
+            counter!("sexton_orphans_total", "root" => root, "reason" => reason)
+                .absolute(total(root, reason));
         }
     }
 }
