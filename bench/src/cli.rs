@@ -101,6 +101,12 @@ pub struct Cli {
     /// beside the erasure.
     #[arg(long, default_value_t = 1_000)]
     pub erasure_others: u64,
+    /// Files no row owns (DC-4): the outputs trees' sizes in files, a tenth of them orphans.
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    pub orphan_files: Vec<u64>,
+    /// Files no row owns: the tree's size in objects on the object store, when there is one.
+    #[arg(long, default_value_t = 100_000)]
+    pub orphan_objects: u64,
     /// Run traces and attachment bytes: start each method after a walk of its tree instead of
     /// dropping the page cache.
     #[arg(long)]

@@ -19,6 +19,7 @@ mod erasure;
 mod expiry;
 mod method;
 mod objects;
+mod orphans;
 mod part;
 mod results;
 mod sampler;
@@ -79,6 +80,13 @@ static PARTS: &[Part] = &[
         heading: "## Erasure on request",
         run: erasure::run,
         render: erasure::render,
+    },
+    Part {
+        name: "orphans",
+        about: "derivative cleanup of files no row owns against a walk and an anti-join (DC-4)",
+        heading: "## Files no row owns",
+        run: orphans::run,
+        render: orphans::render,
     },
 ];
 
