@@ -228,8 +228,27 @@ enum Walk {
     Directories(Tree<Named>),
 }
 
-/// The files of an outputs or attachments root, a batch at a time.
-async fn files(ctx: &mut Ctx<'_>, kind: Kind, mut tree: Tree<Files>) -> Result<(), Error> {
+/// The files of an outputs or attachments root, a batch at a time: the walk runs on a thread of
+/// its own, a batch ahead of the judging, so that reading directories and asking the database
+/// overlap (a batch is judged, and removed, in the order it was walked).
+async fn files(ctx: &mut Ctx<'_>, kind: Kind, tree: Tree<Files>) -> Result<(), Error> {
+    let (batches, mut walked) = tokio::sync::mpsc::channel::<Vec<File>>(1);
+    let walker = tokio::task::spawn_blocking(move || walk_files(tree, &batches));
+    while let Some(batch) = walked.recv().await {
+        judge_files(ctx, kind, batch).await?;
+        if ctx.stopped() {
+            break;
+        }
+    }
+    // The walk ends at its next batch once nothing takes it.
+    drop(walked);
+    let _ = walker.await;
+    Ok(())
+}
+
+/// Walks `tree`, handing each batch to `batches` (at most [`BATCH`] files from at most
+/// [`OPEN_DIRECTORIES`] directories), until the walk ends or nothing takes them.
+fn walk_files(mut tree: Tree<Files>, batches: &tokio::sync::mpsc::Sender<Vec<File>>) {
     let mut batch: Vec<File> = Vec::new();
     let mut open = 0;
     while let Some(step) = tree.next_step() {
@@ -249,14 +268,15 @@ async fn files(ctx: &mut Ctx<'_>, kind: Kind, mut tree: Tree<Files>) -> Result<(
             seen,
         });
         if batch.len() >= BATCH || open >= OPEN_DIRECTORIES {
-            judge_files(ctx, kind, std::mem::take(&mut batch)).await?;
-            open = 0;
-            if ctx.stopped() {
-                return Ok(());
+            if batches.blocking_send(std::mem::take(&mut batch)).is_err() {
+                return;
             }
+            open = 0;
         }
     }
-    judge_files(ctx, kind, batch).await
+    if !batch.is_empty() {
+        let _ = batches.blocking_send(batch);
+    }
 }
 
 fn file_subject(file: &File) -> Subject {
