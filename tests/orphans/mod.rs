@@ -253,12 +253,17 @@ async fn dc1_a_file_a_row_names_under_another_spelling_stays(pool: PgPool) {
     let spelled = w.put("outputs", &format!("{a}/{r}/spelled.bin"), 30.0);
     let loose = w.put("outputs", &format!("{a}/{r}/loose.bin"), 30.0);
     let orphan = w.put("outputs", &format!("{a}/{r}/orphan.bin"), 30.0);
+    // At the root's top, beside the directories the walkers share out.
+    output_row(&pool, r, "./top.bin").await;
+    let top = w.put("outputs", "top.bin", 30.0);
+    let stray = w.put("outputs", "stray.bin", 30.0);
 
     let report = w.scan(&pool, &[Root::Outputs], true).await;
 
-    assert!(spelled.exists() && loose.exists());
+    assert!(spelled.exists() && loose.exists() && top.exists());
     assert!(!orphan.exists(), "the control: a file no row names goes");
-    assert_eq!(count(&report, Root::Outputs, "no_row"), 1);
+    assert!(backend::gone(&stray), "and so does one at the root's top");
+    assert_eq!(count(&report, Root::Outputs, "no_row"), 2);
 }
 
 /// Only what is older than the grace goes; a directory only when everything in it is.

@@ -6,7 +6,6 @@
 use std::ffi::{CStr, CString};
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::Arc;
 
 use rustix::fs::{AtFlags, FileType, Stat};
 use sqlx::PgConnection;
@@ -16,30 +15,8 @@ use crate::files::{Root, open_root, remove_under, stat_under};
 
 use super::judge::{self, Kind, Subject};
 use super::scan::{Ctx, kinds};
+use super::walk::{File, Files, Top, mtime_ns, seen, walk};
 use super::{BATCH, Error, MAX_DEPTH, RootCounts};
-
-/// Directories whose files one batch holds at most: each is held open until the batch is done.
-const OPEN_DIRECTORIES: usize = 64;
-
-/// What a file looked like when it was judged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Seen {
-    ino: u64,
-    size: i64,
-    mtime_ns: i128,
-}
-
-fn seen(stat: &Stat) -> Seen {
-    Seen {
-        ino: stat.st_ino,
-        size: stat.st_size,
-        mtime_ns: mtime_ns(stat),
-    }
-}
-
-fn mtime_ns(stat: &Stat) -> i128 {
-    i128::from(stat.st_mtime) * 1_000_000_000 + i128::from(stat.st_mtime_nsec)
-}
 
 /// What a directory held when it was judged: its files, their bytes, every entry, and the
 /// newest modification of anything in it (itself and its subdirectories included).
@@ -51,41 +28,6 @@ struct Summary {
     newest_ns: i128,
     /// Every directory in it was read: none too deep, none that could not be opened.
     whole: bool,
-}
-
-/// A file of a batch: where it was listed, its name there, its path, how it looked.
-struct File {
-    dir: Arc<OwnedFd>,
-    name: CString,
-    path: Vec<u8>,
-    seen: Seen,
-}
-
-/// A file of a files root (outputs, attachments): regular files are handed out, directories
-/// walked into, anything else (a symlink, a device) neither followed nor touched.
-struct Files;
-
-impl Look for Files {
-    type Found = (CString, Vec<u8>, Seen);
-
-    fn look(
-        &self,
-        _dir: &OwnedFd,
-        name: &CStr,
-        relative: &[u8],
-        stat: Result<Stat, rustix::io::Errno>,
-    ) -> Looked<Self::Found> {
-        let Ok(stat) = stat else {
-            return Looked::Skip;
-        };
-        match FileType::from_raw_mode(stat.st_mode) {
-            FileType::Directory => Looked::Descend,
-            FileType::RegularFile => {
-                Looked::Found((name.to_owned(), relative.to_vec(), seen(&stat)))
-            }
-            _ => Looked::Skip,
-        }
-    }
 }
 
 /// The directories at the top of a root named by a UUID (a session's, an agent's).
@@ -210,7 +152,7 @@ pub(super) async fn scan_root(ctx: &mut Ctx<'_>, path: &Path) -> Result<(), Erro
         Kind::SessionDir | Kind::TraceDir => {
             Tree::new(walked, Vec::new(), depth, Named).map(Walk::Directories)
         }
-        _ => Tree::new(walked, Vec::new(), depth, Files).map(Walk::Files),
+        _ => Tree::new(walked, Vec::new(), 1, Top).map(Walk::Files),
     };
     match result {
         Ok(Walk::Files(tree)) => files(ctx, kind, tree).await,
@@ -224,59 +166,25 @@ pub(super) async fn scan_root(ctx: &mut Ctx<'_>, path: &Path) -> Result<(), Erro
 }
 
 enum Walk {
-    Files(Tree<Files>),
+    Files(Tree<Top>),
     Directories(Tree<Named>),
 }
 
-/// The files of an outputs or attachments root, a batch at a time: the walk runs on a thread of
-/// its own, a batch ahead of the judging, so that reading directories and asking the database
-/// overlap (a batch is judged, and removed, in the order it was walked).
-async fn files(ctx: &mut Ctx<'_>, kind: Kind, tree: Tree<Files>) -> Result<(), Error> {
+/// The files of an outputs or attachments root, a batch at a time as [`walk`] hands them over,
+/// each judged, and removed, as one.
+async fn files(ctx: &mut Ctx<'_>, kind: Kind, top: Tree<Top>) -> Result<(), Error> {
     let (batches, mut walked) = tokio::sync::mpsc::channel::<Vec<File>>(1);
-    let walker = tokio::task::spawn_blocking(move || walk_files(tree, &batches));
+    let walkers = tokio::task::spawn_blocking(move || walk(top, &batches));
     while let Some(batch) = walked.recv().await {
         judge_files(ctx, kind, batch).await?;
         if ctx.stopped() {
             break;
         }
     }
-    // The walk ends at its next batch once nothing takes it.
+    // The walkers end at their next batch once nothing takes it.
     drop(walked);
-    let _ = walker.await;
+    let _ = walkers.await;
     Ok(())
-}
-
-/// Walks `tree`, handing each batch to `batches` (at most [`BATCH`] files from at most
-/// [`OPEN_DIRECTORIES`] directories), until the walk ends or nothing takes them.
-fn walk_files(mut tree: Tree<Files>, batches: &tokio::sync::mpsc::Sender<Vec<File>>) {
-    let mut batch: Vec<File> = Vec::new();
-    let mut open = 0;
-    while let Some(step) = tree.next_step() {
-        let Step::Entry(dir, (name, path, seen)) = step else {
-            continue;
-        };
-        if batch
-            .last()
-            .is_none_or(|last| !Arc::ptr_eq(&last.dir, &dir))
-        {
-            open += 1;
-        }
-        batch.push(File {
-            dir,
-            name,
-            path,
-            seen,
-        });
-        if batch.len() >= BATCH || open >= OPEN_DIRECTORIES {
-            if batches.blocking_send(std::mem::take(&mut batch)).is_err() {
-                return;
-            }
-            open = 0;
-        }
-    }
-    if !batch.is_empty() {
-        let _ = batches.blocking_send(batch);
-    }
 }
 
 fn file_subject(file: &File) -> Subject {

@@ -36,6 +36,7 @@ mod judge;
 mod local;
 mod objects;
 mod scan;
+mod walk;
 pub use scan::*;
 
 /// Entries asked about, and unlinked, together.
