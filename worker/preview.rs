@@ -3,14 +3,15 @@
 //! By default a summary per job: for a per-account job, how many accounts its discovery finds
 //! something due for (the passes a slot now would start, FL-8) and what their lines add up to;
 //! a global job's lines as they are. `--account` gives one account's lines of every job, found
-//! due or not; `--all` every due account's lines. The accounts are walked in batches of
-//! `queue.fan_out_batch`, as the fan-out walks them, and each batch is written before the next
-//! is read: memory is bounded by a batch whatever the number of accounts.
+//! due or not; `--all` every due account's lines. The due accounts are found as the fan-out
+//! finds them, from the candidates' side, and taken in batches of `queue.fan_out_batch`, each
+//! written before the next is read: memory is bounded by a batch whatever the number of
+//! accounts.
 
 use std::io::Write;
 
 use chrono::{DateTime, Utc};
-use sexton_jobs::job::{AccountRange, Scope};
+use sexton_jobs::job::{self, Discovery, Scope};
 use uuid::Uuid;
 
 use crate::config::Settings;
@@ -172,8 +173,9 @@ async fn preview_kind<W: Write>(
     Ok(())
 }
 
-/// Every account in batches: discovery of `kind`, then the preview of the accounts it finds,
-/// handed to `each` before the next batch is read. Returns the accounts looked at and found.
+/// The accounts `kind`'s discovery finds, in batches of `queue.fan_out_batch` as the fan-out
+/// takes them, the preview of each batch handed to `each` before the next is read. Returns how
+/// many accounts there are and how many were found.
 async fn walk_due(
     conn: &mut sqlx::PgConnection,
     settings: &Settings,
@@ -181,17 +183,16 @@ async fn walk_due(
     kind: &'static dyn Kind,
     mut each: impl FnMut(Vec<PreviewLine>) -> std::io::Result<()>,
 ) -> anyhow::Result<(u64, u64)> {
-    let (mut accounts, mut due_count, mut after) = (0, 0, None);
-    while let Some((range, n)) =
-        AccountRange::next(conn, after, settings.queue.fan_out_batch).await?
-    {
-        accounts += n;
-        let due = kind.due(conn, settings, now, range).await?;
-        if !due.is_empty() {
-            due_count += due.len() as u64;
-            each(kind.preview(conn, settings, now, Some(&due)).await?)?;
+    let mut due_count = 0;
+    let due = Discovery::open(conn, kind.due(settings, now)).await?;
+    loop {
+        let batch = due.next(conn, settings.queue.fan_out_batch).await?;
+        if batch.is_empty() {
+            break;
         }
-        after = Some(range.through);
+        due_count += batch.len() as u64;
+        each(kind.preview(conn, settings, now, Some(&batch)).await?)?;
     }
-    Ok((accounts, due_count))
+    due.close(conn).await?;
+    Ok((job::accounts(conn).await?, due_count))
 }

@@ -11,9 +11,7 @@ use futures::future::BoxFuture;
 use sexton_jobs::attachment_expiry::AttachmentExpiry;
 use sexton_jobs::erasure::Erase;
 use sexton_jobs::explain::Explanation;
-use sexton_jobs::job::{
-    self, AccountRange, Cadence, HopOutcome, Inspect, Job, Look, Reason, Scope,
-};
+use sexton_jobs::job::{self, Cadence, Due, HopOutcome, Inspect, Job, Look, Reason, Scope};
 use sexton_jobs::orphans::Orphans;
 use sexton_jobs::pass::ArgsOf;
 use sexton_jobs::prune_execution_details::PruneExecutionDetails;
@@ -87,14 +85,8 @@ pub trait Kind: Section + Send + Sync {
         account: Option<Uuid>,
         slot: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<PushOutcome, QueueError>>;
-    /// Which accounts of `range` have something due for `slot` (FL-8).
-    fn due<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
-        settings: &'a Settings,
-        slot: DateTime<Utc>,
-        range: AccountRange,
-    ) -> BoxFuture<'a, Result<Vec<Uuid>, sqlx::Error>>;
+    /// Its discovery of the accounts that have something due for `slot` (FL-8).
+    fn due(&self, settings: &Settings, slot: DateTime<Utc>) -> Due;
     /// The first hops of these accounts' passes for `slot`, as pushed: (key, payload) each.
     fn first_hops(
         &self,
@@ -270,19 +262,8 @@ impl<J: Inspect> Kind for Registered<J> {
         Box::pin(async move { hop::push::<J>(ctx, &ArgsOf::<J>::first(account, slot)).await })
     }
 
-    fn due<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
-        settings: &'a Settings,
-        slot: DateTime<Utc>,
-        range: AccountRange,
-    ) -> BoxFuture<'a, Result<Vec<Uuid>, sqlx::Error>> {
-        Box::pin(J::due(
-            conn,
-            settings.jobs.get::<J::Settings>(J::NAME),
-            slot,
-            range,
-        ))
+    fn due(&self, settings: &Settings, slot: DateTime<Utc>) -> Due {
+        J::due(settings.jobs.get::<J::Settings>(J::NAME), slot)
     }
 
     fn first_hops(

@@ -9,10 +9,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sexton_jobs::clock::SharedClock;
-use sexton_jobs::job::{AccountRange, Cadence, Scope};
+use sexton_jobs::job::{self, Cadence, Discovery, Scope};
 use sexton_jobs::payload::V1;
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::context::JobContext;
@@ -183,22 +182,23 @@ impl TickError {
 }
 
 /// Starts the passes of every job kind for a slot: one for a global kind; for a per-account
-/// kind, one for each account its discovery finds something due for (FL-8), walking the
-/// accounts in batches of `queue.fan_out_batch` — each batch's ledger rows and first hops in
-/// one transaction, every hop under a key derived from the slot, so that a retried slot job
-/// adds nothing twice and misses nothing. Passes older than the queue's retention are
-/// forgotten on the way (FL-7).
+/// kind, one for each account its discovery finds something due for (FL-8), read from the
+/// candidates' side and taken in batches of `queue.fan_out_batch` — each batch's ledger rows
+/// and first hops in one transaction, every hop under a key derived from the slot, so that a
+/// retried slot job adds nothing twice and misses nothing. Passes older than the queue's
+/// retention are forgotten on the way (FL-7).
 ///
 /// # Errors
 /// A database or queue error; the slot job is then retried.
 pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()> {
     tracing::info!(slot = %slot.slot.to_rfc3339(), "fanning out nightly slot");
+    let mut accounts = None;
     for kind in registry::KINDS {
         if kind.cadence(&ctx.settings) != Cadence::Nightly {
             continue;
         }
         let done = match kind.scope() {
-            Scope::Account => fan_out_accounts(ctx, *kind, slot.slot).await?,
+            Scope::Account => fan_out_accounts(ctx, *kind, slot.slot, &mut accounts).await?,
             Scope::Global => start_global(ctx, *kind, slot.slot).await?.1,
         };
         tracing::info!(
@@ -224,31 +224,36 @@ pub async fn fan_out(ctx: &JobContext, slot: &NightlySlot) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The fan-out of one per-account kind: discovery batch by batch over the accounts in id order,
-/// on the one connection the schedule's fan-out is budgeted (FL-6).
+/// The fan-out of one per-account kind: its discovery, read batch by batch in account id order,
+/// on the one connection the schedule's fan-out is budgeted (FL-6). The accounts are counted
+/// once per slot (`accounts`), for the ledger.
 async fn fan_out_accounts(
     ctx: &JobContext,
     kind: &'static dyn Kind,
     slot: DateTime<Utc>,
+    accounts: &mut Option<u64>,
 ) -> anyhow::Result<ledger::FanOut> {
     let mut conn = ctx.pool.acquire().await?;
     ledger::fan_out_begun(&mut *conn, kind.name(), slot).await?;
-    let mut after: Option<Uuid> = None;
-    let mut accounts: u64 = 0;
-    while let Some((range, n)) =
-        AccountRange::next(&mut conn, after, ctx.settings.queue.fan_out_batch).await?
-    {
-        accounts += n;
-        let due = kind.due(&mut conn, &ctx.settings, slot, range).await?;
-        if !due.is_empty() {
-            let hops = kind.first_hops(&due, slot)?;
-            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            ledger::open(&mut *tx, kind.name(), &due, slot).await?;
-            queue::push_many(&mut tx, kind.queue(), &ctx.settings.queue, &hops).await?;
-            tx.commit().await?;
+    let due = Discovery::open(&mut conn, kind.due(&ctx.settings, slot)).await?;
+    loop {
+        let batch = due
+            .next(&mut conn, ctx.settings.queue.fan_out_batch)
+            .await?;
+        if batch.is_empty() {
+            break;
         }
-        after = Some(range.through);
+        let hops = kind.first_hops(&batch, slot)?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        ledger::open(&mut *tx, kind.name(), &batch, slot).await?;
+        queue::push_many(&mut tx, kind.queue(), &ctx.settings.queue, &hops).await?;
+        tx.commit().await?;
     }
+    due.close(&mut conn).await?;
+    let accounts = match *accounts {
+        Some(n) => n,
+        None => *accounts.insert(job::accounts(&mut conn).await?),
+    };
     Ok(ledger::fan_out_done(&mut *conn, kind.name(), slot, accounts).await?)
 }
 

@@ -68,63 +68,89 @@ pub struct Position {
     pub hop: u32,
 }
 
-/// A bounded run of accounts in id order, as the fan-out walks them (FL-8): those after
-/// `after` (every account from the first when `None`) up to and including `through`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AccountRange {
-    pub after: Option<Uuid>,
-    pub through: Uuid,
+/// A kind's discovery (FL-8): one set-based statement, with its arguments bound, that selects
+/// the ids of the accounts whose pass has something to do — in any order, each as often as it
+/// comes: [`Discovery`] makes them distinct and walks them in id order.
+pub type Due = sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Every account: what a per-account job that does not say better is asked to do.
+pub fn every_account() -> Due {
+    sqlx::query("SELECT id FROM accounts")
 }
 
-impl AccountRange {
-    /// The next range of at most `size` accounts after `after` (from the first when `None`),
-    /// with how many accounts it holds; `None` past the last account.
+/// A kind's discovery under way on one connection: its statement run once, into a cursor held
+/// by the server (`WITH HOLD`: it outlives the statement, so the connection pushes and previews
+/// between reads), and read in batches in account id order — the worker holds one batch, never
+/// every due account. Close it when done; one left open by a failed walk is closed by the next
+/// [`Discovery::open`] on the same connection.
+pub struct Discovery(());
+
+/// The cursor's name on its connection: one discovery at a time per connection.
+const CURSOR: &str = "sexton_due";
+
+impl Discovery {
+    /// Runs `due` into the connection's cursor.
+    ///
+    /// # Errors
+    /// A database error, or an argument of `due` that could not be encoded.
+    pub async fn open(conn: &mut PgConnection, mut due: Due) -> Result<Self, sqlx::Error> {
+        use sqlx::Execute as _;
+        let arguments = due.take_arguments().map_err(sqlx::Error::Encode)?;
+        let statement = format!(
+            "DECLARE {CURSOR} NO SCROLL CURSOR WITH HOLD FOR
+             SELECT DISTINCT account_id FROM ({}) due (account_id) ORDER BY account_id",
+            due.sql().as_str()
+        );
+        let left_open: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_cursors WHERE name = $1)")
+                .bind(CURSOR)
+                .fetch_one(&mut *conn)
+                .await?;
+        if left_open {
+            sqlx::query(sqlx::AssertSqlSafe(format!("CLOSE {CURSOR}")))
+                .execute(&mut *conn)
+                .await?;
+        }
+        sqlx::query_with(
+            sqlx::AssertSqlSafe(statement),
+            arguments.unwrap_or_default(),
+        )
+        .execute(&mut *conn)
+        .await?;
+        Ok(Self(()))
+    }
+
+    /// The next at most `size` due accounts, in id order; empty past the last.
     ///
     /// # Errors
     /// A database error.
-    pub async fn next(
-        conn: &mut PgConnection,
-        after: Option<Uuid>,
-        size: u32,
-    ) -> Result<Option<(Self, u64)>, sqlx::Error> {
-        let (through, n): (Option<Uuid>, i64) = sqlx::query_as(
-            "WITH batch AS (SELECT id FROM accounts WHERE ($1::uuid IS NULL OR id > $1)
-                            ORDER BY id LIMIT $2)
-             SELECT (SELECT id FROM batch ORDER BY id DESC LIMIT 1), (SELECT count(*) FROM batch)",
-        )
-        .bind(after)
-        .bind(i64::from(size))
-        .fetch_one(conn)
-        .await?;
-        Ok(through.map(|through| (Self { after, through }, n as u64)))
+    pub async fn next(&self, conn: &mut PgConnection, size: u32) -> Result<Vec<Uuid>, sqlx::Error> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("FETCH {size} FROM {CURSOR}")))
+            .fetch_all(conn)
+            .await
     }
 
-    /// A discovery statement over this range: `sql` selects account ids with `$1` as `after`
-    /// (null: from the first) and `$2` as `through`; the job binds its own from `$3`.
-    pub fn query<'q>(
-        &self,
-        sql: &'q str,
-    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, Uuid, sqlx::postgres::PgArguments> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(self.after)
-            .bind(self.through)
+    /// Closes the cursor.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn close(self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        sqlx::query(sqlx::AssertSqlSafe(format!("CLOSE {CURSOR}")))
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 }
 
-/// Every account of `range`: what a per-account job that does not say better is asked to do.
+/// How many accounts there are: what a fan-out and `preview` report beside the due ones.
 ///
 /// # Errors
 /// A database error.
-pub async fn every_account(
-    conn: &mut PgConnection,
-    range: AccountRange,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    range
-        .query(
-            "SELECT id FROM accounts WHERE ($1::uuid IS NULL OR id > $1) AND id <= $2 ORDER BY id",
-        )
-        .fetch_all(conn)
-        .await
+pub async fn accounts(conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(conn)
+        .await?;
+    Ok(n.max(0) as u64)
 }
 
 /// Whether `error`, or an error it comes from, is the database refusing a statement for what it
@@ -207,19 +233,15 @@ pub trait Job: Sized + Send + Sync + 'static {
         Cadence::Nightly
     }
 
-    /// The accounts of `range` whose pass for `slot` has something to do (FL-8): a candidate
-    /// past its cutoff under the account's current setting (held-back ones included, so that
-    /// what holds them is looked at again), a window the pass must report as invalid, or file
-    /// removals waiting in the job's root. Set-based, through the job's indexes; it may name an
-    /// account whose pass then finds nothing, never miss one a pass would prune for. By
-    /// default every account.
-    fn due(
-        conn: &mut PgConnection,
-        _settings: &Self::Settings,
-        _slot: DateTime<Utc>,
-        range: AccountRange,
-    ) -> impl Future<Output = Result<Vec<Uuid>, sqlx::Error>> + Send {
-        every_account(conn, range)
+    /// Its discovery (FL-8): the accounts whose pass for `slot` has something to do — a
+    /// candidate past its cutoff under the account's current setting (held-back ones included,
+    /// so that what holds them is looked at again), a window the pass must report as invalid, or
+    /// file removals waiting in the job's root. One set-based statement driven from the
+    /// candidates' side through the job's indexes, so that an account with nothing due is never
+    /// read; it may name an account whose pass then finds nothing, never miss one a pass would
+    /// prune for. By default every account.
+    fn due(_settings: &Self::Settings, _slot: DateTime<Utc>) -> Due {
+        every_account()
     }
 
     /// How much one hop may do.

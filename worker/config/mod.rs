@@ -143,8 +143,8 @@ pub struct QueueSettings {
     pub retry_backoff: Duration,
     pub shutdown_grace: Duration,
     pub finished_job_retention: chrono::Duration,
-    /// Accounts a slot's fan-out looks at per discovery statement, and so first hops it
-    /// pushes per statement at most (FL-8).
+    /// Due accounts a slot's fan-out takes from a kind's discovery at a time, and so first
+    /// hops it pushes per transaction at most (FL-8).
     pub fan_out_batch: u32,
 }
 

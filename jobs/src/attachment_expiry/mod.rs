@@ -17,12 +17,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::days_before;
 use crate::files::{self, PathSettings, Root};
-use crate::job::{AccountRange, HopOutcome, Job, Report};
+use crate::job::{Due, HopOutcome, Job, Report};
 use crate::owner_loop::{Bounds, End};
 use crate::pass::{Now, Policy, Removals, Step};
 use crate::settings::{Check, Raw};
@@ -114,27 +113,17 @@ impl Job for AttachmentExpiry {
     }
 
     /// The file's mtime decides (AT-1), not a column: an account with any live attachment is
-    /// due while the job is on, and one with attachment files waiting to be removed always.
-    async fn due(
-        conn: &mut PgConnection,
-        settings: &AttachmentSettings,
-        _slot: DateTime<Utc>,
-        range: AccountRange,
-    ) -> Result<Vec<Uuid>, sqlx::Error> {
+    /// due while the job is on (found from the attachments' side, through `attachments_expiry`),
+    /// and one with attachment files waiting to be removed always.
+    fn due(settings: &AttachmentSettings, _slot: DateTime<Utc>) -> Due {
         let sql = format!(
-            "SELECT a.id FROM accounts a
-             WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
-               AND (($3 AND EXISTS (SELECT 1 FROM attachments t
-                                    WHERE t.account_id = a.id AND sexton.attachment_live(t.bytes_expired_at)))
-                    OR {})
-             ORDER BY a.id",
-            files::waiting_sql(Root::Attachments, "a.id")
+            "SELECT account_id FROM attachments
+             WHERE $1 AND sexton.attachment_live(bytes_expired_at)
+             UNION ALL
+             {}",
+            files::waiting_sql(Root::Attachments)
         );
-        range
-            .query(&sql)
-            .bind(settings.max_age_days != 0)
-            .fetch_all(conn)
-            .await
+        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(settings.max_age_days != 0)
     }
 
     fn bounds(settings: &AttachmentSettings) -> Bounds {

@@ -198,12 +198,13 @@ impl Root {
     }
 }
 
-/// SQL: whether the account `account` (an SQL expression) has removals waiting in `root` that
-/// its next hop drains (FL-8's discovery: such an account has something to do).
-pub fn waiting_sql(root: Root, account: &str) -> String {
+/// SQL: the accounts that have removals waiting in `root` that their next hop drains (FL-8's
+/// discovery: such an account has something to do), one row each.
+pub fn waiting_sql(root: Root) -> String {
     format!(
-        "EXISTS (SELECT 1 FROM sexton.pending_file_deletions w \
-                 WHERE w.root = '{}' AND w.account_id = {account} AND w.quarantined_at IS NULL)",
+        "SELECT a.id FROM accounts a \
+         WHERE a.id IN (SELECT w.account_id FROM sexton.pending_file_deletions w \
+                        WHERE w.root = '{}' AND w.quarantined_at IS NULL)",
         root.as_str()
     )
 }

@@ -11,32 +11,22 @@ use uuid::Uuid;
 use crate::cutoff::{EARLIEST, days_before};
 use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::job::{AccountRange, Inspect, Job, Look};
+use crate::job::{Due, Inspect, Job, Look};
 
 use super::sql::{AGE, BACKLOG, BACKLOG_SCAN, BLOCKERS_OF, DUE, EXPLAIN, PREVIEW};
 use super::{
     DETAIL_TABLES, Error, HopSettings, Locked, PruneExecutionDetails, RetainReason, Verdict,
 };
 
-/// The accounts of `range` whose pass for `slot` has something to do (FL-8): an owner past the
-/// cutoff the account's current window gives (held back or not: what holds it is looked at
+/// Its discovery (FL-8): the accounts whose pass for `slot` has something to do — an owner past
+/// the cutoff the account's current window gives (held back or not: what holds it is looked at
 /// again), a window of 0 or less (the pass reports it, EX-1), or output files waiting to be
-/// removed. The slot bounds the cutoff from above, as it bounds every hop's: a slot ahead of the
-/// database's now names more accounts, never fewer.
-///
-/// # Errors
-/// A database error.
-pub async fn due(
-    conn: &mut PgConnection,
-    slot: DateTime<Utc>,
-    range: AccountRange,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    range
-        .query(&DUE)
+/// removed ([`DUE`]). The slot bounds the cutoff from above, as it bounds every hop's: a slot
+/// ahead of the database's now names more accounts, never fewer.
+pub fn due(slot: DateTime<Utc>) -> Due {
+    sqlx::query(sqlx::AssertSqlSafe(DUE.as_str()))
         .bind(slot)
         .bind(EARLIEST)
-        .fetch_all(conn)
-        .await
 }
 
 /// What a pass would do for one account now, deleting nothing (`sexton preview`).

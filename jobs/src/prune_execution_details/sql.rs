@@ -239,22 +239,30 @@ pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Discovery: `$1`/`$2` the range, `$3` the slot, `$4` the earliest finite age. An owner past
-/// the cutoff, whatever holds it back (FL-8: what holds it is looked at again by the pass). The
-/// cutoff is computed only where the window leaves one (a CASE: never "timestamp out of range").
+/// Discovery (FL-8): `$1` the slot, `$2` the earliest finite age. Every owner past the cutoff,
+/// whatever holds it back (what holds it is looked at again by the pass), found from the
+/// owners' side: those older than the latest cutoff of any account — the one its shortest
+/// window gives, read at one end of `accounts_execution_details_retention_days` — in age order
+/// through `runs_execution_details_due`, the oldest of each account then checked against that
+/// account's own cutoff. With them, the accounts whose window is 0 or less and those with
+/// output files waiting to be removed. A cutoff is computed only where the window leaves one
+/// (a CASE: never "timestamp out of range").
 pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
+    let days = "execution_details_retention_days";
     format!(
-        "SELECT a.id FROM accounts a
-         WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
-           AND (a.execution_details_retention_days <= 0
-                OR EXISTS (
-                    SELECT 1 FROM runs r
-                    WHERE r.account_id = a.id AND {UNPRUNED_OWNER} AND {AGE} >= $4
-                      AND {AGE} < {})
-                OR {})
-         ORDER BY a.id",
-        crate::cutoff::days_before_sql("$3", "a.execution_details_retention_days", "$4"),
-        files::waiting_sql(files::Root::Outputs, "a.id")
+        "SELECT o.account_id
+         FROM (SELECT account_id, min({AGE}) AS oldest FROM runs
+               WHERE {UNPRUNED_OWNER} AND {AGE} >= $2
+                 AND {AGE} < (SELECT {latest} FROM accounts WHERE {days} > 0)
+               GROUP BY account_id) o
+         WHERE o.oldest < (SELECT {cutoff} FROM accounts a WHERE a.id = o.account_id)
+         UNION ALL
+         SELECT id FROM accounts WHERE {days} <= 0
+         UNION ALL
+         {waiting}",
+        latest = crate::cutoff::days_before_sql("$1", &format!("min({days})"), "$2"),
+        cutoff = crate::cutoff::days_before_sql("$1", &format!("a.{days}"), "$2"),
+        waiting = files::waiting_sql(files::Root::Outputs),
     )
 });
 

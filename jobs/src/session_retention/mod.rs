@@ -21,13 +21,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::cutoff::days_before;
 use crate::files::{PathSettings, Root};
 pub use crate::job::HopOutcome;
-use crate::job::{AccountRange, Job, Report};
+use crate::job::{Due, Job, Report};
 use crate::owner_loop::{Bounds, End};
 use crate::pass::{self, Now, Removals, Step};
 use crate::settings::{Check, Raw};
@@ -291,13 +290,8 @@ impl Job for SessionRetention {
         })
     }
 
-    async fn due(
-        conn: &mut PgConnection,
-        _settings: &HopSettings,
-        slot: DateTime<Utc>,
-        range: AccountRange,
-    ) -> Result<Vec<Uuid>, sqlx::Error> {
-        due(conn, slot, range).await
+    fn due(_settings: &HopSettings, slot: DateTime<Utc>) -> Due {
+        due(slot)
     }
 
     fn bounds(settings: &HopSettings) -> Bounds {

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::cutoff::{EARLIEST, days_before};
 use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::job::{AccountRange, Inspect, Job, Look};
+use crate::job::{Due, Inspect, Job, Look};
 
 use super::sql::{BACKLOG, BACKLOG_SCAN, DUE, PREVIEW};
 use super::{
@@ -20,28 +20,27 @@ use super::{
     TABLES,
 };
 
-/// The accounts of `range` whose nightly pass for `slot` has something to do (FL-8): with an
-/// enabled persisted policy, a session of some kind past that kind's cutoff (protected or not:
-/// what protects it is looked at again) or a kind whose age is 0 or less (the pass reports it,
-/// SS-1); whatever the policy, archive directories waiting to be removed. The slot bounds the
-/// cutoffs from above, as it bounds every hop's.
-///
-/// # Errors
-/// A database error.
-pub async fn due(
-    conn: &mut PgConnection,
-    slot: DateTime<Utc>,
-    range: AccountRange,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    range
-        .query(&DUE)
+/// Its discovery (FL-8): the accounts whose nightly pass for `slot` has something to do — with
+/// an enabled persisted policy, a session of some kind past that kind's cutoff (protected or
+/// not: what protects it is looked at again) or a kind whose age is 0 or less (the pass reports
+/// it, SS-1); whatever the policy, archive directories waiting to be removed ([`DUE`]). The slot
+/// bounds the cutoffs from above, as it bounds every hop's.
+pub fn due(slot: DateTime<Utc>) -> Due {
+    // A missing age of an enabled policy falls back to these; [`DUE`] finds the policies whose
+    // age is 0 or less by their own columns, which holds only while every fallback is above 0.
+    const {
+        assert!(
+            Ages::FALLBACK.main_days > 0
+                && Ages::FALLBACK.task_days > 0
+                && Ages::FALLBACK.subagent_days > 0
+        );
+    }
+    sqlx::query(sqlx::AssertSqlSafe(DUE.as_str()))
         .bind(slot)
         .bind(EARLIEST)
         .bind(Ages::FALLBACK.main_days)
         .bind(Ages::FALLBACK.task_days)
         .bind(Ages::FALLBACK.subagent_days)
-        .fetch_all(conn)
-        .await
 }
 
 /// One session a pass would delete now, with the evidence it goes on (`sexton sessions prune`).

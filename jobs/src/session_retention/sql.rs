@@ -27,33 +27,59 @@ pub fn delete_statement() -> &'static str {
     DELETE_SESSIONS
 }
 
-/// Discovery: `$1`/`$2` the range, `$3` the slot, `$4` the earliest finite age, `$5`..`$7` the
-/// fallback ages. A cutoff is computed only where the age leaves one (never "out of range").
+/// Discovery (FL-8): `$1` the slot, `$2` the earliest finite age, `$3`..`$5` the fallback ages
+/// (each above 0). Every session past its kind's cutoff, protected or not (what protects it is
+/// looked at again by the pass), found from the sessions' side, kind by kind: those older than
+/// the latest cutoff any enabled policy gives the kind — from its shortest age, read at one end
+/// of the policies' index of that age, or the fallback where a policy leaves it out — in age
+/// order through `sessions_retention_due`, the oldest of each account then checked against its
+/// own policy. With them, the accounts whose enabled policy has an age of 0 or less (the pass
+/// reports it, SS-1), and those with archive directories waiting to be removed, whatever the
+/// policy. A cutoff is computed only where the age leaves one (never "out of range").
 pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
-    let kind = |kind: &str, days: &str| {
-        format!(
-            "EXISTS (SELECT 1 FROM sessions s
-                     WHERE s.account_id = a.id AND s.kind = '{kind}'
-                       AND s.last_activity_at >= $4
-                       AND s.last_activity_at < {})",
-            crate::cutoff::days_before_sql("$3", days, "$4")
-        )
-    };
+    let kinds = [("main", "$3"), ("task", "$4"), ("subagent", "$5")];
+    let cutoff = |days: &str| crate::cutoff::days_before_sql("$1", days, "$2");
+    let oldest = kinds
+        .iter()
+        .map(|(kind, fallback)| {
+            format!(
+                "SELECT account_id, kind, min(last_activity_at) AS oldest FROM sessions
+                 WHERE kind = '{kind}' AND last_activity_at >= $2
+                   AND last_activity_at < (
+                       SELECT {latest} FROM (SELECT LEAST(
+                           (SELECT min({kind}_days) FROM session_retention_policies
+                            WHERE enabled AND {kind}_days > 0),
+                           CASE WHEN EXISTS (SELECT 1 FROM session_retention_policies
+                                             WHERE enabled AND {kind}_days IS NULL)
+                                THEN {fallback} END) AS days) shortest)
+                 GROUP BY account_id, kind",
+                latest = cutoff("shortest.days"),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n                 UNION ALL ");
+    let own = kinds
+        .iter()
+        .map(|(kind, fallback)| {
+            format!(
+                "WHEN '{kind}' THEN {}",
+                cutoff(&format!("COALESCE(p.{kind}_days, {fallback})"))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
     format!(
-        "SELECT a.id FROM accounts a
-         LEFT JOIN session_retention_policies p ON p.account_id = a.id AND p.enabled
-         CROSS JOIN LATERAL (SELECT COALESCE(p.main_days, $5) AS main,
-                                    COALESCE(p.task_days, $6) AS task,
-                                    COALESCE(p.subagent_days, $7) AS subagent) d
-         WHERE ($1::uuid IS NULL OR a.id > $1) AND a.id <= $2
-           AND ((p.account_id IS NOT NULL
-                 AND (d.main <= 0 OR d.task <= 0 OR d.subagent <= 0 OR {} OR {} OR {}))
-                OR {})
-         ORDER BY a.id",
-        kind("main", "d.main"),
-        kind("task", "d.task"),
-        kind("subagent", "d.subagent"),
-        files::waiting_sql(Root::Sessions, "a.id")
+        "SELECT o.account_id
+         FROM ({oldest}) o
+         WHERE EXISTS (SELECT 1 FROM session_retention_policies p
+                       WHERE p.account_id = o.account_id AND p.enabled
+                         AND o.oldest < CASE o.kind {own} END)
+         UNION ALL
+         SELECT account_id FROM session_retention_policies
+         WHERE enabled AND (main_days <= 0 OR task_days <= 0 OR subagent_days <= 0)
+         UNION ALL
+         {}",
+        files::waiting_sql(Root::Sessions)
     )
 });
 
