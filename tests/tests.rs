@@ -8,6 +8,8 @@ mod common;
 mod crash;
 // ER-2, ER-6: the database down, restarted, refusing the worker's role, or read-only.
 mod database_faults;
+// FL-8: discovery reads the candidates, and holds each account to its own window.
+mod discovery;
 // OP-7: `sexton doctor`, each finding caused for real.
 mod doctor;
 // RQ-1 … RQ-8: erasure on request, judged against a snapshot of every table.
