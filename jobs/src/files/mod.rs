@@ -148,6 +148,43 @@ impl Root {
         matches!(self, Root::Sessions)
     }
 
+    /// The statement behind [`Root::referenced`]: `$1` the paths, each returned when a surviving
+    /// row references it; `None` for a root no row names a file of (traces).
+    pub(crate) fn referenced_sql(self) -> Option<&'static str> {
+        match self {
+            Root::Outputs => Some(
+                "SELECT p FROM unnest($1::text[]) p,
+                 LATERAL (SELECT 1 FROM output_files o
+                          WHERE sexton.path_key(o.relative_path) = sexton.path_key(p)
+                          LIMIT 1) referencing
+                 UNION
+                 SELECT p FROM unnest($1::text[]) p
+                 WHERE EXISTS (SELECT 1 FROM output_files o
+                               WHERE sexton.is_loose(o.relative_path)
+                                 AND sexton.may_name(o.relative_path, p))",
+            ),
+            Root::Sessions => Some(
+                "SELECT p FROM unnest($1::text[]) p
+                 WHERE EXISTS (SELECT 1 FROM sessions s
+                               WHERE s.id = sexton.jsonb_uuid(to_jsonb(p)))",
+            ),
+            Root::Attachments => Some(
+                "SELECT p FROM unnest($1::text[]) p,
+                 LATERAL (SELECT 1 FROM attachments a
+                          WHERE sexton.path_key(a.relative_path) = sexton.path_key(p)
+                            AND sexton.attachment_live(a.bytes_expired_at)
+                          LIMIT 1) referencing
+                 UNION
+                 SELECT p FROM unnest($1::text[]) p
+                 WHERE EXISTS (SELECT 1 FROM attachments a
+                               WHERE sexton.attachment_live(a.bytes_expired_at)
+                                 AND sexton.is_loose(a.relative_path)
+                                 AND sexton.may_name(a.relative_path, p))",
+            ),
+            Root::Traces => None,
+        }
+    }
+
     /// Which of `paths` a surviving row still references: those stay on disk (EX-3, SS-6).
     /// Each path is looked up in the spelling index on its own (a `LATERAL … LIMIT 1`): as a
     /// semi-join the planner, which prices the spelling function at nothing, hashed every
@@ -159,37 +196,8 @@ impl Root {
         conn: &mut PgConnection,
         paths: &[String],
     ) -> Result<Vec<String>, sqlx::Error> {
-        let sql = match self {
-            Root::Outputs => {
-                "SELECT p FROM unnest($1::text[]) p,
-                 LATERAL (SELECT 1 FROM output_files o
-                          WHERE sexton.path_key(o.relative_path) = sexton.path_key(p)
-                          LIMIT 1) referencing
-                 UNION
-                 SELECT p FROM unnest($1::text[]) p
-                 WHERE EXISTS (SELECT 1 FROM output_files o
-                               WHERE sexton.is_loose(o.relative_path)
-                                 AND sexton.may_name(o.relative_path, p))"
-            }
-            Root::Sessions => {
-                "SELECT p FROM unnest($1::text[]) p
-                 WHERE EXISTS (SELECT 1 FROM sessions s
-                               WHERE s.id = sexton.jsonb_uuid(to_jsonb(p)))"
-            }
-            Root::Attachments => {
-                "SELECT p FROM unnest($1::text[]) p,
-                 LATERAL (SELECT 1 FROM attachments a
-                          WHERE sexton.path_key(a.relative_path) = sexton.path_key(p)
-                            AND sexton.attachment_live(a.bytes_expired_at)
-                          LIMIT 1) referencing
-                 UNION
-                 SELECT p FROM unnest($1::text[]) p
-                 WHERE EXISTS (SELECT 1 FROM attachments a
-                               WHERE sexton.attachment_live(a.bytes_expired_at)
-                                 AND sexton.is_loose(a.relative_path)
-                                 AND sexton.may_name(a.relative_path, p))"
-            }
-            Root::Traces => return Ok(Vec::new()),
+        let Some(sql) = self.referenced_sql() else {
+            return Ok(Vec::new());
         };
         sqlx::query_scalar(sql)
             .bind(paths)

@@ -70,9 +70,16 @@ pub(super) async fn named(
                 Root::Attachments
             };
             let texts: Vec<String> = subjects.iter().filter_map(|s| s.text.clone()).collect();
-            let mut named: HashSet<String> =
-                root.referenced(&mut *conn, &texts).await?.into_iter().collect();
-            named.extend(pending(conn, root, &texts).await?);
+            let referenced = root.referenced_sql().unwrap_or_default();
+            let named: HashSet<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "{referenced} UNION {PENDING}"
+            )))
+            .bind(&texts)
+            .bind(root.as_str())
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect();
             Ok(subjects
                 .iter()
                 .map(|s| s.text.as_ref().is_some_and(|text| named.contains(text)))
@@ -124,22 +131,11 @@ pub(super) async fn sessions(
         .await
 }
 
-/// The paths of `texts` a pending deletion of `root` covers (under any spelling).
-async fn pending(
-    conn: &mut PgConnection,
-    root: Root,
-    texts: &[String],
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT p FROM unnest($2::text[]) p
-         WHERE EXISTS (SELECT 1 FROM sexton.pending_file_deletions d
-                       WHERE d.root = $1 AND sexton.path_key(d.relative_path) = sexton.path_key(p))",
-    )
-    .bind(root.as_str())
-    .bind(texts)
-    .fetch_all(conn)
-    .await
-}
+/// The paths of `$1` a pending deletion of root `$2` covers (under any spelling), asked in the
+/// same statement as the rows that name them.
+const PENDING: &str = "SELECT p FROM unnest($1::text[]) p
+     WHERE EXISTS (SELECT 1 FROM sexton.pending_file_deletions d
+                   WHERE d.root = $2 AND sexton.path_key(d.relative_path) = sexton.path_key(p))";
 
 /// Which of `subjects` (by their `id`) `sql` returns, `$1` being their ids.
 async fn by_id(
