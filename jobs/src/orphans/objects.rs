@@ -10,11 +10,12 @@
 
 use std::sync::Arc;
 
-use futures::TryStreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::ObjectMeta;
 use object_store::path::Path as Key;
 use uuid::Uuid;
 
+use crate::files::AT_ONCE;
 use crate::files::object::ObjectRoot;
 
 use super::judge::{self, Kind, Subject};
@@ -215,9 +216,16 @@ async fn judge_objects(
     }
     let mut tx = crate::gate::begin(ctx.conn, "").await?;
     let orphans = asked_again(&mut tx, ctx.counts, kind, orphans, Judged::subject).await?;
-    let mut going = Vec::with_capacity(orphans.len());
-    for object in orphans {
-        match objects.meta(&object.key).await {
+    // Each object read again just before the batch's delete, AT_ONCE HEADs in flight.
+    let mut looked = futures::stream::iter(orphans)
+        .map(|object| async move {
+            let now = objects.meta(&object.key).await;
+            (object, now)
+        })
+        .buffered(AT_ONCE);
+    let mut going = Vec::new();
+    while let Some((object, now)) = looked.next().await {
+        match now {
             Ok(Some(now)) if object.unchanged(&now) => going.push(object),
             Ok(_) => ctx.counts.count("changed", 1),
             Err(why) => unremovable(ctx.counts, ctx.root, object.path.as_bytes(), &why),
