@@ -79,7 +79,7 @@ const WALKERS: usize = 3;
 
 /// What a files root holds at its top: a file, or a directory walked whole by one walker.
 pub(super) enum TopEntry {
-    File(CString, Vec<u8>, Seen),
+    File((CString, Vec<u8>, Seen)),
     Dir(CString, Vec<u8>),
 }
 
@@ -100,7 +100,7 @@ impl Look for Top {
             Looked::Descend => {
                 Looked::Found(TopEntry::Dir(name.to_owned(), [relative, b"/"].concat()))
             }
-            Looked::Found((name, path, seen)) => Looked::Found(TopEntry::File(name, path, seen)),
+            Looked::Found(found) => Looked::Found(TopEntry::File(found)),
             Looked::Skip => Looked::Skip,
         }
     }
@@ -134,14 +134,8 @@ fn walk_files(top: &Mutex<Tree<Top>>, batches: &Sender<Vec<File>>) {
             continue;
         };
         let (name, path) = match entry {
-            TopEntry::File(name, path, seen) => {
-                let file = File {
-                    dir,
-                    name,
-                    path,
-                    seen,
-                };
-                if !batch.push(file, batches) {
+            TopEntry::File(found) => {
+                if !batch.push(dir, found, batches) {
                     return;
                 }
                 continue;
@@ -155,16 +149,10 @@ fn walk_files(top: &Mutex<Tree<Top>>, batches: &Sender<Vec<File>>) {
             continue;
         };
         while let Some(step) = tree.next_step() {
-            if let Step::Entry(dir, (name, path, seen)) = step {
-                let file = File {
-                    dir,
-                    name,
-                    path,
-                    seen,
-                };
-                if !batch.push(file, batches) {
-                    return;
-                }
+            if let Step::Entry(dir, found) = step
+                && !batch.push(dir, found, batches)
+            {
+                return;
             }
         }
     }
@@ -182,16 +170,27 @@ struct Batch {
 }
 
 impl Batch {
-    /// Adds `file`, handing the batch over once it is full; false when nothing takes it.
-    fn push(&mut self, file: File, batches: &Sender<Vec<File>>) -> bool {
+    /// Adds the file found in `dir`, handing the batch over once it is full; false when nothing
+    /// takes it.
+    fn push(
+        &mut self,
+        dir: Arc<OwnedFd>,
+        (name, path, seen): (CString, Vec<u8>, Seen),
+        batches: &Sender<Vec<File>>,
+    ) -> bool {
         if self
             .files
             .last()
-            .is_none_or(|last| !Arc::ptr_eq(&last.dir, &file.dir))
+            .is_none_or(|last| !Arc::ptr_eq(&last.dir, &dir))
         {
             self.open += 1;
         }
-        self.files.push(file);
+        self.files.push(File {
+            dir,
+            name,
+            path,
+            seen,
+        });
         if self.files.len() < BATCH && self.open < OPEN_DIRECTORIES {
             return true;
         }
