@@ -1,20 +1,18 @@
-//! Object-store roots (DC-4, §10): the root's prefix listed once, as a stream read ahead of the
-//! judging. Outputs and attachments are judged object by object; the objects of a sessions or
-//! traces root are grouped by their first segment (a listing is in key order, so a directory's
-//! objects come together) into directories summed up as they go — their size, their newest
-//! `LastModified` — and an existing session's frames gathered on the way. A key that is no path
-//! of the root's own (OS-3) is never judged. Confirmed, each object is read again (HEAD) just
-//! before its delete and compared with what was judged (ETag, size, `LastModified`, OS-2), a
-//! directory listed again and compared with its summary; the deletes go in batches of at most
-//! 1,000 keys (OS-4), a key whose delete failed counted and reported.
+//! Object-store roots (DC-4, §10): the root's prefix listed once, as a stream. Outputs and
+//! attachments are judged object by object; the objects of a sessions or traces root are
+//! grouped by their first segment (a listing is in key order, so a directory's objects come
+//! together) into directories summed up as they go — their size, their newest `LastModified` —
+//! and an existing session's frames gathered on the way. A key that is no path of the root's own
+//! (OS-3) is never judged. Confirmed, each object is read again (HEAD) just before its delete and
+//! compared with what was judged (ETag, size, `LastModified`, OS-2), a directory listed again
+//! and compared with its summary; the deletes go in batches of at most 1,000 keys (OS-4), a key
+//! whose delete failed counted and reported.
 
 use std::sync::Arc;
 
-use futures::StreamExt as _;
-use futures::stream::BoxStream;
+use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::ObjectMeta;
 use object_store::path::Path as Key;
-use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::files::AT_ONCE;
@@ -133,12 +131,12 @@ pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> R
         return Ok(());
     }
     let kind = kinds(ctx.root);
-    let mut listed = read_ahead(objects.list_all());
+    let mut listed = objects.list_all();
     let mut files: Vec<Judged> = Vec::new();
     let mut directories: Vec<Directory> = Vec::new();
     let mut frames: Vec<Judged> = Vec::new();
     loop {
-        let meta = match listed.recv().await.transpose() {
+        let meta = match listed.try_next().await {
             Ok(meta) => meta,
             Err(err) => {
                 ctx.counts.state = "unreadable";
@@ -185,24 +183,6 @@ pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> R
     judge_objects(ctx, objects, kind, files).await?;
     judge_directories(ctx, objects, kind, directories, &mut frames).await?;
     judge_objects(ctx, objects, Kind::Frame, frames).await
-}
-
-/// `listing` read on a task of its own, up to [`BATCH`] objects ahead of the judging, so that the
-/// store's next pages come while a batch is asked about and deleted; it ends at its first error,
-/// or once nothing takes what it read.
-fn read_ahead(
-    mut listing: BoxStream<'static, object_store::Result<ObjectMeta>>,
-) -> mpsc::Receiver<object_store::Result<ObjectMeta>> {
-    let (read, listed) = mpsc::channel(BATCH);
-    tokio::spawn(async move {
-        while let Some(meta) = listing.next().await {
-            let failed = meta.is_err();
-            if read.send(meta).await.is_err() || failed {
-                break;
-            }
-        }
-    });
-    listed
 }
 
 /// Judges a batch of objects (files, or frames) and, confirmed, removes the orphans.
