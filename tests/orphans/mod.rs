@@ -42,6 +42,16 @@ impl World {
         Self::at(pool, pass_start()).await
     }
 
+    /// A world aged back from the database's now: for the tests that run the `sexton` binary,
+    /// whose scans take the database's clock.
+    async fn at_database_now(pool: &PgPool) -> Self {
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        Self::at(pool, now).await
+    }
+
     async fn at(pool: &PgPool, now: DateTime<Utc>) -> Self {
         common::migrate(pool).await;
         let dir = backend::tempdir();

@@ -5,7 +5,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::{World, output_row};
@@ -18,11 +17,7 @@ use crate::common::{self, backend};
 /// `--root` narrows the scan, and a name that is no root is refused with the known names.
 #[sqlx::test]
 async fn dc3_the_dry_run_deletes_nothing_and_lists_exactly_what_confirm_removes(pool: PgPool) {
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let w = World::at(&pool, now).await;
+    let w = World::at_database_now(&pool).await;
     let (a, r) = (w.account, w.run);
     output_row(&pool, r, &format!("{a}/{r}/kept.bin")).await;
     let kept = w.put("outputs", &format!("{a}/{r}/kept.bin"), 30.0);
@@ -121,11 +116,7 @@ async fn dc2_a_grace_under_a_day_is_a_configuration_error(pool: PgPool) {
 /// and reason is in the hop's ledger, `sexton.orphan_scans`, `status` and the metrics.
 #[sqlx::test]
 async fn dc5_the_jobs_counts_per_root_and_reason_reach_the_ledger_status_and_metrics(pool: PgPool) {
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let w = World::at(&pool, now).await;
+    let w = World::at_database_now(&pool).await;
     let (a, r) = (w.account, w.run);
     let old = w.put("outputs", &format!("{a}/{r}/old.bin"), 30.0);
     let young = w.put("outputs", &format!("{a}/{r}/young.bin"), 1.0);
@@ -217,11 +208,7 @@ async fn dc4_an_unremovable_orphan_is_counted_and_the_scan_goes_on(pool: PgPool)
     if backend::server().is_some() {
         return; // A store has no directory permissions: nothing here to make unremovable.
     }
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let w = World::at(&pool, now).await;
+    let w = World::at_database_now(&pool).await;
     let (a, r) = (w.account, w.run);
     let mode = |path: &Path, bits| {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(bits)).unwrap();
