@@ -12,11 +12,13 @@ use std::ffi::OsStr;
 use std::fs::FileTimes;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use sexton_jobs::files::Root;
+use sexton_jobs::files::object::ObjectRoot;
 use sexton_jobs::orphans::{Listed, Observer, OrphanReport, Quiet, ROOTS, Scan};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -400,6 +402,57 @@ async fn dc2_a_held_accounts_orphan_stays(pool: PgPool) {
     );
     assert_eq!(count(&report, Root::Outputs, "legal_hold"), 1);
     assert_eq!(count(&report, Root::Sessions, "legal_hold"), 1);
+}
+
+/// On the object store, a root whose listing fails (a bucket that does not exist) is reported
+/// unreadable, naming the store; nothing is deleted there, and the other roots are scanned.
+#[sqlx::test]
+async fn dc4_a_store_root_that_cannot_be_listed_is_reported_unreadable(pool: PgPool) {
+    let Some((endpoint, _)) = backend::server() else {
+        return; // The store's counterpart of the test above.
+    };
+    let w = World::new(&pool).await;
+    let (a, r) = (w.account, w.run);
+    let orphan = w.put("outputs", &format!("{a}/{r}/orphan.bin"), 30.0);
+    let stranded = w.put("attachments", &format!("{a}/stranded.bin"), 30.0);
+    let mut paths = backend::paths(w.dir.path());
+    let missing = ObjectRoot::new(
+        "no-such-bucket",
+        "attachments",
+        &backend::storage(&endpoint),
+    )
+    .expect("an object root");
+    paths.objects.retain(|(root, _)| *root != Root::Attachments);
+    paths.objects.push((Root::Attachments, Arc::new(missing)));
+    let scan = Scan {
+        paths: &paths,
+        roots: &[Root::Outputs, Root::Attachments],
+        grace_days: 7,
+        now: w.now,
+        confirm: true,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+
+    let report = scan
+        .run(&mut conn, &mut Quiet, &AtomicBool::new(false))
+        .await
+        .unwrap();
+
+    let attachments = &report.roots["attachments"];
+    assert_eq!(attachments.state, "unreadable");
+    assert!(
+        attachments
+            .error
+            .as_deref()
+            .is_some_and(|error| error.contains("no-such-bucket")),
+        "{:?}",
+        attachments.error
+    );
+    assert!(stranded.exists(), "the real bucket's file is not reached");
+    assert!(
+        backend::gone(&orphan),
+        "the control: the outputs root is scanned"
+    );
 }
 
 /// Symlinks are neither followed nor removed, and nothing outside a root is touched.

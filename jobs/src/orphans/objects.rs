@@ -124,12 +124,6 @@ impl Directory {
 /// # Errors
 /// A database error.
 pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> Result<(), Error> {
-    if let Err(why) = objects.reach().await {
-        tracing::warn!(root = ctx.root.as_str(), store = %objects, error = %why, "orphans: root not scanned");
-        ctx.counts.state = "unreadable";
-        ctx.counts.error = Some(format!("{objects}: {why}"));
-        return Ok(());
-    }
     let kind = kinds(ctx.root);
     let mut listed = objects.list_all();
     let mut files: Vec<Judged> = Vec::new();
@@ -139,6 +133,7 @@ pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> R
         let meta = match listed.try_next().await {
             Ok(meta) => meta,
             Err(err) => {
+                tracing::warn!(root = ctx.root.as_str(), store = %objects, error = %err, "orphans: root not scanned whole");
                 ctx.counts.state = "unreadable";
                 ctx.counts.error = Some(format!("{objects}: {err}"));
                 break;
