@@ -47,9 +47,11 @@ pub fn render(json: &serde_json::Value) -> anyhow::Result<Option<String>> {
     let Some(expiry) = json.get("expiry") else {
         return Ok(None);
     };
-    Ok(Some(markdown::markdown(&serde_json::from_value(
-        expiry.clone(),
-    )?)))
+    let twice = 2.0 * crate::scales::transaction_target_ms()?;
+    Ok(Some(markdown::markdown(
+        &serde_json::from_value(expiry.clone())?,
+        twice,
+    )))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

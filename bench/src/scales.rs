@@ -467,7 +467,7 @@ fn quarter_rate(unbudgeted: &Method) -> u64 {
 /// `execution_details.transaction_target_ms` as the worker is given it: the environment's
 /// override (the worker inherits the bench's), else config/default.toml, which the worker has
 /// built in.
-fn transaction_target_ms() -> anyhow::Result<f64> {
+pub(crate) fn transaction_target_ms() -> anyhow::Result<f64> {
     const SETTING: &str = "SEXTON_EXECUTION_DETAILS__TRANSACTION_TARGET_MS";
     if let Ok(ms) = std::env::var(SETTING) {
         return ms

@@ -3,11 +3,15 @@
 use super::raw::RAW_LOCKED;
 use super::{Expiry, ExpiryMethod, ExpiryTable};
 use crate::compare;
-use crate::table::{Column, columns, f, facts, flat, mb, measured, or_dash, percent, within};
+use crate::method::Method;
+use crate::table::{
+    Column, columns, f, facts, flat, mb, measured, or_dash, percent, table, within,
+};
 
 /// The short-lived records' section of latest.md: the facts, each table's records and its
-/// writer alone, then every method's rates, the writer beside it, and its hops.
-pub fn markdown(e: &Expiry) -> String {
+/// writer alone, then every method's rates, the writer beside it, its hops, and PF-6 held to
+/// them (the writer's bound `twice`: 2 × `transaction_target_ms`).
+pub fn markdown(e: &Expiry, twice: f64) -> String {
     let mut md = facts(&[
         (
             "measured",
@@ -25,6 +29,7 @@ pub fn markdown(e: &Expiry) -> String {
         ("Rates", columns(RATES, &methods)),
         ("The writer beside", columns(BESIDE, &methods)),
         ("Hops", columns(HOPS, &methods)),
+        ("PF-6", pf6(e, twice)),
     ];
     if !e.before_after.is_empty() {
         sections.push(("Before and after", compare::markdown(&e.before_after)));
@@ -90,10 +95,71 @@ const HOPS: &[Column<ExpiryTable, ExpiryMethod>] = &[
     }),
 ];
 
+/// The method `name` of table `t`.
+fn of<'a>(t: &'a ExpiryTable, name: &str) -> Option<&'a Method> {
+    t.methods
+        .iter()
+        .find(|m| m.method.name == name)
+        .map(|m| &m.method)
+}
+
 /// `e`'s rate over that of method `floor` of the same table.
 fn against(t: &ExpiryTable, e: &ExpiryMethod, floor: &str) -> String {
     let floor = t.methods.iter().find(|m| m.method.name == floor);
     or_dash(floor, |floor| {
         format!("{:.2}×", e.method.rows_per_s / floor.method.rows_per_s)
     })
+}
+
+/// PF-6 for each table: sexton's rate against the raw keyset loop (the floor of its end state);
+/// and the writer, pooled over the tables' passes: its longest lock wait beside sexton at most
+/// `twice` and no longer than beside the loop that takes the writer's lock first
+/// (`raw+lock`). The plain loop's wait is shown for throughput's sake only.
+fn pf6(e: &Expiry, twice: f64) -> String {
+    let verdict = |met: bool| if met { "met" } else { "**not met**" }.to_owned();
+    let mut rows = Vec::new();
+    for t in &e.tables {
+        if let (Some(sexton), Some(raw)) = (of(t, "sexton"), of(t, "raw")) {
+            let ratio = sexton.rows_per_s / raw.rows_per_s;
+            rows.push(vec![
+                t.table.clone(),
+                format!(
+                    "sexton {:.0} ÷ raw {:.0} rows/s = {ratio:.2}×",
+                    sexton.rows_per_s, raw.rows_per_s
+                ),
+                "≥ 1.00×".to_owned(),
+                verdict(ratio >= 1.0),
+            ]);
+        }
+    }
+    // The longest wait beside `name` over every table's pass, and how many passes.
+    let longest = |name: &str| {
+        let waits: Vec<f64> = e
+            .tables
+            .iter()
+            .filter_map(|t| Some(of(t, name)?.writer_longest_lock_wait_ms))
+            .collect();
+        let max = waits.iter().copied().reduce(f64::max)?;
+        Some((max, waits.len()))
+    };
+    if let Some((beside, n)) = longest("sexton") {
+        let locked = longest(RAW_LOCKED);
+        let bound = locked.map_or(twice, |(wait, _)| twice.min(wait));
+        let said = |name: &str, (wait, n): (f64, usize)| format!("{name} {wait:.1} ({n} passes)");
+        rows.push(vec![
+            "every table".to_owned(),
+            format!(
+                "writer's longest lock wait ms, pooled: {}{}{}",
+                said("sexton", (beside, n)),
+                locked.map_or(String::new(), |w| format!(", {}", said(RAW_LOCKED, w))),
+                longest("raw").map_or(String::new(), |w| format!(
+                    "; {} for throughput only",
+                    said("raw", w)
+                )),
+            ),
+            format!("≤ 2 × transaction_target_ms = {twice:.0} ms and ≤ beside {RAW_LOCKED}"),
+            verdict(beside <= bound),
+        ]);
+    }
+    table(&["table", "measured", "bound", "verdict"], rows)
 }

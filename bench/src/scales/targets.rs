@@ -34,6 +34,7 @@ pub struct Target {
 pub fn targets(results: &[Scale]) -> Vec<Target> {
     let mut targets: Vec<Target> = results.iter().flat_map(at_scale).collect();
     targets.extend(results.iter().flat_map(same_end));
+    targets.extend(writer_waits(results));
     targets.extend(seed_rate(results));
     let from = results
         .iter()
@@ -107,17 +108,20 @@ fn at_scale(s: &Scale) -> Vec<Target> {
     targets
 }
 
-/// PF-6 at scale `s`, for execution details and sessions alike: sexton's rate against the floor
-/// of its same end state, and the writer's longest lock wait beside each, with that of the same
-/// floor under the job's lock order beside them (what the lock order alone costs the writer).
+/// PF-6's rates at scale `s`, for execution details and sessions alike: sexton's against the
+/// floor of its same end state, and against that floor keeping the rules (and, for execution
+/// details, its transactions bounded as sexton's). SPEC §8 holds them from scale 10: below it a
+/// pass is mostly the processes' start (the methods' tables still give the ratios).
 fn same_end(s: &Scale) -> Vec<Target> {
     let mut targets = Vec::new();
-    for (methods, sexton, floor, locked, rules, bounded, unit) in [
+    if s.scale < 10 {
+        return targets;
+    }
+    for (methods, sexton, floor, rules, bounded, unit) in [
         (
             &s.methods,
             "sexton",
             SAME_END,
-            SAME_END_LOCKED,
             SAME_END_RULES,
             Some(SAME_END_BOUNDED),
             "owners",
@@ -126,7 +130,6 @@ fn same_end(s: &Scale) -> Vec<Target> {
             &s.session_methods,
             "sessions",
             SESSIONS_SAME_END,
-            SESSIONS_SAME_END_LOCKED,
             SESSIONS_SAME_END_RULES,
             None,
             "sessions",
@@ -214,28 +217,83 @@ fn same_end(s: &Scale) -> Vec<Target> {
                 ratio >= 1.0,
             ));
         }
-        let (beside, floor_wait) = (
-            sexton.writer_longest_lock_wait_ms,
-            floor.writer_longest_lock_wait_ms,
-        );
-        // Each: its longest lock wait ms (its longest tx ms; writes that waited).
-        let wait = |m: &Method| {
-            format!(
-                "{} {:.1} ({:.0}; {})",
-                m.name,
-                m.writer_longest_lock_wait_ms,
-                m.longest_transaction_ms,
-                m.waits()
-            )
+    }
+    targets
+}
+
+/// PF-6's writer, for execution details and sessions alike, pooled over every scale's pass: the
+/// longest lock wait beside sexton at most 2 × `transaction_target_ms`, and no longer than beside
+/// the floor that takes the same locks in EX-6's order (`+locks`). The floor that takes none of
+/// them is shown for throughput's sake only: one chance meeting decides its maximum.
+fn writer_waits(results: &[Scale]) -> Vec<Target> {
+    let (Some(first), Some(last)) = (
+        results.iter().min_by_key(|s| s.scale),
+        results.iter().max_by_key(|s| s.scale),
+    ) else {
+        return Vec::new();
+    };
+    let mut targets = Vec::new();
+    for (sexton, floor, locked, sessions) in [
+        ("sexton", SAME_END, SAME_END_LOCKED, false),
+        (
+            "sessions",
+            SESSIONS_SAME_END,
+            SESSIONS_SAME_END_LOCKED,
+            true,
+        ),
+    ] {
+        // Each scale's pass of `name`: (scale, method).
+        let passes = |name: &str| -> Vec<(u64, &Method)> {
+            results
+                .iter()
+                .filter_map(|s| {
+                    let methods = if sessions {
+                        &s.session_methods
+                    } else {
+                        &s.methods
+                    };
+                    Some((s.scale, methods.iter().find(|m| m.name == name)?))
+                })
+                .collect()
         };
-        let locked = find(locked).map_or(String::new(), |l| format!(", {}", wait(l)));
-        targets.push(target(
-            format!("lock wait: {}, {}{locked}", wait(sexton), wait(floor)),
-            format!("no longer than beside {}", floor.name),
-            beside,
-            floor_wait,
-            beside <= floor_wait,
-        ));
+        // The longest wait over the passes of `name`, where it was, and how many passes.
+        let longest = |name: &str| {
+            let passes = passes(name);
+            let max = passes.iter().max_by(|a, b| {
+                a.1.writer_longest_lock_wait_ms
+                    .total_cmp(&b.1.writer_longest_lock_wait_ms)
+            });
+            max.map(|(scale, m)| (m.writer_longest_lock_wait_ms, *scale, passes.len()))
+        };
+        let Some((beside, at, n)) = longest(sexton) else {
+            continue;
+        };
+        let twice = 2.0 * last.transaction_target_ms;
+        let said = |name: &str, (wait, at, n): (f64, u64, usize)| {
+            format!("{name} {wait:.1} (at scale {at}; {n} passes)")
+        };
+        let locked_wait = longest(locked);
+        let plain = longest(floor).map_or(String::new(), |w| {
+            format!("; {} for throughput only", said(floor, w))
+        });
+        let (bound, against) = match locked_wait {
+            Some((wait, ..)) => (twice.min(wait), format!(" and ≤ beside {locked}")),
+            None => (twice, format!(" ({locked} not run)")),
+        };
+        targets.push(Target {
+            id: "PF-6",
+            scale: last.scale,
+            from_scale: (first.scale < last.scale).then_some(first.scale),
+            check: format!(
+                "writer's longest lock wait ms, pooled: {}{}{plain}",
+                said(sexton, (beside, at, n)),
+                locked_wait.map_or(String::new(), |w| format!(", {}", said(locked, w)))
+            ),
+            target: format!("≤ 2 × transaction_target_ms = {twice:.0} ms{against}"),
+            value: beside,
+            bound,
+            met: beside <= bound,
+        });
     }
     targets
 }
