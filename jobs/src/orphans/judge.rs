@@ -70,7 +70,9 @@ pub(super) async fn named(
                 Root::Attachments
             };
             let texts: Vec<String> = subjects.iter().filter_map(|s| s.text.clone()).collect();
-            let referenced = root.referenced_sql().unwrap_or_default();
+            let referenced = root
+                .referenced_sql()
+                .expect("the outputs and attachments roots have rows naming their files");
             let named: HashSet<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "{referenced} UNION {PENDING}"
             )))
