@@ -107,6 +107,10 @@ pub struct Cli {
     /// Files no row owns: the tree's size in objects on the object store, when there is one.
     #[arg(long, default_value_t = 100_000)]
     pub orphan_objects: u64,
+    /// Files no row owns: rounds of every method on each tree, the methods taking turns; each
+    /// method's time is its median round (the store's and the disk's pace drift over minutes).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub orphan_rounds: u32,
     /// Run traces and attachment bytes: start each method after a walk of its tree instead of
     /// dropping the page cache.
     #[arg(long)]

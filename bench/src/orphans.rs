@@ -68,7 +68,11 @@ pub struct Scale {
 pub struct Measured {
     pub name: String,
     pub command: String,
+    /// The median round's seconds.
     pub seconds: f64,
+    /// Each round's seconds, in the order run, with `--orphan-rounds` above 1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<f64>,
     /// Files of the tree judged per second (every file, not only the orphans).
     pub files_per_second: f64,
     /// sexton's process (the floors run inside the benchmark's own).
@@ -176,14 +180,18 @@ async fn measure(
     let fill_seconds = started.elapsed().as_secs_f64();
     let orphans = runs.len() as u64;
     let files = orphans * PER_RUN;
-    let mut methods = Vec::new();
+    let mut methods: Vec<Measured> = Vec::new();
     let mut dropped = true;
     let names: &[&str] = if server.is_some() {
         &["sexton s3", "list+anti-join s3"]
     } else {
         &["sexton", "walk+anti-join"]
     };
-    for (n, name) in names.iter().enumerate() {
+    let turns = names
+        .iter()
+        .cycle()
+        .take(names.len() * cli.orphan_rounds as usize);
+    for (n, name) in turns.enumerate() {
         if n > 0 {
             write_tree(&root, &runs, false)?;
         }
@@ -225,14 +233,28 @@ async fn measure(
         if removed != orphans {
             bail!("{name} removed {removed} of the {orphans} orphans");
         }
-        methods.push(Measured {
-            name: (*name).to_owned(),
-            command,
-            seconds,
-            files_per_second: files as f64 / seconds,
-            peak_rss_kb,
-            removed,
-        });
+        match methods.iter_mut().find(|m| m.name == *name) {
+            Some(measured) => {
+                measured.rounds.push(seconds);
+                measured.peak_rss_kb = measured.peak_rss_kb.max(peak_rss_kb);
+            }
+            None => methods.push(Measured {
+                name: (*name).to_owned(),
+                command,
+                seconds,
+                rounds: vec![seconds],
+                files_per_second: 0.0,
+                peak_rss_kb,
+                removed,
+            }),
+        }
+    }
+    for measured in &mut methods {
+        measured.seconds = median(&measured.rounds);
+        measured.files_per_second = files as f64 / measured.seconds;
+        if measured.rounds.len() == 1 {
+            measured.rounds.clear();
+        }
     }
     pool.close().await;
     drop_db(bench.admin, &db).await?;
@@ -245,6 +267,13 @@ async fn measure(
         methods,
     };
     Ok((scale, dropped))
+}
+
+/// The median of `seconds` (the lower middle of an even count).
+fn median(seconds: &[f64]) -> f64 {
+    let mut sorted = seconds.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[(sorted.len() - 1) / 2]
 }
 
 /// `runs` runs with their rows, a thousand to an account, each naming nine output files of its

@@ -46,7 +46,15 @@ const METHODS: &[Column<Scale, Measured>] = &[
     ("store", |s, _| s.store.clone()),
     ("files", |s, _| s.files.to_string()),
     ("method", |_, m| m.name.clone()),
-    ("s", |_, m| f(m.seconds, 1)),
+    ("s (median round)", |_, m| f(m.seconds, 1)),
+    ("rounds s", |_, m| {
+        if m.rounds.is_empty() {
+            "—".to_owned()
+        } else {
+            let each: Vec<String> = m.rounds.iter().map(|s| f(*s, 1)).collect();
+            each.join(" / ")
+        }
+    }),
     ("files/s", |_, m| f(m.files_per_second, 0)),
     ("removed", |_, m| m.removed.to_string()),
     ("vs floor", against),

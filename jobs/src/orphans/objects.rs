@@ -1,5 +1,6 @@
-//! Object-store roots (DC-4, §10): the root's prefix listed once, as a stream. Outputs and
-//! attachments are judged object by object; the objects of a sessions or traces root are
+//! Object-store roots (DC-4, §10): the root's prefix listed once, as a stream read a batch
+//! ahead of the judging (the store's next page comes while a batch is judged and deleted).
+//! Outputs and attachments are judged object by object; the objects of a sessions or traces root are
 //! grouped by their first segment (a listing is in key order, so a directory's objects come
 //! together) into directories summed up as they go — their size, their newest `LastModified` —
 //! and an existing session's frames gathered on the way. A key that is no path of the root's own
@@ -10,9 +11,11 @@
 
 use std::sync::Arc;
 
-use futures::{StreamExt as _, TryStreamExt as _};
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
 use object_store::ObjectMeta;
 use object_store::path::Path as Key;
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::files::AT_ONCE;
@@ -125,12 +128,12 @@ impl Directory {
 /// A database error.
 pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> Result<(), Error> {
     let kind = kinds(ctx.root);
-    let mut listed = objects.list_all();
+    let mut listed = read_ahead(objects.list_all());
     let mut files: Vec<Judged> = Vec::new();
     let mut directories: Vec<Directory> = Vec::new();
     let mut frames: Vec<Judged> = Vec::new();
     loop {
-        let meta = match listed.try_next().await {
+        let meta = match listed.recv().await.transpose() {
             Ok(meta) => meta,
             Err(err) => {
                 tracing::warn!(root = ctx.root.as_str(), store = %objects, error = %err, "orphans: root not scanned whole");
@@ -178,6 +181,23 @@ pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> R
     judge_objects(ctx, objects, kind, files).await?;
     judge_directories(ctx, objects, kind, directories, &mut frames).await?;
     judge_objects(ctx, objects, Kind::Frame, frames).await
+}
+
+/// `listing` read on a task of its own, up to [`BATCH`] objects ahead of the judging; the task
+/// ends at the listing's end or first error, or once the scan stops taking what it read.
+fn read_ahead(
+    mut listing: BoxStream<'static, object_store::Result<ObjectMeta>>,
+) -> mpsc::Receiver<object_store::Result<ObjectMeta>> {
+    let (read, listed) = mpsc::channel(BATCH);
+    tokio::spawn(async move {
+        while let Some(meta) = listing.next().await {
+            let failed = meta.is_err();
+            if read.send(meta).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    listed
 }
 
 /// Judges a batch of objects (files, or frames) and, confirmed, removes the orphans.
