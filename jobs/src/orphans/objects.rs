@@ -136,10 +136,11 @@ pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> R
         let meta = match listed.recv().await.transpose() {
             Ok(meta) => meta,
             Err(err) => {
+                // What was listed since the last batch is not judged: nothing more goes.
                 tracing::warn!(root = ctx.root.as_str(), store = %objects, error = %err, "orphans: root not scanned whole");
                 ctx.counts.state = "unreadable";
                 ctx.counts.error = Some(format!("{objects}: {err}"));
-                break;
+                return Ok(());
             }
         };
         let Some(meta) = meta else {
