@@ -121,6 +121,10 @@ pub struct Cli {
     /// The directory the `--s3-endpoint` server keeps its buckets in.
     #[arg(long)]
     pub s3_dir: Option<PathBuf>,
+    /// Requests in flight at once on the object store, for sexton (`[storage] max_in_flight`)
+    /// and for the floors alike (PF-7).
+    #[arg(long, default_value_t = sexton_jobs::files::object::DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: usize,
     /// Keep each sexton worker's log (JSON lines) in this directory, one file per database.
     #[arg(long)]
     pub logs: Option<PathBuf>,

@@ -19,6 +19,8 @@ const SECRET_KEY: &str = "sexton-test-secret";
 pub struct Server {
     endpoint: String,
     dir: PathBuf,
+    /// Requests in flight at once, for sexton and the floors.
+    pub max_in_flight: usize,
 }
 
 impl Server {
@@ -27,6 +29,7 @@ impl Server {
         Some(Self {
             endpoint: cli.s3_endpoint.clone()?,
             dir: cli.s3_dir.clone()?,
+            max_in_flight: cli.max_in_flight,
         })
     }
 
@@ -44,6 +47,7 @@ impl Server {
             access_key_id: Some(ACCESS_KEY.to_owned()),
             secret_access_key: Some(SECRET_KEY.to_owned()),
             batch_delete: true,
+            max_in_flight: self.max_in_flight,
         }
     }
 
@@ -59,7 +63,9 @@ impl Server {
     /// directory under a bucket's), reached through this server.
     pub fn env(&self, setting: &str, dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
         let (bucket, prefix) = self.split(dir)?;
+        let max_in_flight = self.max_in_flight.to_string();
         let storage = [
+            ("MAX_IN_FLIGHT", max_in_flight.as_str()),
             ("ENDPOINT", self.endpoint.as_str()),
             ("REGION", "us-east-1"),
             ("PATH_STYLE", "true"),

@@ -45,6 +45,7 @@ pub fn storage(endpoint: &str) -> StorageSettings {
         access_key_id: Some(ACCESS_KEY.to_owned()),
         secret_access_key: Some(SECRET_KEY.to_owned()),
         batch_delete: true,
+        max_in_flight: sexton_jobs::files::object::DEFAULT_MAX_IN_FLIGHT,
     }
 }
 

@@ -105,6 +105,12 @@ fn storage(s: &RawStorage, c: &mut Check<'_>) -> Option<StorageSettings> {
         }
     };
     let batch_delete = c.flag("storage.batch_delete", &s.batch_delete);
+    let max_in_flight = c.int(
+        "storage.max_in_flight",
+        &s.max_in_flight,
+        1..=1000,
+        "an integer from 1 to 1000",
+    );
     Some(StorageSettings {
         endpoint: endpoint?,
         region: region?,
@@ -113,6 +119,7 @@ fn storage(s: &RawStorage, c: &mut Check<'_>) -> Option<StorageSettings> {
         access_key_id: access_key_id?,
         secret_access_key: secret_access_key?,
         batch_delete: batch_delete?,
+        max_in_flight: max_in_flight?,
     })
 }
 

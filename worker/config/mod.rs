@@ -364,6 +364,17 @@ mod tests {
     }
 
     #[test]
+    fn op2_a_window_of_no_requests_is_refused_naming_storage_max_in_flight() {
+        for bad in ["0", "-3", "\"many\"", "1001"] {
+            let err = load(&format!("[storage]\nmax_in_flight = {bad}\n")).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains("storage.max_in_flight"), "{text}");
+            assert!(text.contains("an integer from 1 to 1000"), "{text}");
+        }
+        assert!(load("[storage]\nmax_in_flight = 1\n").is_ok());
+    }
+
+    #[test]
     fn fl6_a_pool_too_small_for_the_hops_is_refused_naming_both_settings() {
         let err = load("[database]\nmax_connections = 5\n[queue]\nconcurrency = 2\n").unwrap_err();
         let text = err.to_string();

@@ -153,6 +153,7 @@ pub(super) struct RawStorage {
     pub access_key_id: Raw<String>,
     pub secret_access_key: Raw<String>,
     pub batch_delete: Raw<bool>,
+    pub max_in_flight: Raw<i64>,
 }
 
 impl std::fmt::Debug for RawStorage {

@@ -15,7 +15,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as Key;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt as _};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt as _, RetryConfig};
 
 use super::drain::{Claimed, Removed};
 use super::{FileCounts, Root};
@@ -23,18 +23,24 @@ use super::{FileCounts, Root};
 mod bucket;
 mod key;
 mod times;
+mod window;
 
 pub use bucket::{BucketAnswer, parse_url};
 pub use key::key_of;
 pub use times::written_before;
 use times::{SECOND, unit_of};
+pub use window::{Seen, Window};
 
 /// Keys one DeleteObjects call names at the most (AWS refuses more than 1,000).
 pub const MAX_BATCH: usize = 1_000;
 
+/// Requests one object root has in flight at the most, unless `[storage] max_in_flight` says
+/// otherwise (see [`Window`]).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+
 /// How sexton reaches the object store: what `[storage]` says, the standard AWS environment
 /// variables filling in what it leaves out (OS-1).
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct StorageSettings {
     /// The store's URL (`http://127.0.0.1:8014`); AWS's own endpoint when unset.
     pub endpoint: Option<String>,
@@ -47,6 +53,23 @@ pub struct StorageSettings {
     pub secret_access_key: Option<String>,
     /// DeleteObjects batches; off for a store that has none (single deletes, OS-4).
     pub batch_delete: bool,
+    /// Requests each root has in flight at the most (its [`Window`]'s ceiling; at least 1).
+    pub max_in_flight: usize,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            region: None,
+            path_style: false,
+            allow_http: false,
+            access_key_id: None,
+            secret_access_key: None,
+            batch_delete: false,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
 }
 
 impl fmt::Debug for StorageSettings {
@@ -63,6 +86,7 @@ impl fmt::Debug for StorageSettings {
                 &self.secret_access_key.as_ref().map(|_| "(set)"),
             )
             .field("batch_delete", &self.batch_delete)
+            .field("max_in_flight", &self.max_in_flight)
             .finish()
     }
 }
@@ -79,6 +103,8 @@ pub struct ObjectRoot {
     listing_unit: Arc<AtomicU32>,
     /// The S3 client itself, to presign what `object_store` has no call for (see [`bucket`]).
     signer: Option<Arc<AmazonS3>>,
+    /// How many of its requests may be in flight now.
+    window: Arc<Window>,
 }
 
 impl fmt::Debug for ObjectRoot {
@@ -107,7 +133,15 @@ impl ObjectRoot {
     /// # Errors
     /// The client cannot be built from these settings (the reason, never the secret).
     pub fn new(bucket: &str, prefix: &str, storage: &StorageSettings) -> Result<Self, String> {
+        let window = Arc::new(Window::new(storage.max_in_flight));
+        let retry = RetryConfig::default();
+        let paced = window::Paced {
+            window: window.clone(),
+            retry_timeout: retry.retry_timeout,
+        };
         let mut builder = AmazonS3Builder::from_env()
+            .with_retry(retry)
+            .with_http_connector(paced)
             .with_bucket_name(bucket)
             .with_virtual_hosted_style_request(!storage.path_style)
             .with_allow_http(storage.allow_http)
@@ -128,6 +162,7 @@ impl ObjectRoot {
         let signer = Some(store.clone());
         Ok(Self {
             signer,
+            window,
             ..Self::with_store(bucket, prefix, store)
         })
     }
@@ -140,7 +175,19 @@ impl ObjectRoot {
             store,
             listing_unit: Arc::new(AtomicU32::new(SECOND)),
             signer: None,
+            window: Arc::new(Window::new(DEFAULT_MAX_IN_FLIGHT)),
         }
+    }
+
+    /// Its window: how many of its requests may be in flight now, and what it has seen.
+    pub fn window(&self) -> &Window {
+        &self.window
+    }
+
+    /// Requests its passes keep going at once: its window's ceiling (the window itself holds
+    /// back those that do not fit now).
+    pub fn at_once(&self) -> usize {
+        self.window.max()
     }
 
     /// The same root reached through `wrap` of its client (a test counts or fails its calls).
@@ -151,6 +198,7 @@ impl ObjectRoot {
             store: wrap(self.store.clone()),
             listing_unit: self.listing_unit.clone(),
             signer: self.signer.clone(),
+            window: self.window.clone(),
         }
     }
 
@@ -212,28 +260,54 @@ impl ObjectRoot {
             let parent = text.rsplit_once('/').map_or("", |(parent, _)| parent);
             directories.entry(parent).or_default().push(text);
         }
-        let mut times = HashMap::new();
-        for (parent, mut wanted) in directories {
-            wanted.sort_unstable();
-            let (first, last) = (wanted[0], wanted[wanted.len() - 1]);
-            let parent = Key::parse(parent).ok().filter(|_| !parent.is_empty());
-            // The listing starts after the first key without its last character: the keys are
-            // among the first it gives, unless many others sort in between.
-            let offset = first
-                .char_indices()
-                .last()
-                .and_then(|(at, _)| Key::parse(&first[..at]).ok())
-                .or_else(|| parent.clone())
-                .unwrap_or_default();
-            let mut listing = self.store.list_with_offset(parent.as_ref(), &offset);
-            while let Some(Ok(meta)) = listing.next().await {
-                let location = meta.location.as_ref();
-                if location > last {
-                    break;
-                }
-                if wanted.binary_search(&location).is_ok() {
-                    times.insert(meta.location, meta.last_modified);
-                }
+        // The directories listed at once, each listing's pages one after another; owned
+        // names, as above.
+        let directories: Vec<(String, Vec<String>)> = directories
+            .into_iter()
+            .map(|(parent, wanted)| {
+                (
+                    parent.to_owned(),
+                    wanted.into_iter().map(str::to_owned).collect(),
+                )
+            })
+            .collect();
+        futures::stream::iter(directories)
+            .map(|(parent, wanted)| self.listed_in(parent, wanted))
+            .buffer_unordered(self.at_once())
+            .flat_map(futures::stream::iter)
+            .collect()
+            .await
+    }
+
+    /// The listed times of `wanted` (keys of the directory `parent`), from one listing.
+    async fn listed_in(
+        &self,
+        parent: String,
+        mut wanted: Vec<String>,
+    ) -> Vec<(Key, DateTime<Utc>)> {
+        wanted.sort_unstable();
+        let (first, last) = (wanted[0].as_str(), wanted[wanted.len() - 1].as_str());
+        let parent = Key::parse(&parent).ok().filter(|_| !parent.is_empty());
+        // The listing starts after the first key without its last character: the keys are
+        // among the first it gives, unless many others sort in between.
+        let offset = first
+            .char_indices()
+            .last()
+            .and_then(|(at, _)| Key::parse(&first[..at]).ok())
+            .or_else(|| parent.clone())
+            .unwrap_or_default();
+        let mut times = Vec::new();
+        let mut listing = self.store.list_with_offset(parent.as_ref(), &offset);
+        while let Some(Ok(meta)) = listing.next().await {
+            let location = meta.location.as_ref();
+            if location > last {
+                break;
+            }
+            if wanted
+                .binary_search_by(|key| key.as_str().cmp(location))
+                .is_ok()
+            {
+                times.push((meta.location, meta.last_modified));
             }
         }
         times
@@ -327,30 +401,22 @@ impl ObjectRoot {
     /// key in DeleteObjects): what is deleted is what a HEAD just before saw (OS-2), and an
     /// object rewritten between that HEAD and the delete is the one window left.
     pub async fn delete(&self, keys: &[Key]) -> Vec<Result<(), String>> {
-        let mut outcomes = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(MAX_BATCH) {
-            let stream = futures::stream::iter(chunk.to_vec()).map(Ok).boxed();
-            let results: Vec<_> = self.store.delete_stream(stream).collect().await;
-            if results.len() == chunk.len() {
-                outcomes.extend(results.into_iter().map(|result| match result {
-                    Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                    Err(err) => Err(err.to_string()),
-                }));
-            } else {
-                let why = results.into_iter().find_map(Result::err).map_or_else(
-                    || "the store answered for fewer keys".to_owned(),
-                    |e| e.to_string(),
-                );
-                outcomes.extend(chunk.iter().map(|_| Err(why.clone())));
-            }
-        }
+        // The calls in flight at once, their answers taken in order.
+        // Owned chunks: a future borrowing each would not be `Send` for every lifetime.
+        let chunks: Vec<Vec<Key>> = keys.chunks(MAX_BATCH).map(<[Key]>::to_vec).collect();
+        let mut outcomes: Vec<Result<(), String>> = futures::stream::iter(chunks)
+            .map(|chunk| self.delete_batch(chunk))
+            .buffered(self.at_once())
+            .flat_map(futures::stream::iter)
+            .collect()
+            .await;
         let failed: Vec<(usize, Key)> = (0..keys.len())
             .filter(|n| outcomes[*n].is_err())
             .map(|n| (n, keys[n].clone()))
             .collect();
         let gone: Vec<(usize, bool)> = futures::stream::iter(failed)
             .map(|(n, key)| async move { (n, matches!(self.meta(&key).await, Ok(None))) })
-            .buffered(super::AT_ONCE)
+            .buffer_unordered(self.at_once())
             .collect()
             .await;
         for (n, gone) in gone {
@@ -359,6 +425,29 @@ impl ObjectRoot {
             }
         }
         outcomes
+    }
+
+    /// One DeleteObjects call (single deletes where the store has none) of at most
+    /// [`MAX_BATCH`] `keys`: each key's outcome, in order. A call that failed as a whole fails
+    /// each of its keys.
+    async fn delete_batch(&self, keys: Vec<Key>) -> Vec<Result<(), String>> {
+        let count = keys.len();
+        let stream = futures::stream::iter(keys).map(Ok).boxed();
+        let results: Vec<_> = self.store.delete_stream(stream).collect().await;
+        if results.len() == count {
+            return results
+                .into_iter()
+                .map(|result| match result {
+                    Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(err) => Err(err.to_string()),
+                })
+                .collect();
+        }
+        let why = results.into_iter().find_map(Result::err).map_or_else(
+            || "the store answered for fewer keys".to_owned(),
+            |e| e.to_string(),
+        );
+        vec![Err(why); count]
     }
 
     /// Removes the objects of one claimed `batch` except those `referenced` (see
@@ -394,6 +483,7 @@ impl ObjectRoot {
         let mut planned: Vec<Planned<'_>> = Vec::new();
         // Files whose HEAD did not prove them older than their record.
         let mut unsure: Vec<(&Claimed, Key, Object)> = Vec::new();
+        let mut looked_at = Vec::with_capacity(batch.len());
         for claimed in batch {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -405,11 +495,27 @@ impl ObjectRoot {
             if removed.quarantined_unfinished(root, claimed) {
                 continue;
             }
-            let found = if root.holds_directories() {
-                self.under(&claimed.path).await
-            } else {
-                self.head_key(&claimed.path).await
-            };
+            looked_at.push(claimed);
+        }
+        // Each record's objects read (a HEAD, or a directory's listing) just before the deletes,
+        // as many at once as the window lets through.
+        // By index: a future borrowing each record would not be `Send` for every lifetime.
+        let found: Vec<_> = futures::stream::iter(0..looked_at.len())
+            .map(|n| {
+                let claimed = looked_at[n];
+                async move {
+                    let found = if root.holds_directories() {
+                        self.under(&claimed.path).await
+                    } else {
+                        self.head_key(&claimed.path).await
+                    };
+                    (claimed, found)
+                }
+            })
+            .buffered(self.at_once())
+            .collect()
+            .await;
+        for (claimed, found) in found {
             let objects = match found {
                 Ok(objects) => objects,
                 Err(Refusal::Refused(why)) => {

@@ -89,7 +89,8 @@ impl Opened {
         }
     }
 
-    /// [`entry`](Self::entry) of each of `relatives`, [`AT_ONCE`] at a time, in their order.
+    /// [`entry`](Self::entry) of each of `relatives`, in their order: [`AT_ONCE`] at a time on
+    /// a disk, as many as the root's window lets through in an object store.
     pub async fn entries(&self, relatives: &[&str]) -> Vec<Result<Option<Entry>, Unseen>> {
         match self {
             Opened::Local(fd) => each_at_once(relatives, |relative| local_entry(fd, relative)),
@@ -101,7 +102,7 @@ impl Opened {
                     .collect();
                 futures::stream::iter(owned)
                     .map(|relative| async move { object_entry(objects, &relative).await })
-                    .buffered(AT_ONCE)
+                    .buffered(objects.at_once())
                     .collect()
                     .await
             }

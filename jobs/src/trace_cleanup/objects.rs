@@ -2,7 +2,8 @@
 //! trace's signature read with a ranged GET of at most [`FIRST_LINE_LIMIT`] bytes, its size
 //! standing for allocated bytes and its `LastModified` for its mtime; each planned object is
 //! read again (HEAD) just before the batched delete, and one whose ETag, size or time changed
-//! is re-evaluated by the next run, never deleted blind.
+//! is re-evaluated by the next run, never deleted blind. The GETs and the HEADs go as many at
+//! once as the root's window lets through (see [`crate::files::object::Window`]).
 
 use std::sync::Arc;
 
@@ -17,9 +18,6 @@ use super::plan::Removal;
 use super::walk::{Candidate, Entry, Listing, Seen, Step, line_of, signature, time_ns};
 use super::{Error, FIRST_LINE_LIMIT, Planned};
 
-/// Objects whose signatures are read at once: a GET each, overlapping.
-const READ_AHEAD: usize = 16;
-
 /// The walk of an object root: every object under its prefix, once.
 pub(in crate::trace_cleanup) struct Objects {
     root: Arc<ObjectRoot>,
@@ -30,6 +28,9 @@ pub(in crate::trace_cleanup) struct Objects {
 impl Objects {
     pub(super) fn new(root: Arc<ObjectRoot>) -> Self {
         let reader = root.clone();
+        // As many signatures read at once as the root's window lets through, in the listing's
+        // order (the quota's ties are taken in walk order).
+        let at_once = root.at_once();
         let entries = root
             .list_all()
             .map_err({
@@ -43,7 +44,7 @@ impl Objects {
                 let root = reader.clone();
                 async move { Ok(classify(&root, meta).await) }
             })
-            .try_buffered(READ_AHEAD)
+            .try_buffered(at_once)
             .boxed();
         Self {
             root,
@@ -140,7 +141,7 @@ impl Removal<'_> {
                 };
                 (file, key, now)
             })
-            .buffered(READ_AHEAD)
+            .buffer_unordered(root.at_once())
             .collect()
             .await;
         let mut going = Vec::new();

@@ -127,6 +127,7 @@ mod tests {
             access_key_id: Some("AKIDEXAMPLE".to_owned()),
             secret_access_key: Some("secret".to_owned()),
             batch_delete: true,
+            max_in_flight: 4,
         };
         let root = ObjectRoot::new("bucket", "outputs", &storage).unwrap();
         let url = root.bucket_url("versioning").await.unwrap();

@@ -1,0 +1,296 @@
+//! How many requests one object root has in flight at once (PF-7): a window of at most
+//! `[storage] max_in_flight`, kept by congestion control as TCP keeps its own — every HTTP
+//! request the S3 client sends waits for a place in the window; an answer that says the store
+//! is throttling (`503 SlowDown`, `429`, a connection reset or closed mid-request) halves it
+//! (multiplicative decrease, once per window of requests sent before the last decrease), and
+//! each window's worth of other answers grows it by one (additive increase), up to the setting.
+//! A pass so runs at the store's pace without being told it.
+//!
+//! A throttling status is retried here, with exponential backoff and full jitter, its place in
+//! the window given up while it waits, until `object_store`'s own retry timeout has passed:
+//! then the answer goes back to `object_store`, which finds its time up and fails the request.
+//! `object_store`'s `RetryConfig` keeps retrying the rest as it always did (other 5xx answers,
+//! transport errors — a reset among them, counted here as throttling as well — and timeouts of
+//! safe requests): a throttled request is not one of its ten tries, so a store that throttles
+//! for minutes does not fail a pass, and a store that is down is found down as soon as before.
+
+use std::hash::{BuildHasher as _, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use object_store::ClientOptions;
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse, HttpService,
+    ReqwestConnector,
+};
+use reqwest::StatusCode;
+use tokio::sync::Notify;
+
+/// The first wait before a throttled request is sent again; each further one doubles, up to
+/// [`MAX_BACKOFF`], and the wait is drawn at random below that (full jitter).
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The window of one root: how many of its requests may be in flight now.
+#[derive(Debug)]
+pub struct Window {
+    max: usize,
+    state: Mutex<State>,
+    /// Signalled when a place may have come free (a request ended, the window grew).
+    freed: Notify,
+}
+
+#[derive(Debug)]
+struct State {
+    size: usize,
+    in_flight: usize,
+    /// Bumped at each decrease: an answer to a request sent before it is not a new signal.
+    epoch: u64,
+    /// Answers counted toward the next increase.
+    answered: usize,
+    /// The smallest the window has been.
+    lowest: usize,
+    /// Throttling answers seen.
+    throttled: u64,
+}
+
+/// What a window has seen, for a test or the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// Its size now.
+    pub size: usize,
+    /// The smallest it has been.
+    pub lowest: usize,
+    /// Throttling answers seen.
+    pub throttled: u64,
+}
+
+impl Window {
+    /// A window of `max` requests (at least one), open to all of them.
+    pub fn new(max: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            max,
+            state: Mutex::new(State {
+                size: max,
+                in_flight: 0,
+                epoch: 0,
+                answered: 0,
+                lowest: max,
+                throttled: 0,
+            }),
+            freed: Notify::new(),
+        }
+    }
+
+    /// The most requests in flight it ever allows (`[storage] max_in_flight`).
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Its size now, the smallest it has been, and the throttling answers it has seen.
+    pub fn seen(&self) -> Seen {
+        let state = self.state();
+        Seen {
+            size: state.size,
+            lowest: state.lowest,
+            throttled: state.throttled,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A place in the window, once one is free.
+    async fn enter(self: &Arc<Self>) -> Place {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut state = self.state();
+                if state.in_flight < state.size {
+                    state.in_flight += 1;
+                    return Place {
+                        window: self.clone(),
+                        epoch: state.epoch,
+                    };
+                }
+            }
+            freed.await;
+        }
+    }
+}
+
+/// One request's place in the window, given back when dropped.
+struct Place {
+    window: Arc<Window>,
+    /// The window's epoch when the request was sent.
+    epoch: u64,
+}
+
+impl Place {
+    /// The store answered; `throttled` when it said to slow down.
+    fn answered(&self, throttled: bool) {
+        let mut state = self.window.state();
+        if throttled {
+            state.throttled += 1;
+            if self.epoch == state.epoch {
+                state.size = (state.size / 2).max(1);
+                state.lowest = state.lowest.min(state.size);
+                state.epoch += 1;
+                state.answered = 0;
+            }
+            return;
+        }
+        state.answered += 1;
+        if state.answered >= state.size && state.size < self.window.max {
+            state.size += 1;
+            state.answered = 0;
+            drop(state);
+            self.window.freed.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.window.state().in_flight -= 1;
+        self.window.freed.notify_waiters();
+    }
+}
+
+/// Whether an answer says the store is throttling: `503` (S3's `SlowDown`), `429`, or the
+/// connection reset or closed before the answer came.
+fn throttling(answer: &Result<HttpResponse, HttpError>) -> bool {
+    match answer {
+        Ok(response) => matches!(
+            response.status(),
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        ),
+        Err(err) => matches!(
+            err.kind(),
+            HttpErrorKind::Request | HttpErrorKind::Interrupted
+        ),
+    }
+}
+
+/// A wait drawn at random up to `FIRST_BACKOFF × 2^tries`, at most [`MAX_BACKOFF`].
+fn backoff(tries: u32) -> Duration {
+    let ceiling = FIRST_BACKOFF
+        .saturating_mul(1 << tries.min(16))
+        .min(MAX_BACKOFF);
+    let draw = RandomState::new().hash_one(tries);
+    ceiling.mul_f64((draw >> 11) as f64 / (1u64 << 53) as f64)
+}
+
+/// The S3 client's connector: `object_store`'s own reqwest client, each request through the
+/// window.
+#[derive(Debug)]
+pub(super) struct Paced {
+    pub(super) window: Arc<Window>,
+    /// `object_store`'s retry timeout: a throttled request is retried here until it passes.
+    pub(super) retry_timeout: Duration,
+}
+
+impl HttpConnector for Paced {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(PacedService {
+            inner,
+            window: self.window.clone(),
+            retry_timeout: self.retry_timeout,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct PacedService {
+    inner: HttpClient,
+    window: Arc<Window>,
+    retry_timeout: Duration,
+}
+
+#[async_trait]
+impl HttpService for PacedService {
+    async fn call(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let started = Instant::now();
+        let mut tries = 0;
+        loop {
+            let place = self.window.enter().await;
+            let answer = self.inner.execute(request.clone()).await;
+            let throttled = throttling(&answer);
+            place.answered(throttled);
+            drop(place);
+            let status = answer.as_ref().map(HttpResponse::status);
+            let retry = matches!(
+                status,
+                Ok(StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS)
+            );
+            if !retry || started.elapsed() >= self.retry_timeout {
+                return answer;
+            }
+            tokio::time::sleep(backoff(tries)).await;
+            tries += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(window: &Arc<Window>) -> Place {
+        let mut state = window.state();
+        state.in_flight += 1;
+        Place {
+            window: window.clone(),
+            epoch: state.epoch,
+        }
+    }
+
+    #[test]
+    fn throttling_halves_the_window_once_per_round_and_answers_grow_it_back() {
+        let window = Arc::new(Window::new(8));
+        let sent: Vec<Place> = (0..8).map(|_| place(&window)).collect();
+        // Eight requests sent at size 8, three throttled: one decrease, not three.
+        for place in &sent[..3] {
+            place.answered(true);
+        }
+        assert_eq!(window.seen().size, 4);
+        assert_eq!(window.seen().throttled, 3);
+        drop(sent);
+        // Sent after the decrease: a new signal.
+        place(&window).answered(true);
+        assert_eq!(window.seen().size, 2);
+        // A window's worth of answers grows it by one.
+        for _ in 0..2 {
+            place(&window).answered(false);
+        }
+        assert_eq!(window.seen().size, 3);
+        for _ in 0..200 {
+            place(&window).answered(false);
+        }
+        assert_eq!(
+            window.seen(),
+            Seen {
+                size: 8,
+                lowest: 2,
+                throttled: 4
+            }
+        );
+        assert_eq!(window.state().in_flight, 0);
+    }
+
+    #[test]
+    fn backoff_stays_under_its_ceiling() {
+        for tries in 0..40 {
+            assert!(backoff(tries) <= MAX_BACKOFF);
+        }
+        assert!(backoff(0) <= FIRST_BACKOFF);
+    }
+}
