@@ -25,7 +25,8 @@ with_throwaway_postgres cargo test --test tests -- --ignored --test-threads=1 er
 # OS-5: the file tests that hold on both backends again, their roots in buckets of a real
 # S3-compatible server (tests/common/backend.rs), the SIGKILL tests (EX-8, RQ-3) and every
 # erasure test (RQ-1 … RQ-5) and `doctor`'s (OP-7: a bucket's versioning read) among them; and
-# the rules of object storage alone (tests/objects.rs), ignored in the local pass.
+# the rules of object storage alone (tests/objects.rs) and behind a store that throttles
+# (tests/throttling.rs), ignored in the local pass.
 with_s3s_fs with_throwaway_postgres cargo test --test tests -- --include-ignored objects:: \
   ex8_workers_killed ex3_a_file_still_referenced ex3_ex4_detail_goes ex3_a_file_recorded_before_a_crash \
   ex3_a_drain_beside ex3_files_of_many ss6_history_goes at1_the_files_mtime_decides \
@@ -35,4 +36,4 @@ with_s3s_fs with_throwaway_postgres cargo test --test tests -- --include-ignored
   tr3_the_trace_of_a_live_session tr4_the_background_job tr4_the_dry_run \
   at1_overlapping_roots ex3_an_output_path_naming_a_directory ex3_another_spelling_of_a_referenced \
   ss6_a_session_directory_of_any_depth ss6_workers_killed ss6_er3_a_removal_that_never_reports \
-  explain_attachments_agree explain_traces_agree erasure:: doctor:: orphans::
+  explain_attachments_agree explain_traces_agree erasure:: doctor:: orphans:: throttling::

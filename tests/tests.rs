@@ -66,5 +66,7 @@ mod sessions;
 mod shutdown;
 // ER-2, OS-1: the object store down at start.
 mod store_faults;
+// OS-2, OS-4 behind a store that throttles (PF-7): the window shrinks and grows, no key lost.
+mod throttling;
 // TR-1 … TR-4: trace cleanup.
 mod traces;

@@ -1,0 +1,235 @@
+//! OS-2 and OS-4 behind a store that throttles (SPEC §8 PF-7): the real S3-compatible server of
+//! the test script's object pass, reached through the loopback proxy of tests/common/proxy.rs
+//! set to a request rate above which it answers `503 SlowDown` itself. Each root's window of
+//! requests in flight shrinks at the throttling and grows back once the store keeps up, and no
+//! key is lost on the way: what must go is gone, what must stay stays, and no record is left.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, SystemTime};
+
+use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
+use sexton_jobs::files::object::{ObjectRoot, StorageSettings};
+use sexton_jobs::files::{Root, Store};
+use sexton_jobs::trace_cleanup::{self as job, Lease, Limits, Quiet};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::common::fixture::{self, days_before_pass, pass_start};
+use crate::common::proxy::Proxy;
+use crate::common::{self, backend, run};
+
+/// Requests a second the proxy lets through: far fewer than a window of [`MAX_IN_FLIGHT`] on
+/// loopback sends.
+const RATE: u32 = 200;
+
+/// The roots' window at its widest.
+const MAX_IN_FLIGHT: usize = 16;
+
+/// The root `prefix` of the bucket `dir` is, reached through `proxy` as sexton reaches a store
+/// (its own S3 client, its window of at most [`MAX_IN_FLIGHT`]).
+fn through(proxy: &Proxy, dir: &Path, prefix: &str) -> Arc<ObjectRoot> {
+    let bucket = dir.file_name().unwrap().to_str().unwrap();
+    let storage = StorageSettings {
+        max_in_flight: MAX_IN_FLIGHT,
+        ..backend::storage(&proxy.endpoint())
+    };
+    Arc::new(ObjectRoot::new(bucket, prefix, &storage).unwrap())
+}
+
+/// Writes `bytes` at `path`, last modified `days` before the pass start.
+fn write_aged(path: &Path, bytes: &[u8], days: f64) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+    let at = SystemTime::from(days_before_pass(days));
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_times(std::fs::FileTimes::new().set_modified(at))
+        .unwrap();
+}
+
+/// A trace of a session no agent is in, last modified `days` before the pass start.
+fn trace(root: &Path, agent: Uuid, name: &str, days: f64) -> PathBuf {
+    let signature = serde_json::json!({
+        "format": "run-trace/1", "agent_id": agent.to_string(),
+        "session_id": Uuid::new_v4().to_string()
+    });
+    let path = root.join(agent.to_string()).join(name);
+    write_aged(&path, format!("{signature}\nstep\n").as_bytes(), days);
+    path
+}
+
+async fn records_left(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM sexton.pending_file_deletions")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os2_os4_a_trace_cleanup_behind_a_store_that_throttles_deletes_every_old_trace_and_keeps_the_young(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
+    let proxy = Proxy::start(&endpoint).await;
+    let dir = backend::tempdir();
+    let traces = dir.path().join("traces");
+    let agent = Uuid::new_v4();
+    let old: Vec<PathBuf> = (0..150)
+        .map(|n| trace(&traces, agent, &format!("old-{n:03}.trace.jsonl"), 40.0))
+        .collect();
+    let young: Vec<PathBuf> = (0..50)
+        .map(|n| trace(&traces, agent, &format!("young-{n:03}.trace.jsonl"), 10.0))
+        .collect();
+    let root = through(&proxy, dir.path(), "traces");
+    let store = Store::Object(root.clone());
+    let limits = Limits {
+        max_age_days: 30,
+        max_bytes: 0,
+    };
+
+    proxy.limit_rate(Some(RATE));
+    let mut conn = pool.acquire().await.unwrap();
+    let mut lease = Lease::take(&mut conn, &store, "the test").await.unwrap();
+    let stop = AtomicBool::new(false);
+    let report = job::clean(
+        &mut conn,
+        &store,
+        limits,
+        pass_start(),
+        Some(&mut lease),
+        &mut Quiet,
+        &stop,
+    )
+    .await
+    .expect("a throttled pass is not aborted");
+    lease.release(&mut conn).await.unwrap();
+
+    let throttled = proxy.throttled();
+    let seen = root.window().seen();
+    assert!(throttled > 0, "the store throttled the pass");
+    assert!(
+        seen.throttled > 0 && seen.lowest < MAX_IN_FLIGHT,
+        "the window shrank: {seen:?} ({throttled} answered 503)"
+    );
+    assert_eq!(
+        (report.candidates, report.deleted),
+        (200, 150),
+        "{report:?}"
+    );
+    assert!(!report.kept.contains_key("error"), "{report:?}");
+    assert!(!report.kept.contains_key("unreadable"), "{report:?}");
+    // Each signature read (200 GETs) and each old trace read again before its delete (150
+    // HEADs) got through, besides the listing and the delete call.
+    assert!(proxy.forwarded() >= 352, "{} forwarded", proxy.forwarded());
+    let left: Vec<_> = old.iter().filter(|path| path.exists()).collect();
+    assert!(left.is_empty(), "old traces left: {left:?}");
+    assert!(young.iter().all(|path| path.exists()), "the control stays");
+
+    // The store keeps up again: the next pass's answers grow the window back.
+    proxy.limit_rate(None);
+    let dry = job::clean(
+        &mut conn,
+        &store,
+        limits,
+        pass_start(),
+        None,
+        &mut Quiet,
+        &stop,
+    )
+    .await
+    .unwrap();
+    assert_eq!(dry.candidates, 50);
+    let after = root.window().seen();
+    assert!(
+        after.size > seen.lowest,
+        "the window grew back: {after:?}, lowest {}",
+        seen.lowest
+    );
+    assert_eq!(proxy.throttled(), throttled, "no 503 without a rate");
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os2_os4_an_attachment_pass_behind_a_store_that_throttles_removes_every_expired_file_and_forgets_no_record(
+    pool: PgPool,
+) {
+    common::migrate(&pool).await;
+    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
+    let proxy = Proxy::start(&endpoint).await;
+    let dir = backend::tempdir();
+    let mut paths = run::roots(dir.path());
+    let root = through(&proxy, dir.path(), "attachments");
+    paths.objects.retain(|(root, _)| *root != Root::Attachments);
+    paths.objects.push((Root::Attachments, root.clone()));
+    let account = fixture::account(&pool, Some(90)).await;
+    let mut rows = Vec::new();
+    let mut files = Vec::new();
+    for (n, days) in (0..150)
+        .map(|n| (n, 400.0))
+        .chain((150..180).map(|n| (n, 10.0)))
+    {
+        let name = format!("a/{n:03}.bin");
+        let file = paths.attachments_root.join(&name);
+        write_aged(&file, b"attachment bytes", days);
+        files.push(file);
+        let id: Uuid = sqlx::query_scalar(
+            "INSERT INTO attachments (account_id, relative_path, bytes, created_at)
+             VALUES ($1, $2, 16, $3) RETURNING id",
+        )
+        .bind(account)
+        .bind(&name)
+        .bind(days_before_pass(days))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        rows.push(id);
+    }
+
+    proxy.limit_rate(Some(RATE));
+    let settings = AttachmentSettings {
+        max_age_days: 30,
+        window_size: 100,
+        budget: Duration::from_secs(600),
+    };
+    let first = sexton_jobs::attachment_expiry::Args::first(Some(account), fixture::pass_start());
+    let reports = run::pass::<AttachmentExpiry>(&pool, &paths, &settings, first).await;
+
+    let throttled = proxy.throttled();
+    let seen = root.window().seen();
+    assert!(throttled > 0, "the store throttled the pass");
+    assert!(
+        seen.throttled > 0 && seen.lowest < MAX_IN_FLIGHT,
+        "the window shrank: {seen:?} ({throttled} answered 503)"
+    );
+    let expired: Vec<bool> = sqlx::query_scalar(
+        "SELECT bytes_expired_at IS NOT NULL FROM attachments
+         JOIN unnest($1::uuid[]) WITH ORDINALITY AS t (id, n) USING (id) ORDER BY t.n",
+    )
+    .bind(&rows)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(expired[..150].iter().all(|e| *e), "every old row expired");
+    assert!(expired[150..].iter().all(|e| !*e), "the control stays");
+    let left: Vec<_> = files[..150].iter().filter(|f| f.exists()).collect();
+    assert!(left.is_empty(), "expired files left: {left:?}");
+    assert!(files[150..].iter().all(|f| f.exists()), "the control stays");
+    assert_eq!(reports.iter().map(|r| r.files.deleted).sum::<u64>(), 150);
+    assert_eq!(records_left(&pool).await, 0, "no record left behind");
+
+    // The store keeps up again: the next pass's answers (a HEAD of each young file) grow the
+    // window back.
+    proxy.limit_rate(None);
+    let again = sexton_jobs::attachment_expiry::Args::first(Some(account), fixture::pass_start());
+    run::pass::<AttachmentExpiry>(&pool, &paths, &settings, again).await;
+    let after = root.window().seen();
+    assert!(
+        after.size > seen.lowest,
+        "the window grew back: {after:?}, lowest {}",
+        seen.lowest
+    );
+    assert!(files[150..].iter().all(|f| f.exists()), "the control stays");
+}
