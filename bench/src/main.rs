@@ -21,6 +21,14 @@ mod method;
 mod objects;
 mod orphans;
 mod part;
+// The loopback proxy of the tests, its rate mode a store that throttles (PF-7): one file for
+// both; the benchmark uses its rate mode alone.
+#[path = "../../tests/common/proxy.rs"]
+#[allow(
+    dead_code,
+    reason = "the tests' hold, drop and cut modes are not the benchmark's"
+)]
+mod proxy;
 mod results;
 mod sampler;
 mod scales;

@@ -33,6 +33,20 @@ impl Server {
         })
     }
 
+    /// The server's endpoint.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The same server reached at `endpoint` (a proxy in front of it).
+    pub fn through(&self, endpoint: String) -> Self {
+        Self {
+            endpoint,
+            dir: self.dir.clone(),
+            max_in_flight: self.max_in_flight,
+        }
+    }
+
     /// The directory of bucket `bucket`.
     pub fn bucket(&self, bucket: &str) -> PathBuf {
         self.dir.join(bucket)

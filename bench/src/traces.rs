@@ -39,14 +39,16 @@ use crate::results::{machine, member};
 const S3_MAX_FILES: u64 = 100_000;
 
 /// The methods, in the order they run on each size; the `… s3` ones only with an object store.
-const METHODS: [&str; 7] = [
+const METHODS: [&str; 9] = [
     "sexton age",
     "walk+sig age",
     "walk+every-sig age",
     "find age",
     "sexton quota",
     "sexton age s3",
+    "list+sig s3",
     "list-delete s3",
+    "sexton age s3 throttled",
 ];
 
 /// The part: every size of `--trace-files`, each written into the results as it is done.
@@ -334,6 +336,9 @@ struct TraceMethod {
     cpu_seconds: Option<f64>,
     /// sexton: its database backend's CPU time (the live-session checks).
     db_cpu_seconds: Option<f64>,
+    /// Behind the throttling proxy: what it let through against its rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    throttle: Option<methods::Throttle>,
 }
 
 impl TraceMethod {
@@ -352,6 +357,7 @@ impl TraceMethod {
             peak_rss_kb: run.timed.peak_rss_kb,
             cpu_seconds: run.timed.cpu_seconds,
             db_cpu_seconds: run.db_cpu_seconds,
+            throttle: run.throttle,
         }
     }
 

@@ -34,6 +34,15 @@ pub fn markdown(t: &Traces) -> String {
         ("Methods", columns(METHODS, &methods)),
         ("Kept by sexton", columns(KEPT, &kept)),
     ];
+    let throttled: Vec<_> = methods
+        .iter()
+        .copied()
+        .filter(|(_, m)| m.throttle.is_some())
+        .collect();
+    if !throttled.is_empty() {
+        let body = columns(THROTTLED, &throttled);
+        sections.push(("Behind a store that throttles (PF-7)", body));
+    }
     let stopped: Vec<Vec<String>> = t
         .scales
         .iter()
@@ -95,13 +104,43 @@ const KEPT: &[Column<TraceScale, TraceMethod>] = &[
     }),
 ];
 
+/// A row per run behind the throttling proxy: the rate it allowed, what it let through and
+/// answered `503`, and the rate sexton sustained against the bound of 90 %.
+const THROTTLED: &[Column<TraceScale, TraceMethod>] = &[
+    ("files", |s, _| s.files.to_string()),
+    ("rate allowed/s", |_, m| {
+        or_dash(m.throttle.as_ref(), |t| t.rate.to_string())
+    }),
+    ("forwarded", |_, m| {
+        or_dash(m.throttle.as_ref(), |t| t.forwarded.to_string())
+    }),
+    ("answered 503", |_, m| {
+        or_dash(m.throttle.as_ref(), |t| t.slowed_down.to_string())
+    }),
+    ("achieved/s", |_, m| {
+        or_dash(m.throttle.as_ref(), |t| f(t.achieved_per_s, 0))
+    }),
+    ("of the rate", |_, m| {
+        or_dash(m.throttle.as_ref(), |t| {
+            let met = if t.of_rate >= 0.9 {
+                "met"
+            } else {
+                "**not met**"
+            };
+            format!("{:.2} ({met})", t.of_rate)
+        })
+    }),
+];
+
 /// `m` against its floor on the same backend at its size: sexton's age run against the walk
-/// that reaches its end state (PF-6), an `… s3` method against the list-and-delete loop, the
-/// rest against `find`; "—" for those floors themselves.
+/// that reaches its end state (PF-6), on the object store against the listing that reads the
+/// signatures (PF-7), that floor against the list-and-delete loop, the rest against `find`; "—"
+/// for the loops themselves and the throttled run (its own table).
 fn against(s: &TraceScale, m: &TraceMethod) -> String {
     let floor = match m.name.as_str() {
-        "find age" | "list-delete s3" => None,
+        "find age" | "list-delete s3" | "sexton age s3 throttled" => None,
         "sexton age" => Some("walk+sig age"),
+        "sexton age s3" => Some("list+sig s3"),
         name if name.ends_with(" s3") => Some("list-delete s3"),
         _ => Some("find age"),
     };

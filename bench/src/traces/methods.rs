@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
-use futures::StreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use sexton_jobs::files::object::ObjectRoot;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
@@ -30,6 +30,20 @@ pub struct Run {
     pub timed: Timed,
     pub kept: BTreeMap<String, u64>,
     pub db_cpu_seconds: Option<f64>,
+    /// Behind the throttling proxy: what it let through and answered `503` (PF-7).
+    pub throttle: Option<Throttle>,
+}
+
+/// A run behind the proxy that answers `503 SlowDown` above `rate` requests a second.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Throttle {
+    pub rate: u32,
+    /// Requests the proxy forwarded to the server, and answered `503` itself.
+    pub forwarded: usize,
+    pub slowed_down: usize,
+    /// Forwarded requests a second over the run, and that over `rate`.
+    pub achieved_per_s: f64,
+    pub of_rate: f64,
 }
 
 impl Run {
@@ -44,6 +58,7 @@ impl Run {
             },
             kept: BTreeMap::new(),
             db_cpu_seconds: None,
+            throttle: None,
         }
     }
 }
@@ -79,6 +94,13 @@ pub async fn run_method(
             walk_signatures(base, &scratch.db, &scratch.root, cut, Signatures::Every).await?
         }
         ("list-delete s3", Some(server)) => list_delete(&*server.root(&scratch.root)?, cut).await?,
+        ("list+sig s3", Some(server)) => {
+            let root = server.root(&scratch.root)?;
+            list_signatures(base, &scratch.db, &root, cut).await?
+        }
+        ("sexton age s3 throttled", Some(server)) => {
+            throttled(cli, base, on, name, binary, server).await?
+        }
         _ => run_clean(cli, base, on, name, binary).await?,
     };
     let _ = std::fs::remove_file(scratch.plan_file());
@@ -108,25 +130,13 @@ async fn walk_signatures(
     cut: DateTime<Utc>,
     read: Signatures,
 ) -> anyhow::Result<Run> {
-    #[derive(serde::Deserialize)]
-    struct Signature {
-        format: String,
-        session_id: String,
-    }
     let started = Instant::now();
     let pool = connect(base, db, "bench-walk").await?;
     let mut dirs = vec![root.to_owned()];
     let mut batch: Vec<(PathBuf, Uuid)> = Vec::new();
     let flush = async |batch: &mut Vec<(PathBuf, Uuid)>| -> anyhow::Result<()> {
         let sessions: Vec<Uuid> = batch.iter().map(|(_, s)| *s).collect();
-        let live: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT s FROM unnest($1::uuid[]) s
-             WHERE EXISTS (SELECT 1 FROM agents WHERE current_session_id = s)
-                OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = s)",
-        )
-        .bind(&sessions)
-        .fetch_all(&pool)
-        .await?;
+        let live = live_sessions(&pool, &sessions).await?;
         for (path, session) in batch.drain(..) {
             if !live.contains(&session) {
                 std::fs::remove_file(path)?;
@@ -155,13 +165,7 @@ async fn walk_signatures(
             std::fs::File::open(&path)?
                 .take(64 * 1024)
                 .read_to_end(&mut first)?;
-            let line = first.split(|b| *b == b'\n').next().unwrap_or_default();
-            let signed = serde_json::from_slice::<Signature>(line)
-                .ok()
-                .and_then(|sig| {
-                    (sig.format == "run-trace/1").then(|| Uuid::parse_str(&sig.session_id).ok())?
-                });
-            if let Some(session) = signed.filter(|_| old) {
+            if let Some(session) = signed_session(&first).filter(|_| old) {
                 batch.push((path, session));
                 if batch.len() == 1000 {
                     flush(&mut batch).await?;
@@ -175,6 +179,116 @@ async fn walk_signatures(
         "walk, signature line, live sessions per thousand, unlink (in process)",
         started,
     ))
+}
+
+/// The session a trace's first bytes sign for, if they start with a valid signature line.
+fn signed_session(first: &[u8]) -> Option<Uuid> {
+    #[derive(serde::Deserialize)]
+    struct Signature {
+        format: String,
+        session_id: String,
+    }
+    let line = first.split(|b| *b == b'\n').next().unwrap_or_default();
+    let sig = serde_json::from_slice::<Signature>(line).ok()?;
+    (sig.format == "run-trace/1").then(|| Uuid::parse_str(&sig.session_id).ok())?
+}
+
+/// The sessions among `sessions` that are an agent's current or main one.
+async fn live_sessions(pool: &sqlx::PgPool, sessions: &[Uuid]) -> anyhow::Result<Vec<Uuid>> {
+    Ok(sqlx::query_scalar(
+        "SELECT s FROM unnest($1::uuid[]) s
+         WHERE EXISTS (SELECT 1 FROM agents WHERE current_session_id = s)
+            OR EXISTS (SELECT 1 FROM agents WHERE main_session_id = s)",
+    )
+    .bind(sessions)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// PF-7's floor for traces on the object store, reaching sexton's end state by age: one
+/// listing of the root, a ranged GET of the first 64 KiB of each `*.trace.jsonl` object last
+/// modified before `cut` (as many in flight as sexton is configured for: the root's window, the
+/// same client), the live sessions' traces among each thousand signed ones skipped (one query),
+/// the rest deleted in one DeleteObjects call per thousand — no lease, no HEAD before the
+/// delete, no plan, no holds.
+async fn list_signatures(
+    base: &PgConnectOptions,
+    db: &str,
+    root: &ObjectRoot,
+    cut: DateTime<Utc>,
+) -> anyhow::Result<Run> {
+    let started = Instant::now();
+    let pool = connect(base, db, "bench-list-sig").await?;
+    let mut signed = root
+        .list_all()
+        .map_err(anyhow::Error::from)
+        .try_filter(|meta| {
+            let old = meta.location.as_ref().ends_with(".trace.jsonl") && meta.last_modified < cut;
+            std::future::ready(old)
+        })
+        .map_ok(|meta| async move {
+            let first = root.first_bytes(&meta.location, meta.size, 64 * 1024).await;
+            let first = first.map_err(anyhow::Error::msg)?;
+            Ok(signed_session(&first).map(|session| (meta.location, session)))
+        })
+        .try_buffer_unordered(root.at_once())
+        .try_filter_map(|signed| std::future::ready(Ok(signed)))
+        .try_chunks(1000)
+        .boxed();
+    while let Some(thousand) = signed.next().await {
+        let thousand = thousand.map_err(|err| err.1)?;
+        let sessions: Vec<Uuid> = thousand.iter().map(|(_, session)| *session).collect();
+        let live = live_sessions(&pool, &sessions).await?;
+        let keys: Vec<_> = thousand
+            .into_iter()
+            .filter(|(_, session)| !live.contains(session))
+            .map(|(key, _)| key)
+            .collect();
+        for outcome in root.delete(&keys).await {
+            outcome.map_err(anyhow::Error::msg)?;
+        }
+    }
+    pool.close().await;
+    Ok(Run::in_process(
+        "LIST the prefix; ranged GET of each old signature (the window's requests in flight); \
+         live sessions per thousand; DeleteObjects per thousand",
+        started,
+    ))
+}
+
+/// sexton by age on the object store behind the proxy (`tests/common/proxy.rs`) answering
+/// `503 SlowDown` above `--s3-throttle-rate` requests a second: its run, with what the proxy
+/// let through against that rate.
+async fn throttled(
+    cli: &Cli,
+    base: &PgConnectOptions,
+    on: &OnTree<'_>,
+    name: &str,
+    binary: &Path,
+    server: &Server,
+) -> anyhow::Result<Run> {
+    let proxy = crate::proxy::Proxy::start(server.endpoint()).await;
+    proxy.limit_rate(Some(cli.s3_throttle_rate));
+    let through = server.through(proxy.endpoint());
+    let on = OnTree {
+        server: Some(&through),
+        ..*on
+    };
+    let mut run = run_clean(cli, base, &on, name, binary).await?;
+    let forwarded = proxy.forwarded();
+    let achieved_per_s = forwarded as f64 / run.timed.seconds;
+    run.throttle = Some(Throttle {
+        rate: cli.s3_throttle_rate,
+        forwarded,
+        slowed_down: proxy.throttled(),
+        achieved_per_s,
+        of_rate: achieved_per_s / f64::from(cli.s3_throttle_rate),
+    });
+    run.command = format!(
+        "{} (through a proxy answering 503 SlowDown above {} requests/s)",
+        run.command, cli.s3_throttle_rate
+    );
+    Ok(run)
 }
 
 /// The plain loop on the object store: one listing of the root, every `*.trace.jsonl` object
@@ -217,6 +331,7 @@ async fn run_find(cli: &Cli, root: &Path) -> anyhow::Result<Run> {
         timed,
         kept: BTreeMap::new(),
         db_cpu_seconds: None,
+        throttle: None,
     })
 }
 
@@ -232,7 +347,7 @@ async fn run_clean(
 ) -> anyhow::Result<Run> {
     let scratch = on.scratch;
     let (age, bytes) = match name {
-        "sexton age" | "sexton age s3" => (cli.trace_age_days, 0),
+        "sexton age" | "sexton age s3" | "sexton age s3 throttled" => (cli.trace_age_days, 0),
         _ => (0, on.max_bytes),
     };
     let expected = on.goes.iter().filter(|goes| **goes).count() as u64;
@@ -278,6 +393,7 @@ async fn run_clean(
         timed,
         kept,
         db_cpu_seconds,
+        throttle: None,
     })
 }
 

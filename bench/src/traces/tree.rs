@@ -86,7 +86,12 @@ impl Tree {
 /// [`quota_plan`] sends to bring the candidates down to `max_bytes`.
 pub fn goes(tree: &Tree, name: &str, cut_ns: i128, max_bytes: u64) -> Vec<bool> {
     match name {
-        "sexton age" | "walk+sig age" | "walk+every-sig age" | "sexton age s3" => tree
+        "sexton age"
+        | "walk+sig age"
+        | "walk+every-sig age"
+        | "sexton age s3"
+        | "list+sig s3"
+        | "sexton age s3 throttled" => tree
             .entries
             .iter()
             .map(|e| e.kind == Kind::Trace && e.mtime_ns < cut_ns)
