@@ -1,10 +1,12 @@
 //! How many requests one object root has in flight at once (PF-7): a window of at most
 //! `[storage] max_in_flight`, kept by congestion control as TCP keeps its own — every HTTP
 //! request the S3 client sends waits for a place in the window; an answer that says the store
-//! is throttling (`503 SlowDown`, `429`, a connection reset or closed mid-request) halves it
-//! (multiplicative decrease, once per window of requests sent before the last decrease), and
-//! each window's worth of other answers grows it by one (additive increase), up to the setting.
-//! A pass so runs at the store's pace without being told it.
+//! is throttling (`503 SlowDown`, `429`, a connection reset or closed mid-request) shrinks it to
+//! three quarters (multiplicative decrease: at most once a round, the time the store takes to
+//! answer, smoothed, and only for a request sent since the last decrease — a store's throttling
+//! answers come back at once, and one burst of them is one signal, not a collapse to a single
+//! request), and each window's worth of other answers grows it by one (additive increase), up to
+//! the setting. A pass so runs at the store's pace without being told it.
 //!
 //! A throttling status is retried here, with exponential backoff and full jitter, its place in
 //! the window given up while it waits, until `object_store`'s own retry timeout has passed:
@@ -32,6 +34,9 @@ use tokio::sync::Notify;
 const FIRST_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// The round assumed until the store has answered: a store tens of milliseconds away.
+const FIRST_ROUND: Duration = Duration::from_millis(50);
+
 /// The window of one root: how many of its requests may be in flight now.
 #[derive(Debug)]
 pub struct Window {
@@ -49,6 +54,10 @@ struct State {
     epoch: u64,
     /// Answers counted toward the next increase.
     answered: usize,
+    /// How long the store takes to answer, smoothed (7/8 of the last value, 1/8 of the new).
+    round: Duration,
+    /// When the window last shrank.
+    decreased_at: Option<Instant>,
     /// The smallest the window has been.
     lowest: usize,
     /// Throttling answers seen.
@@ -77,6 +86,8 @@ impl Window {
                 in_flight: 0,
                 epoch: 0,
                 answered: 0,
+                round: FIRST_ROUND,
+                decreased_at: None,
                 lowest: max,
                 throttled: 0,
             }),
@@ -118,6 +129,7 @@ impl Window {
                     return Place {
                         window: self.clone(),
                         epoch: state.epoch,
+                        sent: Instant::now(),
                     };
                 }
             }
@@ -131,22 +143,29 @@ struct Place {
     window: Arc<Window>,
     /// The window's epoch when the request was sent.
     epoch: u64,
+    sent: Instant,
 }
 
 impl Place {
-    /// The store answered; `throttled` when it said to slow down.
-    fn answered(&self, throttled: bool) {
+    /// The store answered at `now`; `throttled` when it said to slow down.
+    fn answered(&self, throttled: bool, now: Instant) {
         let mut state = self.window.state();
         if throttled {
             state.throttled += 1;
-            if self.epoch == state.epoch {
-                state.size = (state.size / 2).max(1);
+            let round_over = state
+                .decreased_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= state.round);
+            if self.epoch == state.epoch && round_over {
+                state.size = (state.size * 3 / 4).max(1);
                 state.lowest = state.lowest.min(state.size);
                 state.epoch += 1;
+                state.decreased_at = Some(now);
                 state.answered = 0;
             }
             return;
         }
+        let took = now.saturating_duration_since(self.sent);
+        state.round = state.round * 7 / 8 + took / 8;
         state.answered += 1;
         if state.answered >= state.size && state.size < self.window.max {
             state.size += 1;
@@ -224,7 +243,7 @@ impl HttpService for PacedService {
             let place = self.window.enter().await;
             let answer = self.inner.execute(request.clone()).await;
             let throttled = throttling(&answer);
-            place.answered(throttled);
+            place.answered(throttled, Instant::now());
             drop(place);
             let status = answer.as_ref().map(HttpResponse::status);
             let retry = matches!(
@@ -233,6 +252,10 @@ impl HttpService for PacedService {
             );
             if !retry || started.elapsed() >= self.retry_timeout {
                 return answer;
+            }
+            // The answer's few bytes read, so that its connection serves the next request.
+            if let Ok(response) = answer {
+                let _ = response.into_body().bytes().await;
             }
             tokio::time::sleep(backoff(tries)).await;
             tries += 1;
@@ -244,45 +267,52 @@ impl HttpService for PacedService {
 mod tests {
     use super::*;
 
-    fn place(window: &Arc<Window>) -> Place {
+    fn place(window: &Arc<Window>, sent: Instant) -> Place {
         let mut state = window.state();
         state.in_flight += 1;
         Place {
             window: window.clone(),
             epoch: state.epoch,
+            sent,
         }
     }
 
     #[test]
-    fn throttling_halves_the_window_once_per_round_and_answers_grow_it_back() {
-        let window = Arc::new(Window::new(8));
-        let sent: Vec<Place> = (0..8).map(|_| place(&window)).collect();
-        // Eight requests sent at size 8, three throttled: one decrease, not three.
+    fn throttling_shrinks_the_window_once_per_round_and_answers_grow_it_back() {
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let window = Arc::new(Window::new(16));
+        let sent: Vec<Place> = (0..16).map(|_| place(&window, at(0))).collect();
+        // Sixteen requests sent at size 16, three throttled: one decrease, not three.
         for place in &sent[..3] {
-            place.answered(true);
+            place.answered(true, at(1));
         }
-        assert_eq!(window.seen().size, 4);
+        assert_eq!(window.seen().size, 12);
         assert_eq!(window.seen().throttled, 3);
         drop(sent);
-        // Sent after the decrease: a new signal.
-        place(&window).answered(true);
-        assert_eq!(window.seen().size, 2);
+        // Sent after the decrease but answered within the same round: the same signal.
+        place(&window, at(2)).answered(true, at(3));
+        assert_eq!(window.seen().size, 12);
+        // A round (50 ms until the store has answered) later: a new signal.
+        place(&window, at(60)).answered(true, at(61));
+        assert_eq!(window.seen().size, 9);
         // A window's worth of answers grows it by one.
-        for _ in 0..2 {
-            place(&window).answered(false);
+        for _ in 0..9 {
+            place(&window, at(100)).answered(false, at(140));
         }
-        assert_eq!(window.seen().size, 3);
+        assert_eq!(window.seen().size, 10);
         for _ in 0..200 {
-            place(&window).answered(false);
+            place(&window, at(200)).answered(false, at(240));
         }
         assert_eq!(
             window.seen(),
             Seen {
-                size: 8,
-                lowest: 2,
-                throttled: 4
+                size: 16,
+                lowest: 9,
+                throttled: 5
             }
         );
+        assert_eq!(window.state().round, Duration::from_millis(40));
         assert_eq!(window.state().in_flight, 0);
     }
 
