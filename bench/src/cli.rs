@@ -127,7 +127,7 @@ pub struct Cli {
     pub max_in_flight: usize,
     /// Run traces on the object store once more behind a proxy that answers `503 SlowDown`
     /// above this many requests a second (PF-7).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 300)]
     pub s3_throttle_rate: u32,
     /// Keep each sexton worker's log (JSON lines) in this directory, one file per database.
     #[arg(long)]

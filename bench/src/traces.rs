@@ -48,7 +48,7 @@ const METHODS: [&str; 9] = [
     "sexton age s3",
     "list+sig s3",
     "list-delete s3",
-    "sexton age s3 throttled",
+    "sexton age throttled s3",
 ];
 
 /// The part: every size of `--trace-files`, each written into the results as it is done.

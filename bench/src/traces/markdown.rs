@@ -138,7 +138,7 @@ const THROTTLED: &[Column<TraceScale, TraceMethod>] = &[
 /// for the loops themselves and the throttled run (its own table).
 fn against(s: &TraceScale, m: &TraceMethod) -> String {
     let floor = match m.name.as_str() {
-        "find age" | "list-delete s3" | "sexton age s3 throttled" => None,
+        "find age" | "list-delete s3" | "sexton age throttled s3" => None,
         "sexton age" => Some("walk+sig age"),
         "sexton age s3" => Some("list+sig s3"),
         name if name.ends_with(" s3") => Some("list-delete s3"),

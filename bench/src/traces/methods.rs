@@ -98,7 +98,7 @@ pub async fn run_method(
             let root = server.root(&scratch.root)?;
             list_signatures(base, &scratch.db, &root, cut).await?
         }
-        ("sexton age s3 throttled", Some(server)) => {
+        ("sexton age throttled s3", Some(server)) => {
             throttled(cli, base, on, name, binary, server).await?
         }
         _ => run_clean(cli, base, on, name, binary).await?,
@@ -347,7 +347,7 @@ async fn run_clean(
 ) -> anyhow::Result<Run> {
     let scratch = on.scratch;
     let (age, bytes) = match name {
-        "sexton age" | "sexton age s3" | "sexton age s3 throttled" => (cli.trace_age_days, 0),
+        "sexton age" | "sexton age s3" | "sexton age throttled s3" => (cli.trace_age_days, 0),
         _ => (0, on.max_bytes),
     };
     let expected = on.goes.iter().filter(|goes| **goes).count() as u64;

@@ -91,7 +91,7 @@ pub fn goes(tree: &Tree, name: &str, cut_ns: i128, max_bytes: u64) -> Vec<bool> 
         | "walk+every-sig age"
         | "sexton age s3"
         | "list+sig s3"
-        | "sexton age s3 throttled" => tree
+        | "sexton age throttled s3" => tree
             .entries
             .iter()
             .map(|e| e.kind == Kind::Trace && e.mtime_ns < cut_ns)
