@@ -404,12 +404,8 @@ impl ObjectRoot {
         // The calls in flight at once, their answers taken in order.
         // Owned chunks: a future borrowing each would not be `Send` for every lifetime.
         let chunks: Vec<Vec<Key>> = keys.chunks(MAX_BATCH).map(<[Key]>::to_vec).collect();
-        let mut outcomes: Vec<Result<(), String>> = futures::stream::iter(chunks)
-            .map(|chunk| self.delete_batch(chunk))
-            .buffered(self.at_once())
-            .flat_map(futures::stream::iter)
-            .collect()
-            .await;
+        let answers = in_order(chunks, self.at_once(), |chunk| self.delete_batch(chunk)).await;
+        let mut outcomes: Vec<Result<(), String>> = answers.into_iter().flatten().collect();
         let failed: Vec<(usize, Key)> = (0..keys.len())
             .filter(|n| outcomes[*n].is_err())
             .map(|n| (n, keys[n].clone()))
@@ -500,21 +496,19 @@ impl ObjectRoot {
         // Each record's objects read (a HEAD, or a directory's listing) just before the deletes,
         // as many at once as the window lets through.
         // By index: a future borrowing each record would not be `Send` for every lifetime.
-        let found: Vec<_> = futures::stream::iter(0..looked_at.len())
-            .map(|n| {
-                let claimed = looked_at[n];
-                async move {
-                    let found = if root.holds_directories() {
-                        self.under(&claimed.path).await
-                    } else {
-                        self.head_key(&claimed.path).await
-                    };
-                    (claimed, found)
-                }
-            })
-            .buffered(self.at_once())
-            .collect()
-            .await;
+        let indexes: Vec<usize> = (0..looked_at.len()).collect();
+        let found = in_order(indexes, self.at_once(), |n| {
+            let claimed = looked_at[n];
+            async move {
+                let found = if root.holds_directories() {
+                    self.under(&claimed.path).await
+                } else {
+                    self.head_key(&claimed.path).await
+                };
+                (claimed, found)
+            }
+        })
+        .await;
         for (claimed, found) in found {
             let objects = match found {
                 Ok(objects) => objects,
@@ -630,6 +624,26 @@ impl ObjectRoot {
         }
         removed
     }
+}
+
+/// `work` on each of `items`, up to `at_once` at a time, the results in `items`' order. Taken as
+/// they come, not in order (`buffer_unordered`): an item waiting on a throttled request's
+/// backoff holds up no other, where an ordered buffer would keep every place behind it.
+pub(crate) async fn in_order<T, R, F, Fut>(items: Vec<T>, at_once: usize, work: F) -> Vec<R>
+where
+    F: Fn(T) -> Fut,
+    Fut: Future<Output = R>,
+{
+    let mut done: Vec<(usize, R)> = futures::stream::iter(items.into_iter().enumerate())
+        .map(|(n, item)| {
+            let answer = work(item);
+            async move { (n, answer.await) }
+        })
+        .buffer_unordered(at_once)
+        .collect()
+        .await;
+    done.sort_unstable_by_key(|(n, _)| *n);
+    done.into_iter().map(|(_, result)| result).collect()
 }
 
 /// A record whose objects are to be deleted: its keys with their sizes, and the ETag its one

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt as _;
 use rustix::fs::FileType;
 
 use super::object::ObjectRoot;
@@ -100,11 +99,10 @@ impl Opened {
                     .iter()
                     .map(|relative| relative.to_string())
                     .collect();
-                futures::stream::iter(owned)
-                    .map(|relative| async move { object_entry(objects, &relative).await })
-                    .buffered(objects.at_once())
-                    .collect()
-                    .await
+                object::in_order(owned, objects.at_once(), |relative| async move {
+                    object_entry(objects, &relative).await
+                })
+                .await
             }
         }
     }

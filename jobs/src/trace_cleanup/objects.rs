@@ -28,8 +28,9 @@ pub(in crate::trace_cleanup) struct Objects {
 impl Objects {
     pub(super) fn new(root: Arc<ObjectRoot>) -> Self {
         let reader = root.clone();
-        // As many signatures read at once as the root's window lets through, in the listing's
-        // order (the quota's ties are taken in walk order).
+        // As many signatures read at once as the root's window lets through, each taken as it
+        // comes: a GET waiting on a throttled answer's backoff holds up no other (the walk's
+        // order decides nothing: the quota's boundary is sorted, its ties are any of them).
         let at_once = root.at_once();
         let entries = root
             .list_all()
@@ -44,7 +45,7 @@ impl Objects {
                 let root = reader.clone();
                 async move { Ok(classify(&root, meta).await) }
             })
-            .try_buffered(at_once)
+            .try_buffer_unordered(at_once)
             .boxed();
         Self {
             root,
