@@ -8,6 +8,12 @@
 //! request), and each window's worth of other answers grows it by one (additive increase), up to
 //! the setting. A pass so runs at the store's pace without being told it.
 //!
+//! Each request is sent on a task of its own, so that its place comes back the moment the store
+//! answers, whether or not its caller is looking: a caller's requests waiting unpolled (the trace
+//! walk's signature reads, read ahead, while the walk deletes a batch) would otherwise keep
+//! places the window has since shrunk to, and the requests the caller waits on would never get
+//! one.
+//!
 //! A throttling status is retried here, with exponential backoff and full jitter, its place in
 //! the window given up while it waits, until `object_store`'s own retry timeout has passed:
 //! then the answer goes back to `object_store`, which finds its time up and fails the request.
@@ -17,7 +23,9 @@
 //! for minutes does not fail a pass, and a store that is down is found down as soon as before.
 
 use std::hash::{BuildHasher as _, RandomState};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -28,6 +36,7 @@ use object_store::client::{
 };
 use reqwest::StatusCode;
 use tokio::sync::Notify;
+use tokio::task::{JoinError, JoinHandle};
 
 /// The first wait before a throttled request is sent again; each further one doubles, up to
 /// [`MAX_BACKOFF`], and the wait is drawn at random below that (full jitter).
@@ -236,35 +245,80 @@ struct PacedService {
 
 #[async_trait]
 impl HttpService for PacedService {
+    /// The request sent on a task of its own, which gives its place back as soon as the store
+    /// answers: a caller that does not poll its request for a while (a walk whose signature reads
+    /// wait in its read-ahead while it deletes a batch) must not keep places the window has shrunk
+    /// to, or the calls it waits on would never get one. Dropped, the call ends its task.
     async fn call(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
-        let started = Instant::now();
-        let mut tries = 0;
-        loop {
-            let place = self.window.enter().await;
-            let answer = self.inner.execute(request.clone()).await;
-            let throttled = throttling(&answer);
-            place.answered(throttled, Instant::now());
-            drop(place);
-            let status = answer.as_ref().map(HttpResponse::status);
-            let retry = matches!(
-                status,
-                Ok(StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS)
-            );
-            if !retry || started.elapsed() >= self.retry_timeout {
-                return answer;
-            }
-            // The answer's few bytes read, so that its connection serves the next request.
-            if let Ok(response) = answer {
-                let _ = response.into_body().bytes().await;
-            }
-            tokio::time::sleep(backoff(tries)).await;
-            tries += 1;
+        let sent = paced(
+            self.inner.clone(),
+            self.window.clone(),
+            self.retry_timeout,
+            request,
+        );
+        match Task(tokio::spawn(sent)).await {
+            Ok(answer) => answer,
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(err) => Err(HttpError::new(HttpErrorKind::Interrupted, err)),
         }
+    }
+}
+
+/// `request` through `window`: a place taken for each try, and a throttling answer retried
+/// after a backoff (its place given up while it waits) until `retry_timeout` has passed.
+async fn paced(
+    inner: HttpClient,
+    window: Arc<Window>,
+    retry_timeout: Duration,
+    request: HttpRequest,
+) -> Result<HttpResponse, HttpError> {
+    let started = Instant::now();
+    let mut tries = 0;
+    loop {
+        let place = window.enter().await;
+        let answer = inner.execute(request.clone()).await;
+        let throttled = throttling(&answer);
+        place.answered(throttled, Instant::now());
+        drop(place);
+        let status = answer.as_ref().map(HttpResponse::status);
+        let retry = matches!(
+            status,
+            Ok(StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS)
+        );
+        if !retry || started.elapsed() >= retry_timeout {
+            return answer;
+        }
+        // The answer's few bytes read, so that its connection serves the next request.
+        if let Ok(response) = answer {
+            let _ = response.into_body().bytes().await;
+        }
+        tokio::time::sleep(backoff(tries)).await;
+        tries += 1;
+    }
+}
+
+/// A request's task, ended when its caller drops the call.
+struct Task(JoinHandle<Result<HttpResponse, HttpError>>);
+
+impl Future for Task {
+    type Output = Result<Result<HttpResponse, HttpError>, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use futures::FutureExt as _;
+    use object_store::client::{HttpRequestBody, HttpResponseBody};
+
     use super::*;
 
     fn place(window: &Arc<Window>, sent: Instant) -> Place {
@@ -314,6 +368,66 @@ mod tests {
         );
         assert_eq!(window.state().round, Duration::from_millis(40));
         assert_eq!(window.state().in_flight, 0);
+    }
+
+    /// A store that answers each request with `200 OK` once let (a permit of `go` each).
+    #[derive(Debug)]
+    struct Answers {
+        go: Arc<tokio::sync::Semaphore>,
+    }
+
+    #[async_trait]
+    impl HttpService for Answers {
+        async fn call(&self, _request: HttpRequest) -> Result<HttpResponse, HttpError> {
+            self.go.acquire().await.unwrap().forget();
+            Ok(HttpResponse::new(HttpResponseBody::from(String::new())))
+        }
+    }
+
+    /// Lets the runtime's other tasks run until they wait again.
+    async fn settle() {
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn pf7_an_answered_request_gives_its_place_back_before_its_caller_looks_at_it() {
+        let window = Arc::new(Window::new(1));
+        let go = Arc::new(tokio::sync::Semaphore::new(0));
+        let service = PacedService {
+            inner: HttpClient::new(Answers { go: go.clone() }),
+            window: window.clone(),
+            retry_timeout: Duration::from_secs(180),
+        };
+        let request = || HttpRequest::new(HttpRequestBody::from(Vec::new()));
+        let in_flight = || window.state().in_flight;
+
+        // A request sent, then not looked at: a read-ahead the walk does not poll while it
+        // deletes a batch.
+        let mut read_ahead = Box::pin(service.call(request()));
+        assert!(read_ahead.as_mut().now_or_never().is_none());
+        settle().await;
+        assert_eq!(in_flight(), 1);
+        // The store answers it: its place is free though nobody polled it, so the delete's
+        // request gets through a window of one.
+        go.add_permits(1);
+        settle().await;
+        assert_eq!(in_flight(), 0);
+        go.add_permits(1);
+        let delete = service.call(request()).await.unwrap();
+        assert_eq!(delete.status(), StatusCode::OK);
+        assert_eq!(read_ahead.await.unwrap().status(), StatusCode::OK);
+
+        // A call given up gives its place back, its request ended.
+        let mut given_up = Box::pin(service.call(request()));
+        assert!(given_up.as_mut().now_or_never().is_none());
+        settle().await;
+        assert_eq!(in_flight(), 1);
+        drop(given_up);
+        settle().await;
+        assert_eq!(in_flight(), 0);
+        assert_eq!(window.seen().throttled, 0);
     }
 
     #[test]
