@@ -14,10 +14,12 @@ use sexton_jobs::files::object::{ObjectRoot, StorageSettings};
 use sexton_jobs::files::{Root, Store};
 use sexton_jobs::trace_cleanup::{self as job, Lease, Limits, Quiet};
 use sqlx::PgPool;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 use uuid::Uuid;
 
 use crate::common::fixture::{self, days_before_pass, pass_start};
-use crate::common::proxy::Proxy;
+use crate::common::proxy::{Action, Proxy};
 use crate::common::{self, backend, run};
 
 /// Requests a second the proxy lets through: far fewer than a window of [`MAX_IN_FLIGHT`] on
@@ -236,4 +238,74 @@ async fn os2_os4_an_attachment_pass_behind_a_store_that_throttles_removes_every_
         seen.lowest
     );
     assert!(files[150..].iter().all(|f| f.exists()), "the control stays");
+}
+
+/// One answer read off `stream`: its status line (its body, by its `Content-Length`, read too).
+async fn status_line(stream: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(stream.read_u8().await.unwrap());
+    }
+    let head = String::from_utf8(head).unwrap();
+    let length = head
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .map_or(0, |(_, value)| value.trim().parse().unwrap());
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.unwrap();
+    head.lines().next().unwrap().to_owned()
+}
+
+#[tokio::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn pf7_the_throttling_store_answers_each_request_whole_however_its_bytes_arrive() {
+    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
+    let proxy = Proxy::start(&endpoint).await;
+    let address = proxy.endpoint().replace("http://", "");
+    let mut client = TcpStream::connect(&address).await.unwrap();
+    client.set_nodelay(true).unwrap();
+    // Each piece on its own: the proxy, on this test's thread, reads it before the next comes.
+    let send = async |client: &mut TcpStream, pieces: &[&str]| {
+        for piece in pieces {
+            client.write_all(piece.as_bytes()).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+    };
+    proxy.rule(None, Action::SlowDown, 2);
+
+    // A delete call whose head comes in two pieces and whose body, in a third, reads like a
+    // request of its own: answered 503 as one request, nothing of it forwarded.
+    let body = "GET /other HTTP/1.1\r\nHost: a\r\n\r\n";
+    let length = format!("Content-Length: {}\r\n\r\n", body.len());
+    send(
+        &mut client,
+        &["POST /bucket?delete HTTP/1.1\r\nHost: a\r\n", &length, body],
+    )
+    .await;
+    assert_eq!(status_line(&mut client).await, "HTTP/1.1 503 Slow Down");
+    // A chunked body, its chunks and their sizes split anywhere.
+    send(
+        &mut client,
+        &[
+            "PUT /bucket/key HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "1",
+            "3\r\nHEAD / HTTP/1.1\r\n",
+            "\r\n\r\n4\r\n\r\n\r\n\r\n0\r\n",
+            "\r\n",
+        ],
+    )
+    .await;
+    assert_eq!(status_line(&mut client).await, "HTTP/1.1 503 Slow Down");
+    assert_eq!(proxy.forwarded(), 0, "nothing of them reached the server");
+
+    // The control: the next request on the same connection reaches the server whole, and its
+    // answer is the server's.
+    send(&mut client, &["GET / HTTP/1.1\r\nHost: a\r\n\r\n"]).await;
+    let answer = status_line(&mut client).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 ") && !answer.contains("503"),
+        "{answer}"
+    );
+    assert_eq!(proxy.forwarded(), 1);
 }
