@@ -18,7 +18,6 @@ use object_store::path::Path as Key;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::files::AT_ONCE;
 use crate::files::object::ObjectRoot;
 
 use super::judge::{self, Kind, Subject};
@@ -232,13 +231,14 @@ async fn judge_objects(
     }
     let mut tx = crate::gate::begin(ctx.conn, "").await?;
     let orphans = asked_again(&mut tx, ctx.counts, kind, orphans, Judged::subject).await?;
-    // Each object read again just before the batch's delete, AT_ONCE HEADs in flight.
+    // Each object read again just before the batch's delete, as many HEADs in flight as the
+    // root's window lets through, taken as they come.
     let mut looked = futures::stream::iter(orphans)
         .map(|object| async move {
             let now = objects.meta(&object.key).await;
             (object, now)
         })
-        .buffered(AT_ONCE);
+        .buffer_unordered(objects.at_once());
     let mut going = Vec::new();
     while let Some((object, now)) = looked.next().await {
         match now {
