@@ -14,8 +14,13 @@
 //! places the window has since shrunk to, and the requests the caller waits on would never get
 //! one.
 //!
-//! A throttling status is retried here, with exponential backoff and full jitter, its place in
-//! the window given up while it waits, until `object_store`'s own retry timeout has passed:
+//! A throttling status is retried here after a wait of about a round (drawn at random up to two
+//! rounds: full jitter), the request keeping its place while it waits — a throttling answer
+//! comes back at once, so a place given up then would send another request at once, and the
+//! window would bound nothing; kept, the window bounds the retries as it bounds the requests, and
+//! its decrease is the backoff. (A wait doubling with each try, the place given up, left a pass's
+//! requests asleep for up to seconds while the store had room: 0.68 of the rate behind the
+//! proxy.) It is retried until `object_store`'s own retry timeout has passed:
 //! then the answer goes back to `object_store`, which finds its time up and fails the request.
 //! `object_store`'s `RetryConfig` keeps retrying the rest as it always did (other 5xx answers,
 //! transport errors — a reset among them, counted here as throttling as well — and timeouts of
@@ -38,9 +43,7 @@ use reqwest::StatusCode;
 use tokio::sync::Notify;
 use tokio::task::{JoinError, JoinHandle};
 
-/// The first wait before a throttled request is sent again; each further one doubles, up to
-/// [`MAX_BACKOFF`], and the wait is drawn at random below that (full jitter).
-const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+/// The longest wait before a throttled request is sent again, however slow the store's rounds.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// The round assumed until the store has answered: a store tens of milliseconds away.
@@ -107,6 +110,11 @@ impl Window {
     /// The most requests in flight it ever allows (`[storage] max_in_flight`).
     pub fn max(&self) -> usize {
         self.max
+    }
+
+    /// How long the store takes to answer, smoothed.
+    fn round(&self) -> Duration {
+        self.state().round
     }
 
     /// Its size now, the smallest it has been, and the throttling answers it has seen.
@@ -207,12 +215,10 @@ fn throttling(answer: &Result<HttpResponse, HttpError>) -> bool {
     }
 }
 
-/// A wait drawn at random up to `FIRST_BACKOFF × 2^tries`, at most [`MAX_BACKOFF`].
-fn backoff(tries: u32) -> Duration {
-    let ceiling = FIRST_BACKOFF
-        .saturating_mul(1 << tries.min(16))
-        .min(MAX_BACKOFF);
-    let draw = RandomState::new().hash_one(tries);
+/// A wait drawn at random up to two rounds, at most [`MAX_BACKOFF`].
+fn backoff(round: Duration) -> Duration {
+    let ceiling = round.saturating_mul(2).min(MAX_BACKOFF);
+    let draw = RandomState::new().hash_one(round);
     ceiling.mul_f64((draw >> 11) as f64 / (1u64 << 53) as f64)
 }
 
@@ -265,7 +271,7 @@ impl HttpService for PacedService {
 }
 
 /// `request` through `window`: a place taken for each try, and a throttling answer retried
-/// after a backoff (its place given up while it waits) until `retry_timeout` has passed.
+/// after a backoff (its place kept while it waits) until `retry_timeout` has passed.
 async fn paced(
     inner: HttpClient,
     window: Arc<Window>,
@@ -273,13 +279,11 @@ async fn paced(
     request: HttpRequest,
 ) -> Result<HttpResponse, HttpError> {
     let started = Instant::now();
-    let mut tries = 0;
     loop {
         let place = window.enter().await;
         let answer = inner.execute(request.clone()).await;
         let throttled = throttling(&answer);
         place.answered(throttled, Instant::now());
-        drop(place);
         let status = answer.as_ref().map(HttpResponse::status);
         let retry = matches!(
             status,
@@ -292,8 +296,8 @@ async fn paced(
         if let Ok(response) = answer {
             let _ = response.into_body().bytes().await;
         }
-        tokio::time::sleep(backoff(tries)).await;
-        tries += 1;
+        tokio::time::sleep(backoff(window.round())).await;
+        drop(place);
     }
 }
 
@@ -431,10 +435,14 @@ mod tests {
     }
 
     #[test]
-    fn backoff_stays_under_its_ceiling() {
-        for tries in 0..40 {
-            assert!(backoff(tries) <= MAX_BACKOFF);
+    fn backoff_stays_under_two_rounds_and_its_ceiling() {
+        for ms in [1, 10, 45, 300, 999, 5000] {
+            let round = Duration::from_millis(ms);
+            let wait = backoff(round);
+            assert!(
+                wait <= round * 2 && wait <= MAX_BACKOFF,
+                "{wait:?} after {round:?}"
+            );
         }
-        assert!(backoff(0) <= FIRST_BACKOFF);
     }
 }
