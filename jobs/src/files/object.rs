@@ -487,6 +487,30 @@ pub enum Refusal {
     Store(String),
 }
 
+/// `stream` read on a task of its own, up to `ahead` items before its reader takes them, so
+/// that a pass's next requests (a listing's pages, the reads it leads to) go on while the pass
+/// works through a batch. The task ends at the stream's end or first error, or once the reader
+/// is dropped.
+pub fn read_ahead<T, E>(
+    mut stream: BoxStream<'static, Result<T, E>>,
+    ahead: usize,
+) -> tokio::sync::mpsc::Receiver<Result<T, E>>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    let (read, taken) = tokio::sync::mpsc::channel(ahead.max(1));
+    tokio::spawn(async move {
+        while let Some(item) = stream.next().await {
+            let failed = item.is_err();
+            if read.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    taken
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -498,5 +522,52 @@ mod tests {
             ..StorageSettings::default()
         };
         assert!(!format!("{settings:?}").contains("hunter2"));
+    }
+
+    /// PF-7: a pass's listing and reads go on while the pass works on a batch — `ahead` items
+    /// are read before the reader takes one; then the stream waits for it, and its error ends
+    /// the reading.
+    #[tokio::test]
+    async fn pf7_a_listing_is_read_ahead_of_its_reader_up_to_its_bound() {
+        let (produced, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let items = futures::stream::iter(0..10)
+            .map(move |n| {
+                produced.send(n).unwrap();
+                if n == 7 {
+                    Err("the store failed")
+                } else {
+                    Ok(n)
+                }
+            })
+            .boxed();
+
+        let mut taken = read_ahead(items, 4);
+
+        // Four sit in the channel and a fifth waits to be sent, with nothing taken yet.
+        for n in 0..5 {
+            assert_eq!(seen.recv().await, Some(n));
+        }
+        let mut got = Vec::new();
+        while let Some(item) = taken.recv().await {
+            got.push(item);
+        }
+        assert_eq!(
+            got,
+            [
+                Ok(0),
+                Ok(1),
+                Ok(2),
+                Ok(3),
+                Ok(4),
+                Ok(5),
+                Ok(6),
+                Err("the store failed")
+            ]
+        );
+        let mut rest = Vec::new();
+        while let Some(n) = seen.recv().await {
+            rest.push(n);
+        }
+        assert_eq!(rest, [5, 6, 7], "nothing is read after the error");
     }
 }

@@ -12,13 +12,11 @@
 use std::sync::Arc;
 
 use futures::StreamExt as _;
-use futures::stream::BoxStream;
 use object_store::ObjectMeta;
 use object_store::path::Path as Key;
-use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::files::object::ObjectRoot;
+use crate::files::object::{ObjectRoot, read_ahead};
 
 use super::judge::{self, Kind, Subject};
 use super::local::{asked_again, unremovable, young_and_held};
@@ -127,7 +125,7 @@ impl Directory {
 /// A database error.
 pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> Result<(), Error> {
     let kind = kinds(ctx.root);
-    let mut listed = read_ahead(objects.list_all());
+    let mut listed = read_ahead(objects.list_all(), BATCH);
     let mut files: Vec<Judged> = Vec::new();
     let mut directories: Vec<Directory> = Vec::new();
     let mut frames: Vec<Judged> = Vec::new();
@@ -181,23 +179,6 @@ pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> R
     judge_objects(ctx, objects, kind, files).await?;
     judge_directories(ctx, objects, kind, directories, &mut frames).await?;
     judge_objects(ctx, objects, Kind::Frame, frames).await
-}
-
-/// `listing` read on a task of its own, up to [`BATCH`] objects ahead of the judging; the task
-/// ends at the listing's end or first error, or once the scan stops taking what it read.
-fn read_ahead(
-    mut listing: BoxStream<'static, object_store::Result<ObjectMeta>>,
-) -> mpsc::Receiver<object_store::Result<ObjectMeta>> {
-    let (read, listed) = mpsc::channel(BATCH);
-    tokio::spawn(async move {
-        while let Some(meta) = listing.next().await {
-            let failed = meta.is_err();
-            if read.send(meta).await.is_err() || failed {
-                break;
-            }
-        }
-    });
-    listed
 }
 
 /// Judges a batch of objects (files, or frames) and, confirmed, removes the orphans.

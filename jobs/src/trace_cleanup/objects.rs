@@ -3,25 +3,29 @@
 //! standing for allocated bytes and its `LastModified` for its mtime; each planned object is
 //! read again (HEAD) just before the batched delete, and one whose ETag, size or time changed
 //! is re-evaluated by the next run, never deleted blind. The GETs and the HEADs go as many at
-//! once as the root's window lets through (see [`crate::files::object::Window`]).
+//! once as the root's window lets through (see [`crate::files::object::Window`]), the listing
+//! and its GETs read ahead of the cleaner while it deletes a batch.
 
 use std::sync::Arc;
 
-use futures::stream::BoxStream;
 use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::ObjectMeta;
+use tokio::sync::mpsc;
 
-use crate::files::object::ObjectRoot;
+use crate::files::object::{ObjectRoot, read_ahead};
 use crate::shown::Shown;
 
 use super::plan::Removal;
 use super::walk::{Candidate, Entry, Listing, Seen, Step, line_of, signature, time_ns};
-use super::{Error, FIRST_LINE_LIMIT, Planned};
+use super::{BATCH, Error, FIRST_LINE_LIMIT, Planned};
+
+/// Entries of the walk read ahead of the cleaner: four of its batches.
+const READ_AHEAD: usize = 4 * BATCH;
 
 /// The walk of an object root: every object under its prefix, once.
 pub(in crate::trace_cleanup) struct Objects {
     root: Arc<ObjectRoot>,
-    entries: BoxStream<'static, Result<Option<Entry>, Error>>,
+    entries: mpsc::Receiver<Result<Option<Entry>, Error>>,
     done: bool,
 }
 
@@ -47,6 +51,9 @@ impl Objects {
             })
             .try_buffer_unordered(at_once)
             .boxed();
+        // Read ahead on a task of its own: the signatures keep coming while a batch is
+        // planned, read again and deleted.
+        let entries = read_ahead(entries, READ_AHEAD);
         Self {
             root,
             entries,
@@ -65,7 +72,7 @@ impl Objects {
         }
         loop {
             let dir = Listing::Object(self.root.clone());
-            match self.entries.try_next().await? {
+            match self.entries.recv().await.transpose()? {
                 None => {
                     self.done = true;
                     return Ok(Some(Step::DirDone(dir)));
