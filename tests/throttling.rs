@@ -80,8 +80,8 @@ async fn os2_os4_a_trace_cleanup_behind_a_store_that_throttles_deletes_every_old
     let traces = dir.path().join("traces");
     let agent = Uuid::new_v4();
     // More old traces than two of the cleaner's batches (256): batches are deleted while the
-    // walk's signature reads of the next ones wait, read ahead, unpolled (their requests keep no
-    // place the batch's HEADs and delete call need: see window.rs's
+    // walk's signature reads of the next ones are in flight, read ahead (an answered one keeps
+    // no place the batch's HEADs and delete call need: see window.rs's
     // pf7_an_answered_request_gives_its_place_back_before_its_caller_looks_at_it).
     let old: Vec<PathBuf> = (0..600)
         .map(|n| trace(&traces, agent, &format!("old-{n:03}.trace.jsonl"), 40.0))
