@@ -210,6 +210,18 @@ pub(super) static BACKLOG: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The latest cutoff of any account, `$1` the time it is measured at and `$2` the calendar's
+/// earliest instant: the one its shortest window gives, read at one end of
+/// `accounts_execution_details_retention_days` (never a read of every account). No owner younger
+/// than it is past any account's cutoff.
+static LATEST: LazyLock<String> = LazyLock::new(|| {
+    let days = "execution_details_retention_days";
+    format!(
+        "(SELECT {} FROM accounts WHERE {days} > 0)",
+        crate::cutoff::days_before_sql("$1", &format!("min({days})"), "$2")
+    )
+});
+
 /// The backlog in one scan of `runs`: owners older than the latest cutoff of any account, each
 /// joined to its account through the primary key and checked against that account's cutoff,
 /// then taken furthest past it first until one would go — the verdict is asked of as few as
@@ -222,7 +234,7 @@ pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
          FROM (SELECT r.id, {cutoff} - {AGE} AS past
                FROM runs r JOIN accounts a ON a.id = r.account_id
                WHERE {UNPRUNED_OWNER}
-                 AND {AGE} < (SELECT max({cutoff}) FROM accounts a)
+                 AND {AGE} < {latest}
                  AND {AGE} < {cutoff} AND {AGE} > $2
                ORDER BY past DESC OFFSET 0) c
          JOIN runs r ON r.id = c.id
@@ -235,7 +247,8 @@ pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
             "r.conversation_id",
             &cutoff,
             "$1"
-        )
+        ),
+        latest = LATEST.as_str(),
     )
 });
 
@@ -253,14 +266,14 @@ pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
         "SELECT o.account_id
          FROM (SELECT account_id, min({AGE}) AS oldest FROM runs
                WHERE {UNPRUNED_OWNER} AND {AGE} >= $2
-                 AND {AGE} < (SELECT {latest} FROM accounts WHERE {days} > 0)
+                 AND {AGE} < {latest}
                GROUP BY account_id) o
          WHERE o.oldest < (SELECT {cutoff} FROM accounts a WHERE a.id = o.account_id)
          UNION ALL
          SELECT id FROM accounts WHERE {days} <= 0
          UNION ALL
          {waiting}",
-        latest = crate::cutoff::days_before_sql("$1", &format!("min({days})"), "$2"),
+        latest = LATEST.as_str(),
         cutoff = crate::cutoff::days_before_sql("$1", &format!("a.{days}"), "$2"),
         waiting = files::waiting_sql(files::Root::Outputs),
     )

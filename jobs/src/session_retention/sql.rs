@@ -27,6 +27,26 @@ pub fn delete_statement() -> &'static str {
     DELETE_SESSIONS
 }
 
+/// Each kind with the parameter of its fallback age, in the statements that read every
+/// account's policy: `$1` the time it is measured at, `$2` the calendar's earliest instant.
+const KINDS: [(&str, &str); 3] = [("main", "$3"), ("task", "$4"), ("subagent", "$5")];
+
+/// The latest cutoff any enabled policy gives `kind` (parameters as [`KINDS`]'): the one its
+/// shortest age gives, read at one end of the policies' index of that age, or the fallback where
+/// a policy leaves it out (never a read of every policy). No session of the kind younger than it
+/// is past any account's cutoff.
+fn latest(kind: &str, fallback: &str) -> String {
+    format!(
+        "(SELECT {} FROM (SELECT LEAST(
+              (SELECT min({kind}_days) FROM session_retention_policies
+               WHERE enabled AND {kind}_days > 0),
+              CASE WHEN EXISTS (SELECT 1 FROM session_retention_policies
+                                WHERE enabled AND {kind}_days IS NULL)
+                   THEN {fallback} END) AS days) shortest)",
+        crate::cutoff::days_before_sql("$1", "shortest.days", "$2")
+    )
+}
+
 /// Discovery (FL-8): `$1` the slot, `$2` the earliest finite age, `$3`..`$5` the fallback ages
 /// (each above 0). Every session past its kind's cutoff, protected or not (what protects it is
 /// looked at again by the pass), found from the sessions' side, kind by kind: those older than
@@ -37,28 +57,21 @@ pub fn delete_statement() -> &'static str {
 /// reports it, SS-1), and those with archive directories waiting to be removed, whatever the
 /// policy. A cutoff is computed only where the age leaves one (never "out of range").
 pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
-    let kinds = [("main", "$3"), ("task", "$4"), ("subagent", "$5")];
     let cutoff = |days: &str| crate::cutoff::days_before_sql("$1", days, "$2");
-    let oldest = kinds
+    let oldest = KINDS
         .iter()
         .map(|(kind, fallback)| {
             format!(
                 "SELECT account_id, kind, min(last_activity_at) AS oldest FROM sessions
                  WHERE kind = '{kind}' AND last_activity_at >= $2
-                   AND last_activity_at < (
-                       SELECT {latest} FROM (SELECT LEAST(
-                           (SELECT min({kind}_days) FROM session_retention_policies
-                            WHERE enabled AND {kind}_days > 0),
-                           CASE WHEN EXISTS (SELECT 1 FROM session_retention_policies
-                                             WHERE enabled AND {kind}_days IS NULL)
-                                THEN {fallback} END) AS days) shortest)
+                   AND last_activity_at < {}
                  GROUP BY account_id, kind",
-                latest = cutoff("shortest.days"),
+                latest(kind, fallback),
             )
         })
         .collect::<Vec<_>>()
         .join("\n                 UNION ALL ");
-    let own = kinds
+    let own = KINDS
         .iter()
         .map(|(kind, fallback)| {
             format!(
@@ -84,35 +97,31 @@ pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// The backlog in one scan of `sessions`: the latest cutoff any enabled policy gives each kind
-/// (from its shortest age), the sessions older than that (found first and apart: the planner
+/// ([`latest`]), the sessions older than that (found first and apart: the planner
 /// would otherwise join every session to its policy before filtering), each joined to its
 /// account's policy and checked against its own cutoff, then taken furthest past it first
 /// until one would go — the verdict is asked of as few as the per-policy read asks. Parameters
 /// as [`BACKLOG`]'s.
 pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
-    let days = |kind: &str, fallback: &str| format!("COALESCE(p.{kind}_days, {fallback})");
-    let shortest = |kind: &str, fallback: &str| {
-        let days = days(kind, fallback);
-        format!("min({days}) FILTER (WHERE {days} > 0) AS {kind}")
-    };
-    let latest = |kind: &str| crate::cutoff::days_before_sql("$1", &format!("d.{kind}"), "$2");
-    let own = format!(
-        "CASE s.kind WHEN 'main' THEN {} WHEN 'task' THEN {} ELSE {} END",
-        days("main", "$3"),
-        days("task", "$4"),
-        days("subagent", "$5")
-    );
+    let own = KINDS
+        .iter()
+        .map(|(kind, fallback)| format!("WHEN '{kind}' THEN COALESCE(p.{kind}_days, {fallback})"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let old = KINDS
+        .iter()
+        .map(|(kind, fallback)| {
+            format!(
+                "SELECT s.* FROM sessions s
+                 WHERE s.kind = '{kind}' AND s.last_activity_at < {}",
+                latest(kind, fallback)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n        UNION ALL ");
     format!(
         "
-    WITH latest AS MATERIALIZED (
-        SELECT {} AS main, {} AS task, {} AS subagent
-        FROM (SELECT {}, {}, {}
-              FROM session_retention_policies p WHERE p.enabled) d),
-    old AS MATERIALIZED (
-        SELECT s.* FROM latest l
-        JOIN sessions s ON s.last_activity_at < CASE s.kind WHEN 'main' THEN l.main
-                                                            WHEN 'task' THEN l.task
-                                                            ELSE l.subagent END)
+    WITH old AS MATERIALIZED ({old})
     SELECT EXTRACT(EPOCH FROM c.past)::float8
     FROM (SELECT s.id, s.account_id, s.agent_id, s.kind, s.state, s.metadata, s.last_activity_at, k.cutoff,
                  k.cutoff - s.last_activity_at AS past
@@ -124,13 +133,7 @@ pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
     WHERE sexton.session_verdict(c.id, c.account_id, c.agent_id, c.kind, c.state, c.metadata,
                                  c.last_activity_at, c.cutoff) IS NULL
     ORDER BY c.past DESC LIMIT 1",
-        latest("main"),
-        latest("task"),
-        latest("subagent"),
-        shortest("main", "$3"),
-        shortest("task", "$4"),
-        shortest("subagent", "$5"),
-        crate::cutoff::days_before_sql("$1", &own, "$2"),
+        crate::cutoff::days_before_sql("$1", &format!("CASE s.kind {own} END"), "$2"),
     )
 });
 
