@@ -223,7 +223,8 @@ static LATEST: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// The backlog in one scan of `runs`: owners older than the latest cutoff of any account, each
-/// joined to its account through the primary key and checked against that account's cutoff,
+/// joined to its account through the primary key (a probe per owner: the planner would rather
+/// read every account to hash them) and checked against that account's cutoff,
 /// then taken furthest past it first until one would go — the verdict is asked of as few as
 /// the per-account read asks, each joined back to its run and account by key, so that the sort
 /// carries no more than it did before the verdict was a function. Parameters as [`BACKLOG`]'s.
@@ -231,11 +232,13 @@ pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
     let cutoff = crate::cutoff::days_before_sql("$1", "a.execution_details_retention_days", "$2");
     format!(
         "SELECT EXTRACT(EPOCH FROM c.past)::float8
-         FROM (SELECT r.id, {cutoff} - {AGE} AS past
-               FROM runs r JOIN accounts a ON a.id = r.account_id
+         FROM (SELECT r.id, k.cutoff - {AGE} AS past
+               FROM runs r
+               CROSS JOIN LATERAL (SELECT {cutoff} AS cutoff FROM accounts a
+                                   WHERE a.id = r.account_id OFFSET 0) k
                WHERE {UNPRUNED_OWNER}
                  AND {AGE} < {latest}
-                 AND {AGE} < {cutoff} AND {AGE} > $2
+                 AND {AGE} < k.cutoff AND {AGE} > $2
                ORDER BY past DESC OFFSET 0) c
          JOIN runs r ON r.id = c.id
          JOIN accounts a ON a.id = r.account_id

@@ -98,7 +98,8 @@ pub(super) static DUE: LazyLock<String> = LazyLock::new(|| {
 
 /// The backlog in one scan of `sessions`: the latest cutoff any enabled policy gives each kind
 /// ([`latest`]), the sessions older than that (found first and apart: the planner
-/// would otherwise join every session to its policy before filtering), each joined to its
+/// would otherwise join every session to its policy before filtering; bounded on both sides, so
+/// that it reads them through `sessions_retention_due` and not every session), each joined to its
 /// account's policy and checked against its own cutoff, then taken furthest past it first
 /// until one would go — the verdict is asked of as few as the per-policy read asks. Parameters
 /// as [`BACKLOG`]'s.
@@ -113,7 +114,8 @@ pub(super) static BACKLOG_SCAN: LazyLock<String> = LazyLock::new(|| {
         .map(|(kind, fallback)| {
             format!(
                 "SELECT s.* FROM sessions s
-                 WHERE s.kind = '{kind}' AND s.last_activity_at < {}",
+                 WHERE s.kind = '{kind}' AND s.last_activity_at > $2
+                   AND s.last_activity_at < {}",
                 latest(kind, fallback)
             )
         })
