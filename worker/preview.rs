@@ -48,6 +48,7 @@ pub async fn write(
         out,
         json,
         first: true,
+        accounts: None,
     };
     if json {
         sink.out.write_all(b"[")?;
@@ -93,6 +94,9 @@ struct Sink<'w, W: Write> {
     out: &'w mut W,
     json: bool,
     first: bool,
+    /// How many accounts there are, once a summary has counted them (a read of every account,
+    /// made once for every kind).
+    accounts: Option<u64>,
 }
 
 impl<W: Write> Sink<'_, W> {
@@ -141,7 +145,7 @@ async fn preview_kind<W: Write>(
         }
         (Shown::Summary, Scope::Account) => {
             let mut totals: Vec<(String, i64)> = Vec::new();
-            let (accounts, due) = walk_due(conn, settings, now, kind, |lines| {
+            let due = walk_due(conn, settings, now, kind, |lines| {
                 for (what, n) in lines.into_iter().flat_map(|line| line.tally) {
                     match totals.iter_mut().find(|(known, _)| *known == what) {
                         Some((_, total)) => *total += n,
@@ -151,6 +155,10 @@ async fn preview_kind<W: Write>(
                 Ok(())
             })
             .await?;
+            let accounts = match sink.accounts {
+                Some(accounts) => accounts,
+                None => *sink.accounts.insert(job::accounts(conn).await?),
+            };
             let counts: serde_json::Map<_, _> = totals
                 .iter()
                 .map(|(what, n)| (what.clone(), (*n).into()))
@@ -175,14 +183,14 @@ async fn preview_kind<W: Write>(
 
 /// The accounts `kind`'s discovery finds, in batches of `queue.fan_out_batch` as the fan-out
 /// takes them, the preview of each batch handed to `each` before the next is read. Returns how
-/// many accounts there are and how many were found.
+/// many were found.
 async fn walk_due(
     conn: &mut sqlx::PgConnection,
     settings: &Settings,
     now: DateTime<Utc>,
     kind: &'static dyn Kind,
     mut each: impl FnMut(Vec<PreviewLine>) -> std::io::Result<()>,
-) -> anyhow::Result<(u64, u64)> {
+) -> anyhow::Result<u64> {
     let mut due_count = 0;
     let due = Discovery::open(conn, kind.due(settings, now)).await?;
     loop {
@@ -194,5 +202,5 @@ async fn walk_due(
         each(kind.preview(conn, settings, now, Some(&batch)).await?)?;
     }
     due.close(conn).await?;
-    Ok((job::accounts(conn).await?, due_count))
+    Ok(due_count)
 }

@@ -142,6 +142,14 @@ impl Discovery {
     }
 }
 
+/// The accounts `$1` (a `uuid[]`) names, or every account when it is NULL, as a relation to
+/// select from: where a preview of some accounts starts. Each named account is read by its key;
+/// given a few thousand of them in `= ANY($1)`, the planner would rather read every account.
+pub const ACCOUNTS_NAMED: &str = "(SELECT * FROM accounts WHERE $1::uuid[] IS NULL
+      UNION ALL
+      SELECT n.* FROM (SELECT DISTINCT unnest($1::uuid[]) AS id) u
+      CROSS JOIN LATERAL (SELECT * FROM accounts WHERE id = u.id OFFSET 0) n)";
+
 /// How many accounts there are: what a fan-out and `preview` report beside the due ones.
 ///
 /// # Errors

@@ -8,7 +8,7 @@ use uuid::Uuid;
 use crate::cutoff::days_before;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
 use crate::files::{Entry, Opened, Root};
-use crate::job::{Inspect, Job, Look, Reason};
+use crate::job::{ACCOUNTS_NAMED, Inspect, Job, Look, Reason};
 
 use super::{
     AttachmentExpiry, AttachmentReason, AttachmentSettings, Error, Verdict, count, judge, judge_all,
@@ -43,9 +43,9 @@ impl Inspect for AttachmentExpiry {
             paths,
             now,
         } = look;
-        let ids: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM accounts WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY id",
-        )
+        let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM {ACCOUNTS_NAMED} a ORDER BY id"
+        )))
         .bind(accounts)
         .fetch_all(&mut *conn)
         .await?;

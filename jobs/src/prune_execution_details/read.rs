@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::cutoff::{EARLIEST, days_before};
 use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::job::{Due, Inspect, Job, Look};
+use crate::job::{ACCOUNTS_NAMED, Due, Inspect, Job, Look};
 
 use super::sql::{AGE, BACKLOG, BACKLOG_SCAN, BLOCKERS_OF, DUE, EXPLAIN, PREVIEW};
 use super::{
@@ -70,10 +70,10 @@ impl Inspect for PruneExecutionDetails {
         accounts: Option<&[Uuid]>,
     ) -> Result<Vec<Preview>, Error> {
         let Look { conn, now, .. } = look;
-        let rows: Vec<(Uuid, String, Option<i32>)> = sqlx::query_as(
-            "SELECT id, name, execution_details_retention_days FROM accounts
-             WHERE $1::uuid[] IS NULL OR id = ANY($1) ORDER BY name, id",
-        )
+        let rows: Vec<(Uuid, String, Option<i32>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, name, execution_details_retention_days FROM {ACCOUNTS_NAMED} a
+             ORDER BY name, id"
+        )))
         .bind(accounts)
         .fetch_all(&mut *conn)
         .await?;

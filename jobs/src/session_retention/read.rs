@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::cutoff::{EARLIEST, days_before};
 use crate::estimate::Backlog;
 use crate::explain::{Explanation, Reason as ExplainReason, Verdict as ExplainVerdict};
-use crate::job::{Due, Inspect, Job, Look};
+use crate::job::{ACCOUNTS_NAMED, Due, Inspect, Job, Look};
 
 use super::sql::{BACKLOG, BACKLOG_SCAN, DUE, PREVIEW};
 use super::{
@@ -153,11 +153,11 @@ impl Inspect for SessionRetention {
             #[sqlx(flatten)]
             policy: PolicyRow,
         }
-        let rows: Vec<Row> = sqlx::query_as(
+        let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT a.id, a.name, p.enabled, p.main_days, p.task_days, p.subagent_days
-             FROM accounts a LEFT JOIN session_retention_policies p ON p.account_id = a.id
-             WHERE $1::uuid[] IS NULL OR a.id = ANY($1) ORDER BY a.name, a.id",
-        )
+             FROM {ACCOUNTS_NAMED} a LEFT JOIN session_retention_policies p ON p.account_id = a.id
+             ORDER BY a.name, a.id"
+        )))
         .bind(accounts)
         .fetch_all(&mut *conn)
         .await?;

@@ -1,9 +1,11 @@
 SELECT EXTRACT(EPOCH FROM c.past)::float8
-         FROM (SELECT r.id, (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) - sexton.run_age(kind, completed_at, terminal_at, settled_at) AS past
-               FROM runs r JOIN accounts a ON a.id = r.account_id
+         FROM (SELECT r.id, k.cutoff - sexton.run_age(kind, completed_at, terminal_at, settled_at) AS past
+               FROM runs r
+               CROSS JOIN LATERAL (SELECT (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) AS cutoff FROM accounts a
+                                   WHERE a.id = r.account_id OFFSET 0) k
                WHERE details_pruned_at IS NULL AND sexton.run_owner(kind, conversation_id)
-                 AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < (SELECT max((CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END)) FROM accounts a)
-                 AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $1 - $2 THEN $1 - make_interval(days => a.execution_details_retention_days) END) AND sexton.run_age(kind, completed_at, terminal_at, settled_at) > $2
+                 AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < (SELECT (CASE WHEN min(execution_details_retention_days) > 0 AND make_interval(days => min(execution_details_retention_days)) < $1 - $2 THEN $1 - make_interval(days => min(execution_details_retention_days)) END) FROM accounts WHERE execution_details_retention_days > 0)
+                 AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < k.cutoff AND sexton.run_age(kind, completed_at, terminal_at, settled_at) > $2
                ORDER BY past DESC OFFSET 0) c
          JOIN runs r ON r.id = c.id
          JOIN accounts a ON a.id = r.account_id

@@ -2,10 +2,14 @@ WITH judged AS (
              SELECT r.account_id, r.id, (SELECT v.verdict FROM sexton.run_verdict(
                  r.id, r.kind, r.conversation_id, r.completed_at, r.terminal_at,
                  r.settled_at, a.execution_details_retention_days, k.cutoff, $2) v) AS verdict
-             FROM accounts a
+             FROM (SELECT * FROM accounts WHERE $1::uuid[] IS NULL
+      UNION ALL
+      SELECT n.* FROM (SELECT DISTINCT unnest($1::uuid[]) AS id) u
+      CROSS JOIN LATERAL (SELECT * FROM accounts WHERE id = u.id OFFSET 0) n) a
              CROSS JOIN LATERAL (SELECT (CASE WHEN a.execution_details_retention_days > 0 AND make_interval(days => a.execution_details_retention_days) < $2 - $3 THEN $2 - make_interval(days => a.execution_details_retention_days) END) AS cutoff) k
-             JOIN runs r ON r.account_id = a.id
-             WHERE ($1::uuid[] IS NULL OR a.id = ANY($1)) AND details_pruned_at IS NULL AND sexton.run_owner(kind, conversation_id) AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < k.cutoff),
+             CROSS JOIN LATERAL (SELECT * FROM runs
+                                 WHERE account_id = a.id AND details_pruned_at IS NULL AND sexton.run_owner(kind, conversation_id) AND sexton.run_age(kind, completed_at, terminal_at, settled_at) < k.cutoff
+                                 OFFSET 0) r),
          eligible AS (SELECT account_id, id FROM judged WHERE verdict IS NULL)
          SELECT account_id, COALESCE(verdict, 'eligible'), count(*) FROM judged
          GROUP BY account_id, verdict
