@@ -2,9 +2,8 @@
 //! `bytes_expired_at` set, paths leaving the root are never followed, a missing file is
 //! counted, the artifacts root is never touched, and a pass over many rows goes in bounded hops.
 
-use std::fs::FileTimes;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton_jobs::attachment_expiry::{
@@ -95,12 +94,7 @@ impl World {
 }
 
 fn set_mtime(path: &std::path::Path, at: DateTime<Utc>) {
-    std::fs::File::options()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_times(FileTimes::new().set_modified(SystemTime::from(at)))
-        .unwrap();
+    common::fixture::set_mtime(path, at);
 }
 
 fn kept(reports: &[Report<AttachmentReason>], reason: &str) -> u64 {

@@ -181,12 +181,10 @@ async fn explain_attachments_agree_with_the_next_pass(pool: PgPool) {
     let old_file = paths.attachments_root.join("a/old.bin");
     std::fs::create_dir_all(old_file.parent().unwrap()).unwrap();
     std::fs::write(&old_file, b"bytes").unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&old_file)
-        .unwrap()
-        .set_modified(std::time::SystemTime::now() - Duration::from_secs(90 * 86_400))
-        .unwrap();
+    common::fixture::set_mtime(
+        &old_file,
+        std::time::SystemTime::now() - Duration::from_secs(90 * 86_400),
+    );
     let mut ids = Vec::new();
     for path in ["a/old.bin", "../escape.bin"] {
         let id: Uuid = sqlx::query_scalar(
@@ -239,12 +237,10 @@ async fn explain_traces_agree_with_the_cleaner(pool: PgPool) {
         let path = paths.traces_root.join(agent.to_string()).join(name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, content).unwrap();
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(std::time::SystemTime::now() - Duration::from_secs(90 * 86_400))
-            .unwrap();
+        common::fixture::set_mtime(
+            &path,
+            std::time::SystemTime::now() - Duration::from_secs(90 * 86_400),
+        );
         format!("{agent}/{name}")
     };
     let good = write(

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
 use sexton_jobs::files::Store;
@@ -50,9 +50,7 @@ async fn release(pool: &PgPool, hold: Uuid) {
 
 pub(crate) fn set_mtime(path: &Path, days: f64) {
     let at = pass_start() - chrono::Duration::seconds((days * 86_400.0) as i64);
-    let file = std::fs::File::options().write(true).open(path).unwrap();
-    file.set_times(std::fs::FileTimes::new().set_modified(SystemTime::from(at)))
-        .unwrap();
+    common::fixture::set_mtime(path, at);
 }
 
 #[sqlx::test]

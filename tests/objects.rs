@@ -166,10 +166,7 @@ impl Bucket {
         let path = self.dir.path().join(root).join(relative);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, b"12345").unwrap();
-        let hour_ago = SystemTime::now() - Duration::from_secs(3600);
-        let file = std::fs::File::options().write(true).open(&path).unwrap();
-        file.set_times(std::fs::FileTimes::new().set_modified(hour_ago))
-            .unwrap();
+        common::fixture::set_mtime(&path, SystemTime::now() - Duration::from_secs(3600));
         path
     }
 }
@@ -518,9 +515,7 @@ fn through(proxy: &Proxy, dir: &std::path::Path, prefix: &str) -> ObjectRoot {
 /// Writes `bytes` to `path` (a rewrite of its object), last modified at `at`.
 fn rewrite(path: &std::path::Path, bytes: &[u8], at: SystemTime) {
     std::fs::write(path, bytes).unwrap();
-    let file = std::fs::File::options().write(true).open(path).unwrap();
-    file.set_times(std::fs::FileTimes::new().set_modified(at))
-        .unwrap();
+    common::fixture::set_mtime(path, at);
 }
 
 /// Records `path` of the outputs root for `account` as recorded at `at`.

@@ -1154,12 +1154,7 @@ async fn ss6_er3_a_removal_that_never_reports_back_is_quarantined_after_its_last
         let frame = env.frames(gone).join("archive/0.frame");
         std::fs::write(&frame, b"x").unwrap();
         let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
-        std::fs::File::options()
-            .write(true)
-            .open(&frame)
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(hour_ago))
-            .unwrap();
+        common::fixture::set_mtime(&frame, hour_ago);
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO sexton.pending_file_deletions (root, account_id, relative_path, attempts)
              VALUES ('sessions', $1, $2, $3) RETURNING id",

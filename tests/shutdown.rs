@@ -109,12 +109,7 @@ async fn fl5_a_stopping_worker_takes_nothing_and_hands_the_pass_over_for_every_k
     let file = settings.paths.attachments_root.join("a/old.bin");
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     std::fs::write(&file, b"bytes").unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_times(std::fs::FileTimes::new().set_modified(days_before_pass(4000.0).into()))
-        .unwrap();
+    common::fixture::set_mtime(&file, days_before_pass(4000.0));
     sqlx::query("INSERT INTO attachments (account_id, relative_path) VALUES ($1, 'a/old.bin')")
         .bind(account)
         .execute(&pool)

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
 use sexton_jobs::files::object::{ObjectRoot, StorageSettings};
@@ -44,10 +44,7 @@ fn through(proxy: &Proxy, dir: &Path, prefix: &str) -> Arc<ObjectRoot> {
 fn write_aged(path: &Path, bytes: &[u8], days: f64) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, bytes).unwrap();
-    let at = SystemTime::from(days_before_pass(days));
-    let file = std::fs::File::options().write(true).open(path).unwrap();
-    file.set_times(std::fs::FileTimes::new().set_modified(at))
-        .unwrap();
+    common::fixture::set_mtime(path, days_before_pass(days));
 }
 
 /// A trace of a session no agent is in, last modified `days` before the pass start.

@@ -5,11 +5,10 @@
 //! not UTF-8 cleaned like any other (found by their bytes, shown lossily).
 
 use std::ffi::OsStr;
-use std::fs::FileTimes;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton::event;
@@ -81,9 +80,7 @@ impl Traces {
 
 fn age(path: &Path, days: f64) {
     let at = pass_start() - chrono::Duration::seconds((days * 86_400.0) as i64);
-    let file = std::fs::File::options().write(true).open(path).unwrap();
-    file.set_times(FileTimes::new().set_modified(SystemTime::from(at)))
-        .unwrap();
+    common::fixture::set_mtime(path, at);
 }
 
 /// A run of the cleaner over the traces of `t`: with `confirm`, holding the root's lease.

@@ -12,6 +12,18 @@ pub fn at(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
 }
 
+/// Sets the modification time of the file or directory at `path`: how a test ages what it wrote.
+pub fn set_mtime(path: &Path, at: impl Into<std::time::SystemTime>) {
+    let opened = if path.is_dir() {
+        std::fs::File::open(path)
+    } else {
+        std::fs::File::options().write(true).open(path)
+    };
+    opened
+        .and_then(|file| file.set_times(std::fs::FileTimes::new().set_modified(at.into())))
+        .unwrap_or_else(|err| panic!("setting the mtime of {}: {err}", path.display()));
+}
+
 /// The moment every test pass starts at: in the past, so that the database's now (which caps
 /// every cutoff, EX-1) never binds and the tests' clock decides.
 pub fn pass_start() -> DateTime<Utc> {

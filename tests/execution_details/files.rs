@@ -133,12 +133,7 @@ async fn recorded_files(env: &Env, account: Uuid, n: usize) -> Vec<std::path::Pa
         // Written an hour before its record, as a file is before its rows go: an object written
         // in its record's own instant may be a new one, and stays (OS-2).
         let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(hour_ago))
-            .unwrap();
+        common::fixture::set_mtime(&path, hour_ago);
         sqlx::query(
             "INSERT INTO sexton.pending_file_deletions (account_id, relative_path) VALUES ($1, $2)",
         )

@@ -9,12 +9,11 @@
 //! (symlinks, byte names, a missing directory, permissions) return early there.
 
 use std::ffi::OsStr;
-use std::fs::FileTimes;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sexton_jobs::files::Root;
@@ -120,17 +119,13 @@ impl World {
 
 fn age(path: &Path, now: DateTime<Utc>, days: f64) {
     let at = now - chrono::Duration::seconds((days * 86_400.0) as i64);
-    let file = std::fs::File::options().write(true).open(path).unwrap();
-    file.set_times(FileTimes::new().set_modified(SystemTime::from(at)))
-        .unwrap();
+    common::fixture::set_mtime(path, at);
 }
 
 /// Sets a directory's modification time (a directory is aged like its files).
 fn age_dir(path: &Path, now: DateTime<Utc>, days: f64) {
     let at = now - chrono::Duration::seconds((days * 86_400.0) as i64);
-    let dir = std::fs::File::open(path).unwrap();
-    dir.set_times(FileTimes::new().set_modified(SystemTime::from(at)))
-        .unwrap();
+    common::fixture::set_mtime(path, at);
 }
 
 async fn run(pool: &PgPool, account: Uuid) -> Uuid {
