@@ -640,15 +640,13 @@ async fn os2_at1_an_attachment_rewritten_between_its_judgement_and_its_record_ke
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
-    let proxy = Proxy::start(&endpoint).await;
-    let dir = backend::tempdir();
+    let (proxy, dir) = common::proxy::before_the_server().await;
     let mut paths = run::roots(dir.path());
-    paths.objects.retain(|(root, _)| *root != Root::Attachments);
-    paths.objects.push((
+    run::object_root(
+        &mut paths,
         Root::Attachments,
         Arc::new(through(&proxy, dir.path(), "attachments")),
-    ));
+    );
     let account = fixture::account(&pool, Some(90)).await;
     let mut rows = Vec::new();
     let mut objects = Vec::new();
@@ -750,9 +748,7 @@ async fn os2_a_store_unreachable_for_more_drains_than_attempts_quarantines_nothi
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
-    let proxy = Proxy::start(&endpoint).await;
-    let dir = backend::tempdir();
+    let (proxy, dir) = common::proxy::before_the_server().await;
     let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
     let account = fixture::account(&pool, Some(30)).await;
     let objects = recorded_outputs(&pool, dir.path(), account, 3).await;
@@ -794,9 +790,7 @@ async fn os2_a_store_lost_in_the_middle_of_each_drain_quarantines_nothing_and_it
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
-    let proxy = Proxy::start(&endpoint).await;
-    let dir = backend::tempdir();
+    let (proxy, dir) = common::proxy::before_the_server().await;
     let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
     let account = fixture::account(&pool, Some(30)).await;
     let objects = recorded_outputs(&pool, dir.path(), account, 3).await;
@@ -835,9 +829,7 @@ async fn os2_a_store_lost_in_the_middle_of_each_drain_quarantines_nothing_and_it
 #[ignore = "needs the S3 server of scripts/test.sh's object pass"]
 async fn os4_a_delete_call_whose_answer_is_lost_counts_each_key_it_removed(pool: PgPool) {
     common::migrate(&pool).await;
-    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
-    let proxy = Proxy::start(&endpoint).await;
-    let dir = backend::tempdir();
+    let (proxy, dir) = common::proxy::before_the_server().await;
     let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
     let account = fixture::account(&pool, Some(30)).await;
     let objects = recorded_outputs(&pool, dir.path(), account, 3).await;

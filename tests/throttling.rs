@@ -71,9 +71,7 @@ async fn os2_os4_a_trace_cleanup_behind_a_store_that_throttles_deletes_every_old
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
-    let proxy = Proxy::start(&endpoint).await;
-    let dir = backend::tempdir();
+    let (proxy, dir) = common::proxy::before_the_server().await;
     let traces = dir.path().join("traces");
     let agent = Uuid::new_v4();
     // More old traces than two of the cleaner's batches (256): batches are deleted while the
@@ -160,13 +158,10 @@ async fn os2_os4_an_attachment_pass_behind_a_store_that_throttles_removes_every_
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (endpoint, _) = backend::server().expect("the S3 server of the object pass");
-    let proxy = Proxy::start(&endpoint).await;
-    let dir = backend::tempdir();
+    let (proxy, dir) = common::proxy::before_the_server().await;
     let mut paths = run::roots(dir.path());
     let root = through(&proxy, dir.path(), "attachments");
-    paths.objects.retain(|(root, _)| *root != Root::Attachments);
-    paths.objects.push((Root::Attachments, root.clone()));
+    run::object_root(&mut paths, Root::Attachments, root.clone());
     let account = fixture::account(&pool, Some(90)).await;
     let mut rows = Vec::new();
     let mut files = Vec::new();

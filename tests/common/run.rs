@@ -193,6 +193,16 @@ pub fn roots(dir: &std::path::Path) -> PathSettings {
     paths
 }
 
+/// Puts `root` of `paths` in the object store `store` (in place of where it was).
+pub fn object_root(
+    paths: &mut PathSettings,
+    root: sexton_jobs::files::Root,
+    store: Arc<sexton_jobs::files::object::ObjectRoot>,
+) {
+    paths.objects.retain(|(known, _)| *known != root);
+    paths.objects.push((root, store));
+}
+
 /// `J`'s preview of `accounts` (every account when `None`) at `now`, its roots under `dir`.
 pub async fn preview<J: Inspect>(
     pool: &PgPool,
