@@ -554,26 +554,7 @@ async fn hd2_agent_and_session_holds_keep_their_traces_the_others_go(pool: PgPoo
     hold(&pool, "agent", held_agent).await;
     hold(&pool, "session", held_session).await;
 
-    let mut conn = pool.acquire().await.unwrap();
-    let limits = Limits {
-        max_age_days: 30,
-        max_bytes: 0,
-    };
-    let store = Store::Local(root.clone());
-    let mut lease = traces::Lease::take(&mut conn, &store, "the test")
-        .await
-        .unwrap();
-    let report = traces::clean(
-        &mut conn,
-        &store,
-        limits,
-        pass_start(),
-        Some(&mut lease),
-        &mut Quiet,
-        &AtomicBool::new(false),
-    )
-    .await
-    .unwrap();
+    let report = clean_traces(&pool, &root).await;
 
     assert!(of_agent.exists() && of_session.exists(), "held traces stay");
     assert!(!beside.exists(), "the trace beside goes");
@@ -643,4 +624,28 @@ async fn hd3_an_unreadable_hold_table_removes_nothing_and_fails_the_hop(pool: Pg
     // Control: the same pass, by a role that reads the holds, prunes it.
     env.pass(account).await;
     assert!(fixture::is_pruned(&env.pool, run.id).await);
+}
+
+/// One confirmed trace cleaning of `root` by age (30 days) at the pass start.
+pub(crate) async fn clean_traces(pool: &PgPool, root: &Path) -> traces::TraceReport {
+    let mut conn = pool.acquire().await.unwrap();
+    let store = Store::Local(root.to_owned());
+    let mut lease = traces::Lease::take(&mut conn, &store, "the test")
+        .await
+        .unwrap();
+    let limits = Limits {
+        max_age_days: 30,
+        max_bytes: 0,
+    };
+    traces::clean(
+        &mut conn,
+        &store,
+        limits,
+        pass_start(),
+        Some(&mut lease),
+        &mut Quiet,
+        &AtomicBool::new(false),
+    )
+    .await
+    .unwrap()
 }

@@ -5,22 +5,19 @@
 //! the test sees that its window was hit: the deletion waiting on the lock, and `holds place`
 //! waiting at the hold gate behind it.
 
-use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sexton::holds::{self, Scope};
-use sexton_jobs::files::{self, Root, Store};
+use sexton_jobs::files::{self, Root};
 use sexton_jobs::prune_execution_details::{Args, RetainReason};
 use sexton_jobs::session_retention::{self as sessions, Policy, SessionRetention};
-use sexton_jobs::trace_cleanup::{self as traces, Limits, Quiet};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::common::fixture::{self, RunSpec, pass_start};
 use crate::common::hops::{Env, retained};
 use crate::common::{self, run};
-use crate::holds::{old_trace, with_policy};
+use crate::holds::{clean_traces, old_trace, with_policy};
 
 /// `holds place` as the CLI calls it, on a task of its own.
 fn place(pool: &PgPool, scope: Scope, id: Uuid) -> tokio::task::JoinHandle<holds::Hold> {
@@ -315,30 +312,6 @@ async fn hd3_holds_keep_a_pending_file_whose_run_row_the_platform_deleted(pool: 
     env.pass(account).await;
     assert!(!env.output_file(account, runs[1].1).exists(), "released");
     assert!(env.output_file(account, run).exists());
-}
-
-/// One confirmed trace cleaning of `root` by age (30 days) at the pass start.
-async fn clean_traces(pool: &PgPool, root: &Path) -> traces::TraceReport {
-    let mut conn = pool.acquire().await.unwrap();
-    let store = Store::Local(root.to_owned());
-    let mut lease = traces::Lease::take(&mut conn, &store, "the test")
-        .await
-        .unwrap();
-    let limits = Limits {
-        max_age_days: 30,
-        max_bytes: 0,
-    };
-    traces::clean(
-        &mut conn,
-        &store,
-        limits,
-        pass_start(),
-        Some(&mut lease),
-        &mut Quiet,
-        &AtomicBool::new(false),
-    )
-    .await
-    .unwrap()
 }
 
 #[sqlx::test]
