@@ -640,7 +640,7 @@ async fn os2_at1_an_attachment_rewritten_between_its_judgement_and_its_record_ke
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (proxy, dir) = common::proxy::before_the_server().await;
+    let (proxy, dir) = common::backend::before_the_server().await;
     let mut paths = run::roots(dir.path());
     run::object_root(
         &mut paths,
@@ -748,7 +748,7 @@ async fn os2_a_store_unreachable_for_more_drains_than_attempts_quarantines_nothi
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (proxy, dir) = common::proxy::before_the_server().await;
+    let (proxy, dir) = common::backend::before_the_server().await;
     let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
     let account = fixture::account(&pool, Some(30)).await;
     let objects = recorded_outputs(&pool, dir.path(), account, 3).await;
@@ -790,7 +790,7 @@ async fn os2_a_store_lost_in_the_middle_of_each_drain_quarantines_nothing_and_it
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (proxy, dir) = common::proxy::before_the_server().await;
+    let (proxy, dir) = common::backend::before_the_server().await;
     let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
     let account = fixture::account(&pool, Some(30)).await;
     let objects = recorded_outputs(&pool, dir.path(), account, 3).await;
@@ -829,7 +829,7 @@ async fn os2_a_store_lost_in_the_middle_of_each_drain_quarantines_nothing_and_it
 #[ignore = "needs the S3 server of scripts/test.sh's object pass"]
 async fn os4_a_delete_call_whose_answer_is_lost_counts_each_key_it_removed(pool: PgPool) {
     common::migrate(&pool).await;
-    let (proxy, dir) = common::proxy::before_the_server().await;
+    let (proxy, dir) = common::backend::before_the_server().await;
     let store = Store::Object(Arc::new(through(&proxy, dir.path(), "outputs")));
     let account = fixture::account(&pool, Some(30)).await;
     let objects = recorded_outputs(&pool, dir.path(), account, 3).await;

@@ -71,7 +71,7 @@ async fn os2_os4_a_trace_cleanup_behind_a_store_that_throttles_deletes_every_old
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (proxy, dir) = common::proxy::before_the_server().await;
+    let (proxy, dir) = common::backend::before_the_server().await;
     let traces = dir.path().join("traces");
     let agent = Uuid::new_v4();
     // More old traces than two of the cleaner's batches (256): batches are deleted while the
@@ -158,7 +158,7 @@ async fn os2_os4_an_attachment_pass_behind_a_store_that_throttles_removes_every_
     pool: PgPool,
 ) {
     common::migrate(&pool).await;
-    let (proxy, dir) = common::proxy::before_the_server().await;
+    let (proxy, dir) = common::backend::before_the_server().await;
     let mut paths = run::roots(dir.path());
     let root = through(&proxy, dir.path(), "attachments");
     run::object_root(&mut paths, Root::Attachments, root.clone());

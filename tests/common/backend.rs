@@ -150,3 +150,10 @@ pub fn gone(path: &Path) -> bool {
     }
     true
 }
+
+/// A proxy in front of the object pass's S3 server, and a bucket of that server for one test's
+/// roots.
+pub async fn before_the_server() -> (super::proxy::Proxy, tempfile::TempDir) {
+    let (endpoint, _) = server().expect("the S3 server of the object pass");
+    (super::proxy::Proxy::start(&endpoint).await, tempdir())
+}

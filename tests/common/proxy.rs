@@ -512,10 +512,3 @@ fn slow_down(method: &str) -> Vec<u8> {
     }
     answer
 }
-
-/// A proxy in front of the object pass's S3 server, and a bucket of that server for one test's
-/// roots.
-pub async fn before_the_server() -> (Proxy, tempfile::TempDir) {
-    let (endpoint, _) = super::backend::server().expect("the S3 server of the object pass");
-    (Proxy::start(&endpoint).await, super::backend::tempdir())
-}
