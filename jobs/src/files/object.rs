@@ -19,6 +19,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt as _, RetryConfig};
 
 mod bucket;
 mod key;
+mod ranges;
 mod removal;
 mod times;
 mod window;
@@ -326,11 +327,22 @@ impl ObjectRoot {
             .min(finest)
     }
 
+    /// Every object under `relative/` (a session's or an agent's directory), as the store lists
+    /// them (a stream, as [`list_all`](Self::list_all)).
+    ///
+    /// # Errors
+    /// The path names no key (OS-3).
+    pub fn list_under(
+        &self,
+        relative: &str,
+    ) -> Result<BoxStream<'static, object_store::Result<ObjectMeta>>, String> {
+        Ok(self.store.list(Some(&self.key(relative)?)))
+    }
+
     /// Every object under `relative/` (a session's directory, SS-6), with its size and time.
     pub(crate) async fn under(&self, relative: &str) -> Result<Vec<(Key, Object)>, Refusal> {
-        let key = self.key(relative).map_err(Refusal::Refused)?;
-        self.store
-            .list(Some(&key))
+        self.list_under(relative)
+            .map_err(Refusal::Refused)?
             .map_ok(|meta| {
                 let object = Object {
                     last_modified: meta.last_modified,
@@ -349,6 +361,13 @@ impl ObjectRoot {
     pub fn list_all(&self) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         let prefix = (!self.prefix.is_empty()).then(|| Key::from_iter(self.prefix.split('/')));
         self.store.list(prefix.as_ref())
+    }
+
+    /// Every object under the root, listed in ranges side by side and taken as they come, in
+    /// no particular order (see [`ranges`]): for a pass whose order decides nothing.
+    pub fn list_unordered(&self) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let prefix = (!self.prefix.is_empty()).then(|| Key::from_iter(self.prefix.split('/')));
+        ranges::list_ranges(&self.store, prefix.as_ref())
     }
 
     /// `key` relative to the root, if it names one of the root's objects by exactly that path

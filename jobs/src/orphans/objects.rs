@@ -1,5 +1,6 @@
-//! Object-store roots (DC-4, §10): the root's prefix listed once, as a stream read a batch
-//! ahead of the judging (the store's next page comes while a batch is judged and deleted).
+//! Object-store roots (DC-4, §10): the root's prefix listed once — an outputs or attachments
+//! root in key ranges side by side — as a stream read a batch ahead of the judging (the
+//! store's next pages come while a batch is judged and deleted).
 //! Outputs and attachments are judged object by object; the objects of a sessions or traces root are
 //! grouped by their first segment (a listing is in key order, so a directory's objects come
 //! together) into directories summed up as they go — their size, their newest `LastModified` —
@@ -125,7 +126,15 @@ impl Directory {
 /// A database error.
 pub(super) async fn scan_root(ctx: &mut Ctx<'_>, objects: &Arc<ObjectRoot>) -> Result<(), Error> {
     let kind = kinds(ctx.root);
-    let mut listed = read_ahead(objects.list_all(), BATCH);
+    // Outputs and attachments are judged object by object: their listing's order decides
+    // nothing, and its ranges are listed side by side. A sessions or traces root's directories
+    // are summed up as their objects come, in key order, from one listing.
+    let listing = if matches!(kind, Kind::Output | Kind::Attachment) {
+        objects.list_unordered()
+    } else {
+        objects.list_all()
+    };
+    let mut listed = read_ahead(listing, BATCH);
     let mut files: Vec<Judged> = Vec::new();
     let mut directories: Vec<Directory> = Vec::new();
     let mut frames: Vec<Judged> = Vec::new();

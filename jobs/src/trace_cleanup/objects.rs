@@ -1,10 +1,11 @@
-//! A traces root in an object store (OS-2): the walk is a listing of the root's prefix, each
-//! trace's signature read with a ranged GET of at most [`FIRST_LINE_LIMIT`] bytes, its size
-//! standing for allocated bytes and its `LastModified` for its mtime; each planned object is
-//! read again (HEAD) just before the batched delete, and one whose ETag, size or time changed
-//! is re-evaluated by the next run, never deleted blind. The GETs and the HEADs go as many at
-//! once as the root's window lets through (see [`crate::files::object::Window`]), the listing
-//! and its GETs read ahead of the cleaner while it deletes a batch.
+//! A traces root in an object store (OS-2): the walk is a listing of the root's prefix, in key
+//! ranges side by side, each trace's signature read with a ranged GET of at most
+//! [`FIRST_LINE_LIMIT`] bytes, its size standing for allocated bytes and its `LastModified` for
+//! its mtime; each planned object is read again (HEAD) just before the batched delete, and one
+//! whose ETag, size or time changed is re-evaluated by the next run, never deleted blind. The
+//! GETs and the HEADs go as many at once as the root's window lets through (see
+//! [`crate::files::object::Window`]), the listing and its GETs read ahead of the cleaner while
+//! it deletes a batch.
 
 use std::sync::Arc;
 
@@ -32,12 +33,13 @@ pub(in crate::trace_cleanup) struct Objects {
 impl Objects {
     pub(super) fn new(root: Arc<ObjectRoot>) -> Self {
         let reader = root.clone();
-        // As many signatures read at once as the root's window lets through, each taken as it
-        // comes: a GET waiting on a throttled answer's backoff holds up no other (the walk's
-        // order decides nothing: the quota's boundary is sorted, its ties are any of them).
+        // The root listed in key ranges side by side, and as many signatures read at once as
+        // the root's window lets through, each taken as it comes: a GET waiting on a throttled
+        // answer's backoff holds up no other (the walk's order decides nothing: the quota's
+        // boundary is sorted, its ties are any of them).
         let at_once = root.at_once();
         let entries = root
-            .list_all()
+            .list_unordered()
             .map_err({
                 let root = root.to_string();
                 move |err| Error::Store {

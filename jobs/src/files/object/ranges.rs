@@ -1,0 +1,133 @@
+//! A root's keys listed in ranges side by side: one listing of a large prefix is a chain of
+//! pages, each asked for only once the one before it has answered, so a store that answers a
+//! page in tens of milliseconds (or, like s3s-fs, walks its whole bucket for each page) keeps a
+//! lone listing waiting on one request at a time. Split at the first character of the key
+//! below the root, the ranges are listed at once, each a chain of its own, the way AWS advises
+//! for listing a large bucket fast. Every key falls in exactly one range, so none is forgotten
+//! or listed twice (OS-4): range `n` is the keys after split `n - 1` (the first range: from the
+//! start) up to and including split `n` (the last range: to the end).
+
+use futures::stream::BoxStream;
+use futures::{StreamExt as _, TryStreamExt as _};
+use object_store::path::Path as Key;
+use object_store::{ObjectMeta, ObjectStore};
+use std::sync::Arc;
+
+/// Where the ranges meet: after each hex digit but the last, the characters the UUID-named
+/// directories of every root sexton writes begin with, so that sixteen ranges share out such a
+/// root evenly. A key of any other spelling is still listed, in the range its first character
+/// sorts into.
+const SPLITS: [&str; 15] = [
+    "1", "2", "3", "4", "5", "6", "7", "8", "9", "a", "b", "c", "d", "e", "f",
+];
+
+/// Every object under `prefix` (the whole store when `None`), the ranges listed side by side,
+/// their objects merged as they come: in no particular order. Each range holds one page at a
+/// time, so memory stays a page per range whatever the root's size.
+pub(super) fn list_ranges(
+    store: &Arc<dyn ObjectStore>,
+    prefix: Option<&Key>,
+) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+    let at = |split: &str| match prefix {
+        Some(prefix) => Key::from_iter(prefix.parts().chain([split.into()])),
+        None => Key::from(split),
+    };
+    let bounds: Vec<Key> = SPLITS.iter().map(|split| at(split)).collect();
+    let lowers = std::iter::once(None).chain(bounds.iter().cloned().map(Some));
+    let uppers = bounds
+        .iter()
+        .cloned()
+        .map(Some)
+        .chain(std::iter::once(None));
+    let ranges = lowers.zip(uppers).map(|(lower, upper)| {
+        let listing = match &lower {
+            None => store.list(prefix),
+            Some(lower) => store.list_with_offset(prefix, lower),
+        };
+        listing
+            .try_take_while(move |meta| {
+                let within = upper
+                    .as_ref()
+                    .is_none_or(|upper| meta.location.as_ref() <= upper.as_ref());
+                futures::future::ready(Ok(within))
+            })
+            .boxed()
+    });
+    futures::stream::select_all(ranges).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::{ObjectStoreExt as _, PutPayload};
+
+    /// Keys at and around every split, and of spellings no range is named after, under `under`.
+    fn keys(under: &str) -> Vec<Key> {
+        let names = [
+            "0",
+            "0/x",
+            "0zz/y",
+            "1",
+            "1/x",
+            "10/y",
+            "1~",
+            "9/z",
+            "a",
+            "a/b/c",
+            "af/x",
+            "f",
+            "f/x",
+            "ff/x",
+            "g",
+            "z/x",
+            "A/x",
+            "-/x",
+            ".x",
+            "_y",
+            "~",
+            "\u{e9}t\u{e9}/x",
+        ];
+        let splits = SPLITS.iter().map(|split| format!("{split}/in"));
+        names
+            .into_iter()
+            .map(str::to_owned)
+            .chain(splits)
+            .map(|name| Key::from(format!("{under}{name}")))
+            .collect()
+    }
+
+    async fn listed(store: &Arc<dyn ObjectStore>, prefix: Option<&Key>) -> Vec<String> {
+        let mut listed: Vec<String> = list_ranges(store, prefix)
+            .map_ok(|meta| meta.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        listed.sort();
+        listed
+    }
+
+    #[tokio::test]
+    async fn os4_every_key_is_listed_once_whichever_range_it_falls_in() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let (mut top, mut under_root, elsewhere) = (keys(""), keys("root/"), keys("rooted/"));
+        for key in top.iter().chain(&under_root).chain(&elsewhere) {
+            let payload = PutPayload::from_static(b"x");
+            store.put(key, payload).await.unwrap();
+        }
+        under_root.sort();
+        let shown = |keys: &[Key]| keys.iter().map(Key::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            listed(&store, Some(&Key::from("root"))).await,
+            shown(&under_root),
+            "the ranges of a prefix give each of its keys once, and none of another prefix"
+        );
+        top.extend(under_root.into_iter().chain(elsewhere));
+        top.sort();
+        assert_eq!(
+            listed(&store, None).await,
+            shown(&top),
+            "the whole store, each key once"
+        );
+    }
+}
