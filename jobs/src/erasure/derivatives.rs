@@ -60,22 +60,33 @@ pub async fn traces(
             }
         }
         Store::Object(objects) => {
-            let mut listed = objects.list_all();
-            while let Some(meta) = listed.try_next().await.map_err(|err| err.to_string())? {
-                let Some(path) = objects.relative(&meta.location) else {
-                    continue;
-                };
-                if prefix
-                    .as_ref()
-                    .is_some_and(|prefix| !path.starts_with(&format!("{prefix}/")))
-                {
-                    continue;
+            // An agent's directory listed alone, every directory in key ranges side by side,
+            // and each trace's signature read as many at once as the root's window lets through.
+            let listed = match &prefix {
+                Some(prefix) => objects.list_under(prefix)?,
+                None => objects.list_unordered(),
+            };
+            let at_once = objects.at_once();
+            let mut read = listed
+                .map_err(|err| err.to_string())
+                .map_ok(|meta| {
+                    let objects = objects.clone();
+                    async move {
+                        let Some(path) = objects.relative(&meta.location) else {
+                            return Ok(None);
+                        };
+                        let limit = FIRST_LINE_LIMIT as u64;
+                        let first = objects
+                            .first_bytes(&meta.location, meta.size, limit)
+                            .await?;
+                        Ok(Some((path, signature(&line_of(first)).map(|(_, s)| s))))
+                    }
+                })
+                .try_buffer_unordered(at_once);
+            while let Some(trace) = read.try_next().await? {
+                if let Some((path, named)) = trace {
+                    push(&mut found, path, agent, whole, named, sessions);
                 }
-                let first = objects
-                    .first_bytes(&meta.location, meta.size, FIRST_LINE_LIMIT as u64)
-                    .await?;
-                let named = signature(&line_of(first)).map(|(_, s)| s);
-                push(&mut found, path, agent, whole, named, sessions);
             }
         }
     }
@@ -112,12 +123,9 @@ pub async fn session_directory(paths: &PathSettings, session: Uuid) -> Result<bo
             Err(err) => Err(format!("{}: {err}", root.join(&name).display())),
         },
         Store::Object(objects) => {
-            let mut listed = objects.list_all();
+            let mut listed = objects.list_under(&name)?;
             while let Some(meta) = listed.try_next().await.map_err(|err| err.to_string())? {
-                if objects
-                    .relative(&meta.location)
-                    .is_some_and(|path| path.starts_with(&format!("{name}/")))
-                {
+                if objects.relative(&meta.location).is_some() {
                     return Ok(true);
                 }
             }
