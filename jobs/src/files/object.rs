@@ -19,6 +19,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt as _, RetryConfig};
 
 mod bucket;
 mod key;
+mod last_look;
 mod ranges;
 mod removal;
 mod times;
@@ -26,8 +27,9 @@ mod window;
 
 pub use bucket::{BucketAnswer, parse_url};
 pub use key::key_of;
-pub use times::written_before;
+pub use last_look::{LastLook, Version};
 use times::{SECOND, unit_of};
+pub use times::{time_ns, to_time, written_before};
 pub use window::{Seen, Window};
 
 /// Keys one DeleteObjects call names at the most (AWS refuses more than 1,000).

@@ -12,12 +12,11 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt as _;
 use object_store::ObjectMeta;
 use object_store::path::Path as Key;
 use uuid::Uuid;
 
-use crate::files::object::{ObjectRoot, read_ahead};
+use crate::files::object::{LastLook, ObjectRoot, Version, read_ahead};
 
 use super::judge::{self, Kind, Subject};
 use super::local::{asked_again, unremovable, young_and_held};
@@ -64,17 +63,13 @@ impl Judged {
         }
     }
 
-    /// Whether the store's answer now is the object judged: the same size, ETag (where both
-    /// have one) and `LastModified` to the second (a listing may give milliseconds, a HEAD
-    /// gives seconds).
-    fn unchanged(&self, now: &ObjectMeta) -> bool {
-        let second = |ns: i128| ns.div_euclid(1_000_000_000);
-        now.size == self.size
-            && second(time_ns(now.last_modified)) == second(self.modified_ns)
-            && match (&self.etag, &now.e_tag) {
-                (Some(judged), Some(now)) => judged == now,
-                _ => true,
-            }
+    /// The version judged, for its last look (OS-2).
+    fn version(&self) -> Version {
+        Version {
+            size: self.size,
+            modified_ns: self.modified_ns,
+            etag: self.etag.clone(),
+        }
     }
 }
 
@@ -221,31 +216,24 @@ async fn judge_objects(
     }
     let mut tx = crate::gate::begin(ctx.conn, "").await?;
     let orphans = asked_again(&mut tx, ctx.counts, kind, orphans, Judged::subject).await?;
-    // Each object read again just before the batch's delete, as many HEADs in flight as the
-    // root's window lets through, taken as they come.
-    let mut looked = futures::stream::iter(orphans)
-        .map(|object| async move {
-            let now = objects.meta(&object.key).await;
-            (object, now)
+    let looked = orphans
+        .into_iter()
+        .map(|object| {
+            let (key, version) = (object.key.clone(), object.version());
+            (object, key, version)
         })
-        .buffer_unordered(objects.at_once());
-    let mut going = Vec::new();
-    while let Some((object, now)) = looked.next().await {
-        match now {
-            Ok(Some(now)) if object.unchanged(&now) => going.push(object),
-            Ok(_) => ctx.counts.count("changed", 1),
-            Err(why) => unremovable(ctx.counts, ctx.root, object.path.as_bytes(), &why),
-        }
-    }
-    let keys: Vec<Key> = going.iter().map(|object| object.key.clone()).collect();
-    for (object, outcome) in going.iter().zip(objects.delete(&keys).await) {
+        .collect();
+    for (object, outcome) in objects.delete_unchanged(looked).await {
         match outcome {
-            Ok(()) => {
+            LastLook::Deleted => {
                 ctx.counts.gone += 1;
                 ctx.counts.removed.deleted += 1;
                 ctx.counts.removed.bytes += object.size;
             }
-            Err(why) => unremovable(ctx.counts, ctx.root, object.path.as_bytes(), &why),
+            LastLook::Changed | LastLook::Vanished => ctx.counts.count("changed", 1),
+            LastLook::Failed(why) => {
+                unremovable(ctx.counts, ctx.root, object.path.as_bytes(), &why);
+            }
         }
     }
     Ok(tx.commit().await?)

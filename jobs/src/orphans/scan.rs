@@ -8,6 +8,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use crate::cutoff::days_before;
+pub(super) use crate::files::object::{time_ns, to_time};
 use crate::files::{PathSettings, Root, Store};
 
 use super::judge::Kind;
@@ -86,17 +87,6 @@ impl Ctx<'_> {
     pub(super) fn stopped(&self) -> bool {
         self.stop.load(std::sync::atomic::Ordering::Relaxed)
     }
-}
-
-/// Nanoseconds since the epoch.
-pub(super) fn time_ns(at: DateTime<Utc>) -> i128 {
-    i128::from(at.timestamp()) * 1_000_000_000 + i128::from(at.timestamp_subsec_nanos())
-}
-
-pub(super) fn to_time(ns: i128) -> DateTime<Utc> {
-    let secs = ns.div_euclid(1_000_000_000) as i64;
-    let nanos = ns.rem_euclid(1_000_000_000) as u32;
-    DateTime::from_timestamp(secs, nanos).unwrap_or(DateTime::UNIX_EPOCH)
 }
 
 /// What each root's entries are judged as.

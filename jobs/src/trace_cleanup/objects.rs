@@ -13,7 +13,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::ObjectMeta;
 use tokio::sync::mpsc;
 
-use crate::files::object::{ObjectRoot, read_ahead};
+use crate::files::object::{LastLook, ObjectRoot, Version, read_ahead};
 use crate::shown::Shown;
 
 use super::plan::Removal;
@@ -123,63 +123,40 @@ fn seen_object(meta: &ObjectMeta) -> Seen {
     }
 }
 
-/// Whether the object is still the one listed: the same size, the same `LastModified` to the
-/// second (a listing may give milliseconds, a HEAD gives seconds) and, where both answers carry
-/// one, the same ETag (some stores list none).
-fn unchanged(listed: &Seen, now: &ObjectMeta) -> bool {
-    let now = seen_object(now);
-    let second = |ns: i128| ns.div_euclid(1_000_000_000);
-    listed.size == now.size
-        && second(listed.mtime_ns) == second(now.mtime_ns)
-        && match (&listed.etag, &now.etag) {
-            (Some(listed), Some(now)) => listed == now,
-            _ => true,
-        }
-}
-
 impl Removal<'_> {
     /// Deletes the planned objects of `batch` (already checked against the holds and live
     /// sessions): each read again just before, those that changed or vanished kept, the rest
     /// deleted in one batch; a key whose delete failed is counted and kept for the next run.
     pub(super) async fn delete_objects(&mut self, root: &ObjectRoot, batch: Vec<Planned>) {
-        let heads: Vec<_> = futures::stream::iter(batch)
-            .map(|file| async move {
-                let key = root.key(&file.path);
-                let now = match &key {
-                    Ok(key) => root.meta(key).await,
-                    Err(_) => Ok(None),
-                };
-                (file, key, now)
-            })
-            .buffer_unordered(root.at_once())
-            .collect()
-            .await;
-        let mut going = Vec::new();
-        for (file, key, now) in heads {
-            match (key, now) {
-                (Ok(key), Ok(Some(now))) if unchanged(&file.seen, &now) => {
-                    going.push((file, key, now.size));
+        let mut looked = Vec::with_capacity(batch.len());
+        for file in batch {
+            match root.key(&file.path) {
+                Ok(key) => {
+                    let version = Version {
+                        size: u64::try_from(file.seen.size).unwrap_or(0),
+                        modified_ns: file.seen.mtime_ns,
+                        etag: file.seen.etag.clone(),
+                    };
+                    looked.push((file, key, version));
                 }
-                (Ok(_), Ok(Some(_))) => self.report.keep("changed"),
-                (Ok(_), Ok(None)) => self.report.keep("vanished"),
-                (Err(why), _) | (_, Err(why)) => {
-                    tracing::warn!(path = %Shown(&file.path), error = %why, "trace not deleted");
-                    self.report.keep("error");
-                }
+                Err(why) => self.not_deleted(&file, &why),
             }
         }
-        let keys: Vec<_> = going.iter().map(|(_, key, _)| key.clone()).collect();
-        for ((file, _, size), outcome) in going.iter().zip(root.delete(&keys).await) {
+        for (file, outcome) in root.delete_unchanged(looked).await {
             match outcome {
-                Ok(()) => {
+                LastLook::Deleted => {
                     self.report.deleted += 1;
-                    self.report.deleted_bytes += size;
+                    self.report.deleted_bytes += u64::try_from(file.seen.size).unwrap_or(0);
                 }
-                Err(why) => {
-                    tracing::warn!(path = %Shown(&file.path), error = %why, "trace not deleted");
-                    self.report.keep("error");
-                }
+                LastLook::Changed => self.report.keep("changed"),
+                LastLook::Vanished => self.report.keep("vanished"),
+                LastLook::Failed(why) => self.not_deleted(&file, &why),
             }
         }
+    }
+
+    fn not_deleted(&mut self, file: &Planned, why: &str) {
+        tracing::warn!(path = %Shown(&file.path), error = %why, "trace not deleted");
+        self.report.keep("error");
     }
 }

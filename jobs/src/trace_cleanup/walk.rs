@@ -8,12 +8,12 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
 use rustix::fs::{FileType, Mode, OFlags};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::files::object::ObjectRoot;
+pub(super) use crate::files::object::{time_ns, to_time};
 use crate::files::tree::{self, Look, Looked};
 
 use super::{Error, FIRST_LINE_LIMIT, FORMAT, LEASE_FILE, MAX_DEPTH};
@@ -56,16 +56,6 @@ pub(super) fn allocated(stat: &rustix::fs::Stat) -> u64 {
 
 pub(super) fn mtime_ns(stat: &rustix::fs::Stat) -> i128 {
     i128::from(stat.st_mtime) * 1_000_000_000 + i128::from(stat.st_mtime_nsec)
-}
-
-pub(super) fn time_ns(at: DateTime<Utc>) -> i128 {
-    i128::from(at.timestamp()) * 1_000_000_000 + i128::from(at.timestamp_subsec_nanos())
-}
-
-pub(super) fn to_time(ns: i128) -> DateTime<Utc> {
-    let secs = ns.div_euclid(1_000_000_000) as i64;
-    let nanos = ns.rem_euclid(1_000_000_000) as u32;
-    DateTime::from_timestamp(secs, nanos).unwrap_or(DateTime::UNIX_EPOCH)
 }
 
 pub(super) fn seen(stat: &rustix::fs::Stat) -> Seen {

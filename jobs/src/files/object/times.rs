@@ -16,6 +16,19 @@ pub(super) fn unit_of(time: DateTime<Utc>) -> u32 {
     unit
 }
 
+/// A time in nanoseconds since the epoch (an mtime, a `LastModified`), as the passes compare
+/// them.
+pub fn time_ns(at: DateTime<Utc>) -> i128 {
+    i128::from(at.timestamp()) * 1_000_000_000 + i128::from(at.timestamp_subsec_nanos())
+}
+
+/// [`time_ns`]'s time again (the epoch for one out of chrono's range).
+pub fn to_time(ns: i128) -> DateTime<Utc> {
+    let secs = ns.div_euclid(1_000_000_000) as i64;
+    let nanos = ns.rem_euclid(1_000_000_000) as u32;
+    DateTime::from_timestamp(secs, nanos).unwrap_or(DateTime::UNIX_EPOCH)
+}
+
 /// Whether an object the store says was last modified at `modified`, a time it gives in whole
 /// `unit`s of nanoseconds (truncated, as stores do: a HEAD's whole second; some stores' listings
 /// give milliseconds), was written before `recorded` (OS-2): it was written at most one unit
