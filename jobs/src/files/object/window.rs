@@ -3,7 +3,7 @@
 //! request the S3 client sends waits for a place in the window; an answer that says the store
 //! is throttling (`503 SlowDown`, `429`, a connection reset or closed mid-request) shrinks it to
 //! three quarters (multiplicative decrease: at most once a round, the time the store takes to
-//! answer a request — not a listing's page or a DeleteObjects call — smoothed, and only for a request sent since the last decrease — a store's throttling
+//! answer, smoothed, and only for a request sent since the last decrease — a store's throttling
 //! answers come back at once, and one burst of them is one signal, not a collapse to a single
 //! request), and each window's worth of other answers grows it by one (additive increase), up to
 //! the setting. A pass so runs at the store's pace without being told it.
