@@ -133,9 +133,8 @@ impl Window {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A place in the window, once one is free; `timed` when its answer's time is a round (see
-    /// [`a_round`]).
-    async fn enter(self: &Arc<Self>, timed: bool) -> Place {
+    /// A place in the window, once one is free.
+    async fn enter(self: &Arc<Self>) -> Place {
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
@@ -148,7 +147,6 @@ impl Window {
                         window: self.clone(),
                         epoch: state.epoch,
                         sent: Instant::now(),
-                        timed,
                     };
                 }
             }
@@ -163,8 +161,6 @@ struct Place {
     /// The window's epoch when the request was sent.
     epoch: u64,
     sent: Instant,
-    /// Whether its answer's time counts toward the round.
-    timed: bool,
 }
 
 impl Place {
@@ -185,10 +181,8 @@ impl Place {
             }
             return;
         }
-        if self.timed {
-            let took = now.saturating_duration_since(self.sent);
-            state.round = state.round * 7 / 8 + took / 8;
-        }
+        let took = now.saturating_duration_since(self.sent);
+        state.round = state.round * 7 / 8 + took / 8;
         state.answered += 1;
         if state.answered >= state.size && state.size < self.window.max {
             state.size += 1;
@@ -219,18 +213,6 @@ fn throttling(answer: &Result<HttpResponse, HttpError>) -> bool {
             HttpErrorKind::Request | HttpErrorKind::Interrupted
         ),
     }
-}
-
-/// Whether `request`'s answer time is a round of the store's: not a listing's page
-/// (`list-type=`) nor a DeleteObjects call (`delete`), whose answers take the store's work over
-/// up to a thousand keys — seconds a page on a store that walks its bucket for each — and would
-/// stretch the round that paces every other request's decrease and backoff (0.71 of the rate
-/// behind the proxy at 100 k objects, where 10 k gave 0.97).
-fn a_round(request: &HttpRequest) -> bool {
-    let query = request.uri().query().unwrap_or_default();
-    !query.split('&').any(|pair| {
-        pair.starts_with("list-type=") || pair == "delete" || pair.starts_with("delete=")
-    })
 }
 
 /// A wait drawn at random up to two rounds, at most [`MAX_BACKOFF`].
@@ -297,9 +279,8 @@ async fn paced(
     request: HttpRequest,
 ) -> Result<HttpResponse, HttpError> {
     let started = Instant::now();
-    let timed = a_round(&request);
     loop {
-        let place = window.enter(timed).await;
+        let place = window.enter().await;
         let answer = inner.execute(request.clone()).await;
         let throttled = throttling(&answer);
         place.answered(throttled, Instant::now());
@@ -351,36 +332,7 @@ mod tests {
             window: window.clone(),
             epoch: state.epoch,
             sent,
-            timed: true,
         }
-    }
-
-    #[test]
-    fn pf7_a_listing_page_or_a_batch_delete_does_not_stretch_the_round() {
-        let request = |uri: &str| {
-            let mut request = HttpRequest::new(HttpRequestBody::from(Vec::new()));
-            *request.uri_mut() = uri.parse().unwrap();
-            request
-        };
-        let bucket = "http://127.0.0.1:8014/bucket";
-        assert!(!a_round(&request(&format!(
-            "{bucket}?list-type=2&prefix=traces%2F"
-        ))));
-        assert!(!a_round(&request(&format!("{bucket}?delete"))));
-        assert!(!a_round(&request(&format!("{bucket}?delete="))));
-        assert!(a_round(&request(&format!("{bucket}/traces/a.trace.jsonl"))));
-        assert!(a_round(&request(&format!("{bucket}/list-type=2/deleted"))));
-
-        let start = Instant::now();
-        let window = Arc::new(Window::new(4));
-        // A listing's page answered after three seconds: the round stays what it was.
-        let mut page = place(&window, start);
-        page.timed = false;
-        page.answered(false, start + Duration::from_secs(3));
-        assert_eq!(window.state().round, FIRST_ROUND);
-        // A HEAD answered after 10 ms moves it by an eighth of the difference.
-        place(&window, start).answered(false, start + Duration::from_millis(10));
-        assert_eq!(window.state().round, Duration::from_millis(45));
     }
 
     #[test]
