@@ -371,6 +371,54 @@ async fn dc2_a_row_that_appears_between_the_scan_and_the_unlink_keeps_its_file(p
     assert_eq!(report.roots["outputs"].gone, 1);
 }
 
+/// An orphan rewritten after it was judged (DC-2: a file changed since it was judged is judged
+/// again) stays, counted `changed`, on disk and in the store; the other orphan goes. The scan is
+/// held at its second look, between the judgement and the unlink, while the file is rewritten.
+#[sqlx::test]
+async fn dc2_an_orphan_rewritten_between_the_scan_and_the_unlink_is_judged_again(pool: PgPool) {
+    let w = World::new(&pool).await;
+    let (a, r) = (w.account, w.run);
+    let rewritten = w.put("outputs", &format!("{a}/{r}/rewritten.bin"), 30.0);
+    let goes = w.put("outputs", &format!("{a}/{r}/goes.bin"), 30.0);
+
+    let mut gate = pool.begin().await.unwrap();
+    sqlx::query("SELECT sexton.close_for_hold()")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let scan = {
+        let (pool, paths) = (pool.clone(), backend::paths(w.dir.path()));
+        let now = w.now;
+        tokio::spawn(async move {
+            let scan = Scan {
+                paths: &paths,
+                roots: &[Root::Outputs],
+                grace_days: 7,
+                now,
+                confirm: true,
+            };
+            let mut conn = pool.acquire().await.unwrap();
+            scan.run(&mut conn, &mut Quiet, &AtomicBool::new(false))
+                .await
+                .unwrap()
+        })
+    };
+    let waiting = gate_waiters(&pool).await;
+    assert!(
+        waiting >= 1,
+        "the window between judgement and unlink was hit"
+    );
+    std::fs::write(&rewritten, b"rewritten since it was judged").unwrap();
+    age(&rewritten, w.now, 30.0);
+    gate.rollback().await.unwrap();
+    let report = scan.await.unwrap();
+
+    assert!(rewritten.exists(), "the rewritten file stays");
+    assert!(!goes.exists(), "the control: the other orphan goes");
+    assert_eq!(count(&report, Root::Outputs, "changed"), 1);
+    assert_eq!(report.roots["outputs"].gone, 1);
+}
+
 /// A held account's orphans stay (the path names the account); another account's go. A
 /// directory whose owner row is gone cannot be tied to an account: under any account hold it
 /// stays (HD-3), and a session hold keeps its own.
