@@ -334,6 +334,26 @@ async fn dc2_a_row_that_appears_between_the_scan_and_the_unlink_keeps_its_file(p
     let kept = w.put("outputs", &appears, 30.0);
     let goes = w.put("outputs", &format!("{a}/{r}/goes.bin"), 30.0);
 
+    let (gate, scan) = scan_held_between_judgement_and_unlink(&pool, &w).await;
+    output_row(&pool, r, &appears).await;
+    gate.rollback().await.unwrap();
+    let report = scan.await.unwrap();
+
+    assert!(kept.exists(), "the file whose row appeared stays");
+    assert!(!goes.exists(), "the control: the other orphan goes");
+    assert_eq!(count(&report, Root::Outputs, "row_appeared"), 1);
+    assert_eq!(report.roots["outputs"].gone, 1);
+}
+
+/// A confirmed scan of the outputs root, spawned and held (the holds' gate closed) between its
+/// judgement and its unlinks — the window counted as hit — with the gate to open.
+async fn scan_held_between_judgement_and_unlink(
+    pool: &PgPool,
+    w: &World,
+) -> (
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    tokio::task::JoinHandle<OrphanReport>,
+) {
     let mut gate = pool.begin().await.unwrap();
     sqlx::query("SELECT sexton.close_for_hold()")
         .execute(&mut *gate)
@@ -356,19 +376,12 @@ async fn dc2_a_row_that_appears_between_the_scan_and_the_unlink_keeps_its_file(p
                 .unwrap()
         })
     };
-    let waiting = gate_waiters(&pool).await;
+    let waiting = gate_waiters(pool).await;
     assert!(
         waiting >= 1,
         "the window between judgement and unlink was hit"
     );
-    output_row(&pool, r, &appears).await;
-    gate.rollback().await.unwrap();
-    let report = scan.await.unwrap();
-
-    assert!(kept.exists(), "the file whose row appeared stays");
-    assert!(!goes.exists(), "the control: the other orphan goes");
-    assert_eq!(count(&report, Root::Outputs, "row_appeared"), 1);
-    assert_eq!(report.roots["outputs"].gone, 1);
+    (gate, scan)
 }
 
 /// An orphan rewritten after it was judged (DC-2: a file changed since it was judged is judged
@@ -381,33 +394,7 @@ async fn dc2_an_orphan_rewritten_between_the_scan_and_the_unlink_is_judged_again
     let rewritten = w.put("outputs", &format!("{a}/{r}/rewritten.bin"), 30.0);
     let goes = w.put("outputs", &format!("{a}/{r}/goes.bin"), 30.0);
 
-    let mut gate = pool.begin().await.unwrap();
-    sqlx::query("SELECT sexton.close_for_hold()")
-        .execute(&mut *gate)
-        .await
-        .unwrap();
-    let scan = {
-        let (pool, paths) = (pool.clone(), backend::paths(w.dir.path()));
-        let now = w.now;
-        tokio::spawn(async move {
-            let scan = Scan {
-                paths: &paths,
-                roots: &[Root::Outputs],
-                grace_days: 7,
-                now,
-                confirm: true,
-            };
-            let mut conn = pool.acquire().await.unwrap();
-            scan.run(&mut conn, &mut Quiet, &AtomicBool::new(false))
-                .await
-                .unwrap()
-        })
-    };
-    let waiting = gate_waiters(&pool).await;
-    assert!(
-        waiting >= 1,
-        "the window between judgement and unlink was hit"
-    );
+    let (gate, scan) = scan_held_between_judgement_and_unlink(&pool, &w).await;
     std::fs::write(&rewritten, b"rewritten since it was judged").unwrap();
     age(&rewritten, w.now, 30.0);
     gate.rollback().await.unwrap();
