@@ -628,24 +628,35 @@ async fn hd3_an_unreadable_hold_table_removes_nothing_and_fails_the_hop(pool: Pg
 
 /// One confirmed trace cleaning of `root` by age (30 days) at the pass start.
 pub(crate) async fn clean_traces(pool: &PgPool, root: &Path) -> traces::TraceReport {
+    clean_traces_in(pool, &Store::Local(root.to_owned()))
+        .await
+        .unwrap()
+}
+
+/// One confirmed trace cleaning of `store` by age (30 days) at the pass start, under a lease
+/// taken for it and released after.
+pub(crate) async fn clean_traces_in(
+    pool: &PgPool,
+    store: &Store,
+) -> Result<traces::TraceReport, traces::Error> {
     let mut conn = pool.acquire().await.unwrap();
-    let store = Store::Local(root.to_owned());
-    let mut lease = traces::Lease::take(&mut conn, &store, "the test")
+    let mut lease = traces::Lease::take(&mut conn, store, "the test")
         .await
         .unwrap();
     let limits = Limits {
         max_age_days: 30,
         max_bytes: 0,
     };
-    traces::clean(
+    let report = traces::clean(
         &mut conn,
-        &store,
+        store,
         limits,
         pass_start(),
         Some(&mut lease),
         &mut Quiet,
         &AtomicBool::new(false),
     )
-    .await
-    .unwrap()
+    .await;
+    lease.release(&mut conn).await.unwrap();
+    report
 }

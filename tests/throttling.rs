@@ -12,7 +12,7 @@ use std::time::Duration;
 use sexton_jobs::attachment_expiry::{AttachmentExpiry, AttachmentSettings};
 use sexton_jobs::files::object::{ObjectRoot, StorageSettings};
 use sexton_jobs::files::{Root, Store};
-use sexton_jobs::trace_cleanup::{self as job, Lease, Limits, Quiet};
+use sexton_jobs::trace_cleanup::{self as job, Limits, Quiet};
 use sqlx::PgPool;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -86,27 +86,11 @@ async fn os2_os4_a_trace_cleanup_behind_a_store_that_throttles_deletes_every_old
         .collect();
     let root = through(&proxy, dir.path(), "traces");
     let store = Store::Object(root.clone());
-    let limits = Limits {
-        max_age_days: 30,
-        max_bytes: 0,
-    };
 
     proxy.limit_rate(Some(RATE));
-    let mut conn = pool.acquire().await.unwrap();
-    let mut lease = Lease::take(&mut conn, &store, "the test").await.unwrap();
-    let stop = AtomicBool::new(false);
-    let report = job::clean(
-        &mut conn,
-        &store,
-        limits,
-        pass_start(),
-        Some(&mut lease),
-        &mut Quiet,
-        &stop,
-    )
-    .await
-    .expect("a throttled pass is not aborted");
-    lease.release(&mut conn).await.unwrap();
+    let report = crate::holds::clean_traces_in(&pool, &store)
+        .await
+        .expect("a throttled pass is not aborted");
 
     let throttled = proxy.throttled();
     let seen = root.window().seen();
@@ -131,6 +115,11 @@ async fn os2_os4_a_trace_cleanup_behind_a_store_that_throttles_deletes_every_old
 
     // The store keeps up again: the next pass's answers grow the window back.
     proxy.limit_rate(None);
+    let mut conn = pool.acquire().await.unwrap();
+    let limits = Limits {
+        max_age_days: 30,
+        max_bytes: 0,
+    };
     let dry = job::clean(
         &mut conn,
         &store,
@@ -138,7 +127,7 @@ async fn os2_os4_a_trace_cleanup_behind_a_store_that_throttles_deletes_every_old
         pass_start(),
         None,
         &mut Quiet,
-        &stop,
+        &AtomicBool::new(false),
     )
     .await
     .unwrap();
