@@ -206,6 +206,11 @@ impl ObjectRoot {
         }
     }
 
+    /// The root's prefix as a key; `None` for a whole bucket.
+    fn prefix_key(&self) -> Option<Key> {
+        (!self.prefix.is_empty()).then(|| Key::from_iter(self.prefix.split('/')))
+    }
+
     /// The key `relative` names under this root (OS-3).
     ///
     /// # Errors
@@ -219,7 +224,7 @@ impl ObjectRoot {
     /// # Errors
     /// The store's answer, for people.
     pub async fn reach(&self) -> Result<(), String> {
-        let prefix = (!self.prefix.is_empty()).then(|| Key::from_iter(self.prefix.split('/')));
+        let prefix = self.prefix_key();
         match self.store.list(prefix.as_ref()).next().await {
             None | Some(Ok(_)) => Ok(()),
             Some(Err(err)) => Err(err.to_string()),
@@ -361,14 +366,14 @@ impl ObjectRoot {
     /// Every object under the root, as the store lists them (a stream: a root of millions of
     /// objects is never held in memory).
     pub fn list_all(&self) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        let prefix = (!self.prefix.is_empty()).then(|| Key::from_iter(self.prefix.split('/')));
+        let prefix = self.prefix_key();
         self.store.list(prefix.as_ref())
     }
 
     /// Every object under the root, listed in ranges side by side and taken as they come, in
     /// no particular order (see [`ranges`]): for a pass whose order decides nothing.
     pub fn list_unordered(&self) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        let prefix = (!self.prefix.is_empty()).then(|| Key::from_iter(self.prefix.split('/')));
+        let prefix = self.prefix_key();
         ranges::list_ranges(&self.store, prefix.as_ref())
     }
 
