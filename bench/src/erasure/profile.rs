@@ -84,6 +84,7 @@ fn step_of(query: &str) -> String {
             "WITH m AS (SELECT kind, id FROM sexton.erasure_members",
             "verify (read every table)",
         ),
+        ("SELECT t, n FROM (VALUES", "verify (read every table)"),
         ("UPDATE sexton.erasures SET removed", "request's counts"),
         ("pending_file_deletions", "drain (file records)"),
         ("apalis.", "queue"),

@@ -40,12 +40,7 @@ const ADD_REMOVED: &str =
     "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
      WHERE id = $1";
 
-/// Appends `$2`, rows removed by table, to request `$1`'s counts, as a deleting transaction
-/// commits: folded into its row by [`FOLD_REMOVED`].
-const APPEND_REMOVED: &str =
-    "INSERT INTO sexton.erasure_removed (request_id, removed) VALUES ($1, $2)";
-
-/// Folds request `$1`'s appended counts into its row.
+/// Folds request `$1`'s counts, appended by each deleting statement (`steps`), into its row.
 const FOLD_REMOVED: &str = "SELECT sexton.fold_erasure_removed($1)";
 
 /// What a step needs of its request.
@@ -364,11 +359,6 @@ impl<'a> Requests<'a> {
                     .bind(keep)
                     .fetch_one(&mut *tx)
                     .await?;
-                sqlx::query(APPEND_REMOVED)
-                    .bind(request.id)
-                    .bind(Json(&counts))
-                    .execute(&mut *tx)
-                    .await?;
                 tx.commit().await?;
                 let taken: u64 = counts.values().filter_map(Value::as_u64).sum();
                 // Another round while the last one found anything.
@@ -409,9 +399,10 @@ impl<'a> Requests<'a> {
     }
 
     /// Removes the files the steps recorded, root by root, for the request's account (and
-    /// those of a scope whose account is unknown).
+    /// those of a scope whose account is unknown): two roots at a time, one on each of the
+    /// hop's connections (a root's drains are its own; no other drain of it runs meanwhile).
     async fn drain(
-        &self,
+        &mut self,
         conn: &mut PgConnection,
         request: &InHand,
         report: &mut Report<Withheld>,
@@ -436,20 +427,15 @@ impl<'a> Requests<'a> {
         .bind(request.account_id)
         .fetch_all(&mut *conn)
         .await?;
+        let paths = self.env.paths;
+        let beside = self.second_lane().await?;
+        // Outputs and traces beside sessions and attachments: about as many records each.
+        let (one, other) = tokio::join!(
+            drain_roots(conn, paths, [Root::Outputs, Root::Traces], &scopes),
+            drain_roots(beside, paths, [Root::Sessions, Root::Attachments], &scopes)
+        );
         let mut removed = Map::new();
-        for root in [
-            Root::Outputs,
-            Root::Sessions,
-            Root::Attachments,
-            Root::Traces,
-        ] {
-            let store = self.env.paths.store(root);
-            let mut counts = FileCounts::default();
-            for scope in &scopes {
-                let (drained, _): (FileCounts, i64) =
-                    files::drain_from(conn, root, &store, Some(*scope), 0).await?;
-                counts.add(drained);
-            }
+        for (root, counts) in one?.into_iter().chain(other?) {
             report.files.add(counts);
             if counts.deleted > 0 {
                 removed.insert(format!("files:{}", root.as_str()), counts.deleted.into());
@@ -487,6 +473,26 @@ impl<'a> Requests<'a> {
         .await?;
         Ok(())
     }
+}
+
+/// Drains each of `roots` in turn on `conn`, for each of `scopes`: what each removed.
+async fn drain_roots(
+    conn: &mut PgConnection,
+    paths: &files::PathSettings,
+    roots: [Root; 2],
+    scopes: &[Uuid],
+) -> Result<Vec<(Root, FileCounts)>, DrainError> {
+    let mut drained = Vec::new();
+    for root in roots {
+        let store = paths.store(root);
+        let mut counts = FileCounts::default();
+        for scope in scopes {
+            let (scope_counts, _) = files::drain_from(conn, root, &store, Some(*scope), 0).await?;
+            counts.add(scope_counts);
+        }
+        drained.push((root, counts));
+    }
+    Ok(drained)
 }
 
 /// A step that moved the pass to `at`, with more to follow.

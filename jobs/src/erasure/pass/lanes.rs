@@ -51,9 +51,10 @@ pub(super) struct OwnerTx {
 }
 
 impl OwnerTx {
-    /// Locks a batch after the cursor, judges and deletes it, and appends what it removed to
-    /// the request's counts (`sexton.erasure_removed`), in one transaction (asynchronous commit: the drain's synchronous
-    /// commit makes it durable before any file goes).
+    /// Locks a batch after the cursor, then judges and deletes it in the take statement, which
+    /// also appends what it removed to the request's counts (`sexton.erasure_removed`): one
+    /// transaction (asynchronous commit: the drain's synchronous commit makes it durable
+    /// before any file goes).
     pub(super) async fn run(&self, conn: &mut PgConnection) -> Result<Lane, sqlx::Error> {
         let mut tx = crate::owner_loop::begin(conn, None, false).await?;
         let ids: Vec<Uuid> = sqlx::query_scalar(self.lock)
@@ -83,11 +84,6 @@ impl OwnerTx {
             tx.rollback().await?;
             return Ok(Lane::Busy { ids });
         };
-        sqlx::query(super::APPEND_REMOVED)
-            .bind(self.request)
-            .bind(Json(&counts))
-            .execute(&mut *tx)
-            .await?;
         tx.commit().await?;
         Ok(Lane::Took { ids, counts })
     }

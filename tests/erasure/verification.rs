@@ -1,0 +1,77 @@
+//! The verification (RQ-5) read on its own: what it finds left of a scope, table by table.
+
+use std::collections::BTreeMap;
+
+use sexton_jobs::erasure::{Subject, plan, verify};
+use sqlx::PgPool;
+
+use super::{request, two_tenants, world::drop_foreign_keys};
+use crate::common;
+
+#[sqlx::test]
+async fn rq5_the_verification_finds_every_row_of_execution_detail_left_under_the_scopes_runs(
+    pool: PgPool,
+) {
+    const DETAIL: [(&str, &str); 9] = [
+        ("run_tasks", "run_id"),
+        ("run_task_edges", "run_id"),
+        ("tool_results", "run_id"),
+        ("sealed_requests", "run_id"),
+        ("reasoning_traces", "run_id"),
+        ("invocation_attempts", "run_id"),
+        ("output_files", "run_id"),
+        ("settlement_receipts", "run_id"),
+        ("delegations", "parent_run_id"),
+    ];
+    let dir = common::backend::tempdir();
+    let (paths, one, _other) = two_tenants(&pool, dir.path()).await;
+    drop_foreign_keys(&pool).await;
+    let asked = request(&pool, Subject::Account, one.account).await;
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(plan::members(Subject::Account)))
+        .bind(asked.id)
+        .bind(one.account)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut planted = BTreeMap::new();
+    for (table, column) in DETAIL {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} x JOIN runs r ON r.id = x.{column}
+             WHERE r.account_id = $1"
+        )))
+        .bind(one.account)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        if n > 0 {
+            planted.insert(table.to_owned(), n);
+        }
+    }
+    assert!(planted.len() >= 6, "the world holds detail: {planted:?}");
+    // The runs go by hand and their detail stays behind, as on a schema without a cascade.
+    sqlx::query("DELETE FROM runs WHERE account_id = $1")
+        .bind(one.account)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut beside = pool.acquire().await.unwrap();
+    for two in [false, true] {
+        let left = verify::left(
+            &mut conn,
+            two.then_some(&mut *beside),
+            &paths,
+            asked.id,
+            true,
+            verify::Reading::After,
+        )
+        .await
+        .unwrap();
+        let detail: BTreeMap<String, i64> = left
+            .rows
+            .into_iter()
+            .filter(|(table, _)| DETAIL.iter().any(|(t, _)| t == table))
+            .collect();
+        assert_eq!(detail, planted, "read on two connections: {two}");
+    }
+}
