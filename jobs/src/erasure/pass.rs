@@ -399,8 +399,9 @@ impl<'a> Requests<'a> {
     }
 
     /// Removes the files the steps recorded, root by root, for the request's account (and
-    /// those of a scope whose account is unknown): two roots at a time, one on each of the
-    /// hop's connections (a root's drains are its own; no other drain of it runs meanwhile).
+    /// those of a scope whose account is unknown): the sessions root on one of the hop's
+    /// connections, the other roots one after another on the other (a root's drains are its
+    /// own; no other drain of it runs meanwhile).
     async fn drain(
         &mut self,
         conn: &mut PgConnection,
@@ -429,10 +430,16 @@ impl<'a> Requests<'a> {
         .await?;
         let paths = self.env.paths;
         let beside = self.second_lane().await?;
-        // Outputs and traces beside sessions and attachments: about as many records each.
+        // A session's directory costs about twice what another file costs (PF-8: 5,000 sessions
+        // 0.82 s; 5,000 outputs, 1,500 attachments and 1,000 traces 0.69 s).
         let (one, other) = tokio::join!(
-            drain_roots(conn, paths, [Root::Outputs, Root::Traces], &scopes),
-            drain_roots(beside, paths, [Root::Sessions, Root::Attachments], &scopes)
+            drain_roots(
+                conn,
+                paths,
+                &[Root::Outputs, Root::Attachments, Root::Traces],
+                &scopes
+            ),
+            drain_roots(beside, paths, &[Root::Sessions], &scopes)
         );
         let mut removed = Map::new();
         for (root, counts) in one?.into_iter().chain(other?) {
@@ -479,11 +486,11 @@ impl<'a> Requests<'a> {
 async fn drain_roots(
     conn: &mut PgConnection,
     paths: &files::PathSettings,
-    roots: [Root; 2],
+    roots: &[Root],
     scopes: &[Uuid],
 ) -> Result<Vec<(Root, FileCounts)>, DrainError> {
     let mut drained = Vec::new();
-    for root in roots {
+    for &root in roots {
         let store = paths.store(root);
         let mut counts = FileCounts::default();
         for scope in scopes {
