@@ -214,7 +214,7 @@ pub async fn dry_run(pool: &PgPool, settings: &Settings, asked: Asked) -> anyhow
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin().await?;
     let probe = Uuid::new_v4();
-    sqlx::query(sqlx::AssertSqlSafe(plan::members(erasure.subject)))
+    sqlx::query(sqlx::AssertSqlSafe(plan::members(erasure.subject, false)))
         .bind(probe)
         .bind(erasure.id)
         .execute(&mut *tx)

@@ -28,7 +28,7 @@ async fn rq5_the_verification_finds_every_row_of_execution_detail_left_under_the
     drop_foreign_keys(&pool).await;
     let asked = request(&pool, Subject::Account, one.account).await;
     let mut conn = pool.acquire().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(plan::members(Subject::Account)))
+    sqlx::query(sqlx::AssertSqlSafe(plan::members(Subject::Account, false)))
         .bind(asked.id)
         .bind(one.account)
         .execute(&mut *conn)

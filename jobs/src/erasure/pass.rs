@@ -203,7 +203,13 @@ impl<'a> Requests<'a> {
     async fn plan(&self, conn: &mut PgConnection, request: &InHand) -> Result<(), sqlx::Error> {
         let mut tx = conn.begin().await?;
         if let Some(scope_id) = request.scope_id {
-            sqlx::query(sqlx::AssertSqlSafe(plan::members(request.scope)))
+            let again: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM sexton.erasure_members WHERE request_id = $1)",
+            )
+            .bind(request.id)
+            .fetch_one(&mut *tx)
+            .await?;
+            sqlx::query(sqlx::AssertSqlSafe(plan::members(request.scope, again)))
                 .bind(request.id)
                 .bind(scope_id)
                 .execute(&mut *tx)

@@ -11,11 +11,13 @@
 //! - an account: itself, and all of the above for each of its conversations and agents, and
 //!   every run of the account (standalone and inference runs included).
 //!
-//! `$1` is the request, `$2` the scope's id. One statement per scope kind, each inserting
-//! every kind of id its scope reaches that the request does not hold yet, in key order. Not
-//! `ON CONFLICT DO NOTHING`: its speculative insertion cost 0.5 s of 1.3 s at 132 k ids (PF-8),
-//! and no other insert can race this one — a request is worked by one pass at a time (FL-3);
-//! a dry run plans under an id of its own.
+//! `$1` is the request, `$2` the scope's id. One statement per scope kind. A request's first
+//! plan inserts its ids plainly, in key order: no other insert of the same ids can race it — a
+//! request is worked by one pass at a time (FL-3), and a dry run plans under an id of its own.
+//! `ON CONFLICT DO NOTHING` cost 0.5 s of 1.3 s at 132 k ids (its speculative insertion), and a
+//! `NOT EXISTS` against the table being written may be planned on its empty statistics as a
+//! scan of it per id (26 s at PF-8's sizes while a second statement wrote it). A later plan,
+//! whose request holds ids already, inserts with `ON CONFLICT DO NOTHING`.
 
 use super::Subject;
 
@@ -35,8 +37,11 @@ const DELEGATED: &str = "all_runs (id) AS (
                             SELECT d.child_run_id FROM delegations d
                             WHERE d.parent_run_id = a.id AND d.child_run_id IS NOT NULL) child)";
 
-/// What follows the CTEs `convs`, `all_runs` and `sessions_of`: the insert of every id.
-const INSERT: &str = "ids (kind, id) AS (
+/// Every id of the scope, by kind. A history request is found by each of its two links in a
+/// semi-join of its own, never by an `OR` of the two: the planner, which guesses a recursive CTE
+/// at millions of rows, would test each history request of the database that is not of the
+/// scope's conversations against the scope's runs by scanning them.
+const IDS: &str = "ids (kind, id) AS (
         SELECT 'conversation', id FROM convs
         UNION ALL SELECT 'run', id FROM all_runs
         UNION ALL SELECT 'turn', t.id FROM turns t WHERE t.conversation_id IN (SELECT id FROM convs)
@@ -44,20 +49,33 @@ const INSERT: &str = "ids (kind, id) AS (
                   JOIN turns t ON t.id = v.turn_id WHERE t.conversation_id IN (SELECT id FROM convs)
         UNION ALL SELECT 'history_request', q.id FROM history_requests q
                   WHERE q.conversation_id IN (SELECT id FROM convs)
-                     OR q.run_id IN (SELECT id FROM all_runs)
+        UNION ALL SELECT 'history_request', q.id FROM history_requests q
+                  WHERE q.run_id IN (SELECT id FROM all_runs)
         UNION ALL SELECT 'agent', id FROM agents_of
         UNION ALL SELECT 'session', id FROM sessions_of
         UNION ALL SELECT 'archive', a.id FROM conversation_archives a
                   WHERE a.session_id IN (SELECT id FROM sessions_of)
-        UNION ALL SELECT 'account', id FROM accounts_of)
+        UNION ALL SELECT 'account', id FROM accounts_of)";
+
+/// What follows the CTE `ids (kind, id)` when the request holds no ids yet: their insert, in key
+/// order.
+const FIRST: &str = "
     INSERT INTO sexton.erasure_members (request_id, kind, id)
     SELECT DISTINCT $1, kind, id FROM ids
-    WHERE NOT EXISTS (SELECT 1 FROM sexton.erasure_members m
-                      WHERE m.request_id = $1 AND m.kind = ids.kind AND m.id = ids.id)
     ORDER BY 2, 3";
 
-/// The statement that writes a request's members, for its scope.
-pub fn members(subject: Subject) -> String {
+/// What follows the CTE `ids (kind, id)` on a later pass: the insert of the ids the request does
+/// not hold yet.
+const AGAIN: &str = "
+    INSERT INTO sexton.erasure_members (request_id, kind, id)
+    SELECT DISTINCT $1, kind, id FROM ids
+    ORDER BY 2, 3
+    ON CONFLICT DO NOTHING";
+
+/// The statement that writes a request's members, for its scope; `again` when the request holds
+/// ids already (an earlier pass's).
+pub fn members(subject: Subject, again: bool) -> String {
+    let insert = if again { AGAIN } else { FIRST };
     let seeds = match subject {
         Subject::Conversation => {
             "seed (id) AS (SELECT $2::uuid),
@@ -90,5 +108,5 @@ pub fn members(subject: Subject) -> String {
              accounts_of (id) AS (SELECT $2::uuid)"
         }
     };
-    format!("WITH RECURSIVE {seeds}, {FORKS}, {DELEGATED}, {INSERT}")
+    format!("WITH RECURSIVE {seeds}, {FORKS}, {DELEGATED}, {IDS}{insert}")
 }
