@@ -407,7 +407,8 @@ impl<'a> Requests<'a> {
     /// Removes the files the steps recorded, root by root, for the request's account (and
     /// those of a scope whose account is unknown): the sessions root on one of the hop's
     /// connections, the other roots one after another on the other (a root's drains are its
-    /// own; no other drain of it runs meanwhile).
+    /// own; no other drain of it runs meanwhile) — or all on one while another kind's pass is
+    /// under way. What each removed is counted, whichever of them fails.
     async fn drain(
         &mut self,
         conn: &mut PgConnection,
@@ -435,32 +436,45 @@ impl<'a> Requests<'a> {
         .fetch_all(&mut *conn)
         .await?;
         let paths = self.env.paths;
-        let beside = self.second_lane().await?;
-        // A session's directory costs about twice what another file costs (PF-8: 5,000 sessions
-        // 0.82 s; 5,000 outputs, 1,500 attachments and 1,000 traces 0.69 s).
-        let (one, other) = tokio::join!(
-            drain_roots(
-                conn,
-                paths,
-                &[Root::Outputs, Root::Attachments, Root::Traces],
-                &scopes
-            ),
-            drain_roots(beside, paths, &[Root::Sessions], &scopes)
-        );
+        let all = [
+            Root::Outputs,
+            Root::Attachments,
+            Root::Traces,
+            Root::Sessions,
+        ];
+        let (one, other) = if self.give_way.now(conn).await? {
+            // Another kind's pass is under way: one connection, as the steps then work.
+            (
+                drain_roots(conn, paths, &all, &scopes).await,
+                Drained::default(),
+            )
+        } else {
+            // A session's directory costs about twice what another file costs (PF-8: 5,000
+            // sessions 0.82 s; 5,000 outputs, 1,500 attachments and 1,000 traces 0.69 s).
+            let beside = self.second_lane().await?;
+            tokio::join!(
+                drain_roots(conn, paths, &all[..3], &scopes),
+                drain_roots(beside, paths, &all[3..], &scopes)
+            )
+        };
         let mut removed = Map::new();
-        for (root, counts) in one?.into_iter().chain(other?) {
-            report.files.add(counts);
+        for (root, counts) in one.roots.iter().chain(&other.roots) {
+            report.files.add(*counts);
             if counts.deleted > 0 {
                 removed.insert(format!("files:{}", root.as_str()), counts.deleted.into());
                 removed.insert(format!("bytes:{}", root.as_str()), counts.bytes.into());
             }
         }
+        // What either drain removed is counted before the other's error is: its files are gone.
         sqlx::query(ADD_REMOVED)
             .bind(request.id)
             .bind(Json(&removed))
             .execute(&mut *conn)
             .await?;
-        Ok(())
+        match one.failed.or(other.failed) {
+            Some(err) => Err(err.into()),
+            None => Ok(()),
+        }
     }
 
     /// Marks the request failed with `error`, which it cannot get past (a statement the
@@ -488,24 +502,37 @@ impl<'a> Requests<'a> {
     }
 }
 
-/// Drains each of `roots` in turn on `conn`, for each of `scopes`: what each removed.
+/// What [`drain_roots`] removed, root by root, and the error it stopped at, if any.
+#[derive(Default)]
+struct Drained {
+    roots: Vec<(Root, FileCounts)>,
+    failed: Option<DrainError>,
+}
+
+/// Drains each of `roots` in turn on `conn`, for each of `scopes`, until one fails.
 async fn drain_roots(
     conn: &mut PgConnection,
     paths: &files::PathSettings,
     roots: &[Root],
     scopes: &[Uuid],
-) -> Result<Vec<(Root, FileCounts)>, DrainError> {
-    let mut drained = Vec::new();
+) -> Drained {
+    let mut drained = Drained::default();
     for &root in roots {
         let store = paths.store(root);
         let mut counts = FileCounts::default();
         for scope in scopes {
-            let (scope_counts, _) = files::drain_from(conn, root, &store, Some(*scope), 0).await?;
-            counts.add(scope_counts);
+            match files::drain_from(conn, root, &store, Some(*scope), 0).await {
+                Ok((scope_counts, _)) => counts.add(scope_counts),
+                Err(err) => {
+                    drained.roots.push((root, counts));
+                    drained.failed = Some(err);
+                    return drained;
+                }
+            }
         }
-        drained.push((root, counts));
+        drained.roots.push((root, counts));
     }
-    Ok(drained)
+    drained
 }
 
 /// A step that moved the pass to `at`, with more to follow.

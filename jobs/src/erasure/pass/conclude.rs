@@ -29,10 +29,14 @@ impl Requests<'_> {
         .execute(&mut *conn)
         .await?;
         let (paths, keep_usage_records) = (self.env.paths, self.settings.keep_usage_records);
-        let beside = self.second_lane().await?;
+        // Read on both connections unless another kind's pass is under way (PF-8).
+        let beside = match self.give_way.now(conn).await? {
+            true => None,
+            false => Some(self.second_lane().await?),
+        };
         let left = match verify::left(
             conn,
-            Some(beside),
+            beside,
             paths,
             request.id,
             keep_usage_records,
