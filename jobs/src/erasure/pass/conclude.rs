@@ -30,9 +30,10 @@ impl Requests<'_> {
         .await?;
         let (paths, keep_usage_records) = (self.env.paths, self.settings.keep_usage_records);
         // Read on both connections unless another kind's pass is under way (PF-8).
-        let beside = match self.give_way.now(conn).await? {
-            true => None,
-            false => Some(self.second_lane().await?),
+        let beside = if self.give_way.now(conn).await? {
+            None
+        } else {
+            Some(self.second_lane().await?)
         };
         let left = match verify::left(
             conn,
