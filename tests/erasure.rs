@@ -4,6 +4,7 @@
 
 mod lanes;
 mod process;
+mod scale;
 mod verification;
 mod visible;
 mod world;

@@ -39,6 +39,24 @@ pub mod visible;
 
 pub use request::{Erasure, Request, State};
 
+/// Every statement an erasure's pass reads the platform's tables with — each scope's plan, each
+/// step's, its verification's — with its parameters' types, for tests to read the plans the
+/// database makes of them.
+pub fn statements() -> Vec<(String, &'static str)> {
+    let plans = Subject::ALL.into_iter().flat_map(|subject| {
+        [false, true].map(|again| (plan::members(subject, again), "uuid, uuid"))
+    });
+    let steps = steps::STEPS.iter().flat_map(|step| match step.shape {
+        steps::Shape::Owners { lock, take } => vec![
+            (lock.to_owned(), "uuid, uuid, bigint"),
+            (take.to_owned(), "uuid, uuid[], boolean"),
+        ],
+        steps::Shape::Sweep(sweep) => vec![(sweep.to_owned(), "uuid, bigint, boolean")],
+    });
+    let verification = verify::STATEMENTS.map(|(sql, types)| (sql.to_owned(), types));
+    plans.chain(steps).chain(verification).collect()
+}
+
 crate::reasons! {
     /// Why an item of a request stays for now (RQ-3, RQ-4).
     pub enum Withheld {

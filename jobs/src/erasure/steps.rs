@@ -16,6 +16,11 @@
 //! the request, `$2` the batch size, `$3` whether usage records are kept. Take and sweep append
 //! the rows they deleted per table to the request's counts and return them, one `jsonb` object
 //! (tables with none left out).
+//!
+//! Every statement reads the platform's tables through their indexes, so that an erasure costs
+//! what its scope holds, not what the tables hold: rows linked to the scope by either of two
+//! columns are found by one read per column, never by one scan `OR`ing them, which no index
+//! serves (`rq8_…_by_index` in tests/erasure/scale.rs).
 
 /// Every table an erasure deletes rows of: the `table` labels of its metrics.
 pub const TABLES: &[&str] = &[
@@ -146,10 +151,14 @@ const RUNS: Delete = Delete {
                            WHERE parent_run_id = ANY((SELECT ids FROM doomed)::uuid[]) RETURNING 1),
              own_requests AS (SELECT q.id FROM history_requests q
                               WHERE q.run_id = ANY((SELECT ids FROM doomed)::uuid[])),
-             sources AS (DELETE FROM history_request_sources s
-                         WHERE s.source_run_id = ANY((SELECT ids FROM doomed)::uuid[])
-                            OR s.history_request_id IN (SELECT id FROM own_requests)
-                         RETURNING 1),
+             read_sources AS (DELETE FROM history_request_sources s
+                              WHERE s.source_run_id = ANY((SELECT ids FROM doomed)::uuid[])
+                              RETURNING 1),
+             own_sources AS (DELETE FROM history_request_sources s
+                             WHERE s.history_request_id IN (SELECT id FROM own_requests)
+                               AND s.source_run_id <> ALL((SELECT ids FROM doomed)::uuid[])
+                             RETURNING 1),
+             sources AS (SELECT 1 FROM read_sources UNION ALL SELECT 1 FROM own_sources),
              histories AS (DELETE FROM history_requests WHERE id IN (SELECT id FROM own_requests)
                            RETURNING 1),
              unbilled AS (UPDATE usage_records SET run_id = NULL, conversation_id = NULL

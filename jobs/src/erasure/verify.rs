@@ -47,6 +47,22 @@ macro_rules! detail {
     };
 }
 
+/// `(table, count)`: the rows of `table` whose column names an id of the scope, for each
+/// `(column, kind)` given (the kind's CTE in [`members!`]), counted once — one read per column,
+/// each served by its index, and their union. Never one scan `OR`ing the columns: no index
+/// serves that, and every request, however small its scope, would read the table whole.
+macro_rules! linked {
+    ($table:literal: $(($column:literal, $kind:literal)),+ $(,)?) => {
+        concat!(
+            "('", $table, "', (SELECT count(*) FROM (",
+            $("SELECT x.ctid FROM ", $table, " x WHERE x.", $column, " IN (SELECT id FROM ",
+              $kind, ") UNION ",)+
+            // The union's last member, empty: each column's read above ends in `UNION`.
+            "SELECT NULL::tid WHERE false) u)),\n"
+        )
+    };
+}
+
 /// Rows of the scope left, per table, in three statements a verification may run on two
 /// connections side by side: the runs' execution detail (most of the rows, each table one
 /// probe per run) in two halves, then every other table.
@@ -69,55 +85,39 @@ const REMAINING: [&str; 3] = [
         "SELECT t, n FROM (VALUES
   ('accounts', (SELECT count(*) FROM accounts x WHERE x.id IN (SELECT id FROM acct)
                   AND NOT ($2 AND x.name = $1::text))),
-  ('conversations', (SELECT count(*) FROM conversations x
-                     WHERE x.id IN (SELECT id FROM conv) OR x.account_id IN (SELECT id FROM acct))),
-  ('turns', (SELECT count(*) FROM turns x
-             WHERE x.id IN (SELECT id FROM turn) OR x.conversation_id IN (SELECT id FROM conv))),
-  ('variants', (SELECT count(*) FROM variants x
-                WHERE x.id IN (SELECT id FROM variant) OR x.turn_id IN (SELECT id FROM turn))),
-  ('follow_ups', (SELECT count(*) FROM follow_ups x WHERE x.variant_id IN (SELECT id FROM variant))),
-  ('runs', (SELECT count(*) FROM runs x
-            WHERE x.id IN (SELECT id FROM run) OR x.conversation_id IN (SELECT id FROM conv)
-               OR x.account_id IN (SELECT id FROM acct))),
-  ('history_requests', (SELECT count(*) FROM history_requests x
-                        WHERE x.id IN (SELECT id FROM hreq) OR x.run_id IN (SELECT id FROM run)
-                           OR x.conversation_id IN (SELECT id FROM conv))),
-  ('history_request_sources', (SELECT count(*) FROM history_request_sources x
-                               WHERE x.history_request_id IN (SELECT id FROM hreq)
-                                  OR x.source_run_id IN (SELECT id FROM run))),
-  ('usage_records', (SELECT count(*) FROM usage_records x
-                     WHERE x.run_id IN (SELECT id FROM run)
-                        OR x.conversation_id IN (SELECT id FROM conv)
-                        OR (NOT $2 AND x.account_id IN (SELECT id FROM acct)))),
-  ('conversation_events', (SELECT count(*) FROM conversation_events x
-                           WHERE x.conversation_id IN (SELECT id FROM conv))),
-  ('agents', (SELECT count(*) FROM agents x
-              WHERE x.id IN (SELECT id FROM agent) OR x.account_id IN (SELECT id FROM acct))),
-  ('sessions', (SELECT count(*) FROM sessions x
-                WHERE x.id IN (SELECT id FROM sess) OR x.agent_id IN (SELECT id FROM agent)
-                   OR x.account_id IN (SELECT id FROM acct))),
-  ('conversation_entries', (SELECT count(*) FROM conversation_entries x
-                            WHERE x.session_id IN (SELECT id FROM sess))),
-  ('conversation_archives', (SELECT count(*) FROM conversation_archives x
-                             WHERE x.id IN (SELECT id FROM archive)
-                                OR x.session_id IN (SELECT id FROM sess))),
-  ('conversation_archive_entries', (SELECT count(*) FROM conversation_archive_entries x
-                                    WHERE x.archive_id IN (SELECT id FROM archive))),
-  ('handoffs', (SELECT count(*) FROM handoffs x
-                WHERE x.agent_id IN (SELECT id FROM agent) OR x.from_session_id IN (SELECT id FROM sess)
-                   OR x.to_session_id IN (SELECT id FROM sess) OR x.account_id IN (SELECT id FROM acct))),
-  ('dream_preloads', (SELECT count(*) FROM dream_preloads x
-                      WHERE x.agent_id IN (SELECT id FROM agent) OR x.account_id IN (SELECT id FROM acct))),
-  ('working_records', (SELECT count(*) FROM working_records x
-                       WHERE x.agent_id IN (SELECT id FROM agent)
-                          OR x.account_id IN (SELECT id FROM acct))),
-  ('brain_memories', (SELECT count(*) FROM brain_memories x
-                      WHERE x.agent_id IN (SELECT id FROM agent) OR x.account_id IN (SELECT id FROM acct))),
-  ('fragments', (SELECT count(*) FROM fragments x WHERE x.account_id IN (SELECT id FROM acct))),
-  ('board_tasks', (SELECT count(*) FROM board_tasks x WHERE x.account_id IN (SELECT id FROM acct))),
-  ('attachments', (SELECT count(*) FROM attachments x WHERE x.account_id IN (SELECT id FROM acct))),
-  ('session_retention_policies', (SELECT count(*) FROM session_retention_policies x
-                                  WHERE x.account_id IN (SELECT id FROM acct))),
+",
+        linked!("conversations": ("id", "conv"), ("account_id", "acct")),
+        linked!("turns": ("id", "turn"), ("conversation_id", "conv")),
+        linked!("variants": ("id", "variant"), ("turn_id", "turn")),
+        linked!("follow_ups": ("variant_id", "variant")),
+        linked!("runs": ("id", "run"), ("conversation_id", "conv"), ("account_id", "acct")),
+        linked!("history_requests": ("id", "hreq"), ("run_id", "run"), ("conversation_id", "conv")),
+        linked!("history_request_sources": ("history_request_id", "hreq"), ("source_run_id", "run")),
+        linked!("conversation_events": ("conversation_id", "conv")),
+        linked!("agents": ("id", "agent"), ("account_id", "acct")),
+        linked!("sessions": ("id", "sess"), ("agent_id", "agent"), ("account_id", "acct")),
+        linked!("conversation_entries": ("session_id", "sess")),
+        linked!("conversation_archives": ("id", "archive"), ("session_id", "sess")),
+        linked!("conversation_archive_entries": ("archive_id", "archive")),
+        linked!(
+            "handoffs": ("agent_id", "agent"),
+            ("from_session_id", "sess"),
+            ("to_session_id", "sess"),
+            ("account_id", "acct"),
+        ),
+        linked!("dream_preloads": ("agent_id", "agent"), ("account_id", "acct")),
+        linked!("working_records": ("agent_id", "agent"), ("account_id", "acct")),
+        linked!("brain_memories": ("agent_id", "agent"), ("account_id", "acct")),
+        linked!("fragments": ("account_id", "acct")),
+        linked!("board_tasks": ("account_id", "acct")),
+        linked!("attachments": ("account_id", "acct")),
+        linked!("session_retention_policies": ("account_id", "acct")),
+        "  ('usage_records', (SELECT count(*) FROM (
+       SELECT x.ctid FROM usage_records x WHERE x.run_id IN (SELECT id FROM run)
+       UNION SELECT x.ctid FROM usage_records x WHERE x.conversation_id IN (SELECT id FROM conv)
+       UNION SELECT x.ctid FROM usage_records x
+             WHERE NOT $2 AND x.account_id IN (SELECT id FROM acct)) u)),
+  -- sexton's own record of files to remove, emptied as they go: read whole.
   ('pending_file_deletions', (SELECT count(*) FROM sexton.pending_file_deletions x
                               WHERE EXISTS (SELECT 1 FROM sexton.erasure_members r
                                             WHERE r.request_id = $1 AND r.kind = 'run'
@@ -165,6 +165,15 @@ FROM owners o LEFT JOIN sexton.holds h ON h.id = o.hold
 -- waits for its children only if one of them is withheld, which that child's row says.
 WHERE NOT $2 OR (o.reason IS NOT NULL AND o.reason <> 'withheld_child')
 ORDER BY o.what, o.id";
+
+/// The verification's statements, with their parameters' types: what is left, and why the
+/// owners left stay.
+pub(super) const STATEMENTS: [(&str, &str); 4] = [
+    (REMAINING[0], "uuid"),
+    (REMAINING[1], "uuid"),
+    (REMAINING[2], "uuid, boolean"),
+    (WITHHELD, "uuid, boolean"),
+];
 
 /// When what is left is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,8 @@ use super::{Delete, Shape};
 /// keys lets a writer leave behind (a tool result inserted beside its run's deletion), or what
 /// the verification found (RQ-5). Their parents are gone, so no lock order applies; each table
 /// at most a batch per statement. (Runs of a conversation that is gone are found by the next
-/// pass's plan and go with the runs' step.)
+/// pass's plan and go with the runs' step.) A table linked to the scope by two columns is read
+/// once per column, each through its index, at most a batch each.
 pub(super) const ORPHANS: Delete = Delete {
     after_residue: true,
     shape: Shape::Sweep(concat!(
@@ -68,25 +69,28 @@ pub(super) const ORPHANS: Delete = Delete {
                            WHERE x.parent_run_id IN (SELECT id FROM run) LIMIT $2)
                        RETURNING 1),
          sources AS (DELETE FROM history_request_sources WHERE ctid IN (
-                         SELECT x.ctid FROM history_request_sources x
-                         WHERE x.source_run_id IN (SELECT id FROM run)
-                            OR x.history_request_id IN (SELECT id FROM hreq) LIMIT $2)
+                         (SELECT x.ctid FROM history_request_sources x
+                          WHERE x.source_run_id IN (SELECT id FROM run) LIMIT $2)
+                         UNION ALL
+                         (SELECT x.ctid FROM history_request_sources x
+                          WHERE x.history_request_id IN (SELECT id FROM hreq) LIMIT $2))
                      RETURNING 1),
          histories AS (DELETE FROM history_requests WHERE id IN (
-                           SELECT x.id FROM history_requests x
-                           WHERE x.run_id IN (SELECT id FROM run)
-                              OR x.conversation_id IN (SELECT id FROM conv) LIMIT $2)
+                           (SELECT x.id FROM history_requests x
+                            WHERE x.run_id IN (SELECT id FROM run) LIMIT $2)
+                           UNION ALL
+                           (SELECT x.id FROM history_requests x
+                            WHERE x.conversation_id IN (SELECT id FROM conv) LIMIT $2))
                        RETURNING 1),
+         linked_usage AS (
+             (SELECT x.id FROM usage_records x WHERE x.run_id IN (SELECT id FROM run) LIMIT $2)
+             UNION ALL
+             (SELECT x.id FROM usage_records x
+              WHERE x.conversation_id IN (SELECT id FROM conv) LIMIT $2)),
          unbilled AS (UPDATE usage_records SET run_id = NULL, conversation_id = NULL
-                      WHERE $3 AND id IN (
-                          SELECT x.id FROM usage_records x
-                          WHERE x.run_id IN (SELECT id FROM run)
-                             OR x.conversation_id IN (SELECT id FROM conv) LIMIT $2)
+                      WHERE $3 AND id IN (SELECT id FROM linked_usage)
                       RETURNING 1),
-         billed AS (DELETE FROM usage_records WHERE NOT $3 AND id IN (
-                        SELECT x.id FROM usage_records x
-                        WHERE x.run_id IN (SELECT id FROM run)
-                           OR x.conversation_id IN (SELECT id FROM conv) LIMIT $2)
+         billed AS (DELETE FROM usage_records WHERE NOT $3 AND id IN (SELECT id FROM linked_usage)
                     RETURNING 1),
          turns_gone AS (DELETE FROM turns WHERE id IN (
                             SELECT x.id FROM turns x WHERE x.conversation_id IN (SELECT id FROM conv)
@@ -118,8 +122,11 @@ pub(super) const ORPHANS: Delete = Delete {
                              RETURNING 1),
          handed AS (DELETE FROM handoffs WHERE id IN (
                         SELECT h.id FROM handoffs h
-                        WHERE (h.from_session_id IN (SELECT id FROM sess)
-                               OR h.to_session_id IN (SELECT id FROM sess))
+                        WHERE h.id IN (SELECT x.id FROM handoffs x
+                                       WHERE x.from_session_id IN (SELECT id FROM sess)
+                                       UNION ALL
+                                       SELECT x.id FROM handoffs x
+                                       WHERE x.to_session_id IN (SELECT id FROM sess))
                           AND NOT EXISTS (SELECT 1 FROM sexton.handoff_holds(
                                               h.account_id, h.agent_id, h.from_session_id,
                                               h.to_session_id))
