@@ -32,7 +32,7 @@ with_s3s_fs with_throwaway_postgres cargo test --test tests -- --include-ignored
   ex3_a_drain_beside ex3_files_of_many ss6_history_goes at1_the_files_mtime_decides \
   at1_a_missing_file at1_many_attachments at1_the_artifacts_root \
   er3_a_file_deleted_or_rewritten_between_plan tr2_age_first_then_quota tr2_live_traces_count \
-  tr2_traces_older_than_the_age tr3_a_live_session_spelled_otherwise tr3_a_second_cleaner \
+  tr2_traces_older_than_the_age tr2_with_no_quota tr3_a_live_session_spelled_otherwise tr3_a_second_cleaner \
   tr3_the_trace_of_a_live_session tr4_the_background_job tr4_the_dry_run \
   at1_overlapping_roots ex3_an_output_path_naming_a_directory ex3_another_spelling_of_a_referenced \
   ss6_a_session_directory_of_any_depth ss6_workers_killed ss6_er3_a_removal_that_never_reports \

@@ -143,6 +143,33 @@ async fn tr2_traces_older_than_the_age_go_younger_ones_stay(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn tr2_with_no_quota_a_trace_younger_than_the_age_is_not_read(pool: PgPool) {
+    let t = Traces::new();
+    let young_bad = t.file("young-bad.trace.jsonl", b"not a signature\n", 10.0);
+    let old_bad = t.file("old-bad.trace.jsonl", b"not a signature\n", 40.0);
+    let old = t.trace("old.trace.jsonl", Uuid::new_v4(), 40.0, 10);
+    let young = t.trace("young.trace.jsonl", Uuid::new_v4(), 10.0, 10);
+
+    let report = clean(&pool, &t, age_limit(30), true).await;
+
+    assert!(!old.exists(), "the control: an old trace goes");
+    assert!(young.exists() && young_bad.exists() && old_bad.exists());
+    // Only the old files' first lines were read: one bad signature is found, not two.
+    assert_eq!(report.kept.get("bad_signature"), Some(&1), "{report:?}");
+    assert_eq!((report.candidates, report.deleted), (3, 1), "{report:?}");
+
+    // With a quota every trace may go, so every one is read.
+    let quota = Limits {
+        max_age_days: 30,
+        max_bytes: 1 << 40,
+    };
+    let report = clean(&pool, &t, quota, true).await;
+    assert_eq!(report.kept.get("bad_signature"), Some(&2), "{report:?}");
+    assert_eq!(report.candidates, 1, "{report:?}");
+    assert!(young.exists() && young_bad.exists() && old_bad.exists());
+}
+
+#[sqlx::test]
 async fn tr2_over_quota_the_oldest_go_first_and_a_sparse_file_counts_by_its_blocks(pool: PgPool) {
     let t = Traces::new();
     // The oldest is sparse: a gigabyte long, a few blocks allocated.

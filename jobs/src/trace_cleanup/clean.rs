@@ -108,8 +108,10 @@ pub async fn clean(
         stop,
         stopped: false,
     };
+    // With no quota, what is younger than the age limit cannot go: it is not read.
+    let unread_from = (limits.max_bytes == 0).then_some(age_cutoff_ns).flatten();
     let mut age = Pass::Age(Histogram::default());
-    plan.walk(&mut source.walk()?, &mut age).await?;
+    plan.walk(&mut source.walk(unread_from)?, &mut age).await?;
     let Pass::Age(histogram) = age else {
         return Ok(plan.report);
     };
@@ -122,7 +124,7 @@ pub async fn clean(
         // Not even every other trace would bring the total within the quota: all of them go.
         let all = QuotaLine::Ties(i128::MAX, 0);
         plan.walk(
-            &mut source.walk()?,
+            &mut source.walk(None)?,
             &mut Pass::Quota {
                 line: all,
                 taken: 0,
@@ -135,7 +137,7 @@ pub async fn clean(
     let Some(line) = boundary(&mut plan, &source, start, excess).await? else {
         return Ok(plan.report);
     };
-    plan.walk(&mut source.walk()?, &mut Pass::Quota { line, taken: 0 })
+    plan.walk(&mut source.walk(None)?, &mut Pass::Quota { line, taken: 0 })
         .await?;
     Ok(plan.report)
 }
@@ -163,18 +165,24 @@ impl Source {
         })
     }
 
+    /// A walk of the root, the traces modified at or after `unread_from` unread.
+    ///
     /// # Errors
     /// [`Error::Root`] when a directory root cannot be opened or read.
-    fn walk(&self) -> Result<Walk, Error> {
+    fn walk(&self, unread_from: Option<i128>) -> Result<Walk, Error> {
         match self {
-            Source::Objects(objects) => Ok(Walk::Objects(Objects::new(objects.clone()))),
+            Source::Objects(objects) => {
+                Ok(Walk::Objects(Objects::new(objects.clone(), unread_from)))
+            }
             Source::Tree { given, canonical } => {
                 let root_error = |source: io::Error| Error::Root {
                     path: given.clone(),
                     source,
                 };
                 let fd = crate::files::open_root(canonical).map_err(root_error)?;
-                Ok(Walk::Tree(Tree::new(canonical, fd).map_err(root_error)?))
+                Ok(Walk::Tree(Box::new(
+                    Tree::new(canonical, fd, unread_from).map_err(root_error)?,
+                )))
             }
         }
     }
@@ -198,7 +206,7 @@ async fn boundary(
             overflow: false,
             finer: BTreeMap::new(),
         };
-        plan.walk(&mut source.walk()?, &mut boundary).await?;
+        plan.walk(&mut source.walk(None)?, &mut boundary).await?;
         if plan.stopped {
             return Ok(None);
         }

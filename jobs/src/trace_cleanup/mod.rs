@@ -6,7 +6,9 @@
 //! Safety (TR-3): the tree is walked one directory at a time, each opened relative to its
 //! parent without following a symlink, so no symlink (file or directory) and no `..` lead out
 //! of the root. A candidate is a regular file whose first line is a trace signature; anything
-//! else is counted by reason and never deleted. Just before deleting, each batch is checked
+//! else is counted by reason and never deleted. With no quota a trace younger than the age limit
+//! cannot go, and is not read: a run reads what is old, not what the root holds (on an object
+//! store, a GET saved per young object each run). Just before deleting, each batch is checked
 //! against the agents' current and main sessions (a live session's trace stays) and every file
 //! is looked at again: one that vanished or changed since it was planned is re-evaluated, not
 //! deleted blindly (ER-3). One cleaner at a time across processes: an exclusive `flock(2)` on
@@ -142,7 +144,8 @@ pub struct Planned {
 /// What a run found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct TraceReport {
-    /// Regular files named `*.trace.jsonl` with a valid signature.
+    /// Regular files named `*.trace.jsonl` with a valid signature — and, when no quota is set,
+    /// those younger than the age limit, which are not read (they cannot go).
     pub candidates: u64,
     /// Their allocated bytes before the run.
     pub candidate_bytes: u64,

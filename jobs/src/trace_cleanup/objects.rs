@@ -1,6 +1,6 @@
 //! A traces root in an object store (OS-2): the walk is a listing of the root's prefix, in key
 //! ranges side by side, each trace's signature read with a ranged GET of at most
-//! [`FIRST_LINE_LIMIT`] bytes, its size standing for allocated bytes and its `LastModified` for
+//! [`FIRST_LINE_LIMIT`] bytes (with no quota, only those of traces old enough to go), its size standing for allocated bytes and its `LastModified` for
 //! its mtime; each planned object is read again (HEAD) just before the batched delete, and one
 //! whose ETag, size or time changed is re-evaluated by the next run, never deleted blind. The
 //! GETs and the HEADs go as many at once as the root's window lets through (see
@@ -31,7 +31,9 @@ pub(in crate::trace_cleanup) struct Objects {
 }
 
 impl Objects {
-    pub(super) fn new(root: Arc<ObjectRoot>) -> Self {
+    /// The walk of `root`, the objects last modified at or after `unread_from` handed out
+    /// unread ([`Entry::Young`]).
+    pub(super) fn new(root: Arc<ObjectRoot>, unread_from: Option<i128>) -> Self {
         let reader = root.clone();
         // The root listed in key ranges side by side, and as many signatures read at once as
         // the root's window lets through, each taken as it comes: a GET waiting on a throttled
@@ -49,7 +51,7 @@ impl Objects {
             })
             .map_ok(move |meta| {
                 let root = reader.clone();
-                async move { Ok(classify(&root, meta).await) }
+                async move { Ok(classify(&root, meta, unread_from).await) }
             })
             .try_buffer_unordered(at_once)
             .boxed();
@@ -87,8 +89,9 @@ impl Objects {
 }
 
 /// What the cleaner makes of one listed object: `None` for an object not named
-/// `*.trace.jsonl`; kept as `outside_root` when its key is no path of the root's own (OS-3).
-async fn classify(root: &ObjectRoot, meta: ObjectMeta) -> Option<Entry> {
+/// `*.trace.jsonl`; kept as `outside_root` when its key is no path of the root's own (OS-3);
+/// unread when last modified at or after `unread_from`.
+async fn classify(root: &ObjectRoot, meta: ObjectMeta, unread_from: Option<i128>) -> Option<Entry> {
     let key = meta.location.as_ref();
     if !key.ends_with(".trace.jsonl") {
         return None;
@@ -96,6 +99,9 @@ async fn classify(root: &ObjectRoot, meta: ObjectMeta) -> Option<Entry> {
     let Some(relative) = root.relative(&meta.location) else {
         return Some(Entry::Kept("outside_root", key.as_bytes().to_vec()));
     };
+    if unread_from.is_some_and(|from| time_ns(meta.last_modified) >= from) {
+        return Some(Entry::Young(meta.size));
+    }
     let first = root
         .first_bytes(&meta.location, meta.size, FIRST_LINE_LIMIT as u64)
         .await;

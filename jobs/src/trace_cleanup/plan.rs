@@ -170,6 +170,12 @@ impl Plan<'_> {
                     self.resolve(pass).await?;
                     self.flush(&dir).await?;
                 }
+                Step::Entry(_, Entry::Young(bytes)) => {
+                    if matches!(pass, Pass::Age(_)) {
+                        self.report.candidates += 1;
+                        self.report.candidate_bytes += bytes;
+                    }
+                }
                 Step::Entry(_, Entry::Kept(reason, path)) => {
                     if matches!(pass, Pass::Age(_)) {
                         self.report.keep(reason);

@@ -35,6 +35,10 @@ pub(super) struct Seen {
 /// One entry the walk met, as the cleaner classifies it.
 pub(super) enum Entry {
     Candidate(Candidate),
+    /// A trace younger than the age limit, when no quota is set, and its allocated bytes: it
+    /// cannot go (TR-2), so neither its signature nor its session is read — a run costs what
+    /// is old, not what the root holds.
+    Young(u64),
     /// Not a candidate, and why; its path's bytes.
     Kept(&'static str, Vec<u8>),
 }
@@ -126,6 +130,8 @@ pub(super) fn escapes(root: &Path, relative: &[u8]) -> bool {
 /// leading out are handed out, directories walked into.
 pub(super) struct Traces {
     root: PathBuf,
+    /// Traces modified at or after this time (ns) are handed out unread ([`Entry::Young`]).
+    unread_from: Option<i128>,
 }
 
 impl Look for Traces {
@@ -151,6 +157,11 @@ impl Look for Traces {
         match FileType::from_raw_mode(stat.st_mode) {
             FileType::Directory => Looked::Descend,
             FileType::Symlink if escapes(&self.root, relative) => kept("outside_root"),
+            FileType::RegularFile
+                if is_trace && self.unread_from.is_some_and(|from| mtime_ns(&stat) >= from) =>
+            {
+                Looked::Found(Entry::Young(allocated(&stat)))
+            }
             FileType::RegularFile if is_trace => match first_line(dir, name) {
                 Ok(line) => match signature(&line) {
                     Some((agent_id, session_id)) => Looked::Found(Entry::Candidate(Candidate {
@@ -190,7 +201,7 @@ pub(super) enum Step {
 
 /// A walk of a traces root: a directory tree, or the objects under a prefix.
 pub(super) enum Walk {
-    Tree(Tree),
+    Tree(Box<Tree>),
     Objects(super::objects::Objects),
 }
 
@@ -211,9 +222,12 @@ impl Walk {
 pub(super) struct Tree(tree::Tree<Traces>);
 
 impl Tree {
-    pub(super) fn new(root: &Path, fd: OwnedFd) -> io::Result<Tree> {
+    /// The walk of `root` (open as `fd`), the traces modified at or after `unread_from` handed
+    /// out unread.
+    pub(super) fn new(root: &Path, fd: OwnedFd, unread_from: Option<i128>) -> io::Result<Tree> {
         let traces = Traces {
             root: root.to_owned(),
+            unread_from,
         };
         Ok(Tree(tree::Tree::new(fd, Vec::new(), MAX_DEPTH, traces)?))
     }
