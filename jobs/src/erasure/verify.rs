@@ -216,8 +216,9 @@ impl Left {
     }
 }
 
-/// Reads what is left of request `request` (an independent read: RQ-5), at `reading`; with
-/// `beside`, half of it on that connection at the same time.
+/// Reads what is left of request `request` (an independent read: RQ-5), at `reading`: the
+/// tables on `conn` and, with `beside`, half of them on that connection at the same time, and
+/// the roots' listings beside both.
 ///
 /// # Errors
 /// A database error, or a root that cannot be listed (for people).
@@ -230,52 +231,6 @@ pub async fn left(
     reading: Reading,
 ) -> Result<Left, String> {
     let db = |err: sqlx::Error| err.to_string();
-    let remaining = |statement| {
-        sqlx::query_as::<_, (String, i64)>(statement)
-            .bind(request)
-            .bind(keep_usage)
-    };
-    let [first, second, rest] = REMAINING;
-    let rows = match beside {
-        Some(beside) => {
-            let (one, other) = tokio::join!(remaining(first).fetch_all(&mut *conn), async {
-                let mut rows = remaining(second).fetch_all(&mut *beside).await?;
-                rows.extend(remaining(rest).fetch_all(&mut *beside).await?);
-                Ok::<_, sqlx::Error>(rows)
-            });
-            let mut rows = one.map_err(db)?;
-            rows.extend(other.map_err(db)?);
-            rows
-        }
-        None => {
-            let mut rows = Vec::new();
-            for statement in REMAINING {
-                rows.extend(
-                    remaining(statement)
-                        .fetch_all(&mut *conn)
-                        .await
-                        .map_err(db)?,
-                );
-            }
-            rows
-        }
-    };
-    let owners: Vec<Item> = sqlx::query_as(WITHHELD)
-        .bind(request)
-        .bind(reading == Reading::Before)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db)?;
-    let mut left = Left {
-        rows: rows.into_iter().collect(),
-        ..Left::default()
-    };
-    for item in owners {
-        *left.withheld.entry(item.reason).or_default() += 1;
-        if left.items.len() < ITEMS_SHOWN {
-            left.items.push(item);
-        }
-    }
     let members: Vec<(String, Uuid)> = sqlx::query_as(
         "SELECT kind, id FROM sexton.erasure_members
          WHERE request_id = $1 AND kind IN ('agent', 'session') ORDER BY kind, id",
@@ -284,29 +239,86 @@ pub async fn left(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
+    let remaining = |statement| {
+        sqlx::query_as::<_, (String, i64)>(statement)
+            .bind(request)
+            .bind(keep_usage)
+    };
+    let withheld = || {
+        sqlx::query_as::<_, Item>(WITHHELD)
+            .bind(request)
+            .bind(reading == Reading::Before)
+    };
+    let [first, second, rest] = REMAINING;
+    let tables = async {
+        let mut rows = Vec::new();
+        let owners = match beside {
+            Some(beside) => {
+                let (one, other) = tokio::join!(remaining(first).fetch_all(&mut *conn), async {
+                    let mut rows = remaining(second).fetch_all(&mut *beside).await?;
+                    rows.extend(remaining(rest).fetch_all(&mut *beside).await?);
+                    Ok::<_, sqlx::Error>((rows, withheld().fetch_all(&mut *beside).await?))
+                });
+                let (other, owners) = other?;
+                rows.extend(one?);
+                rows.extend(other);
+                owners
+            }
+            None => {
+                for statement in REMAINING {
+                    rows.extend(remaining(statement).fetch_all(&mut *conn).await?);
+                }
+                withheld().fetch_all(&mut *conn).await?
+            }
+        };
+        Ok::<_, sqlx::Error>((rows, owners))
+    };
+    let (tables, files) = tokio::join!(tables, files_left(paths, &members));
+    let (rows, owners) = tables.map_err(db)?;
+    let mut left = Left {
+        rows: rows.into_iter().collect(),
+        files: files?,
+        ..Left::default()
+    };
+    for item in owners {
+        *left.withheld.entry(item.reason).or_default() += 1;
+        if left.items.len() < ITEMS_SHOWN {
+            left.items.push(item);
+        }
+    }
+    Ok(left)
+}
+
+/// Files of the scope the roots still hold, per root: the directories of its sessions, and the
+/// traces of its agents or — a session erased on its own — those whose signature names it,
+/// wherever they are. `members` are the scope's agents and sessions.
+async fn files_left(
+    paths: &PathSettings,
+    members: &[(String, Uuid)],
+) -> Result<BTreeMap<String, u64>, String> {
+    let mut files = BTreeMap::new();
     let agents = members.iter().any(|(kind, _)| kind == "agent");
     let sessions: Vec<Uuid> = members
         .iter()
         .filter(|(kind, _)| kind == "session")
         .map(|(_, id)| *id)
         .collect();
-    // A session erased on its own: any trace whose signature names it, wherever it is.
     if !agents && !sessions.is_empty() {
         let traces = derivatives::traces(paths, None, false, &sessions).await?;
         if !traces.is_empty() {
-            *left.files.entry("traces".to_owned()).or_default() += traces.len() as u64;
+            *files.entry("traces".to_owned()).or_default() += traces.len() as u64;
         }
     }
-    for (kind, id) in &members {
+    for (kind, id) in members {
         if kind == "session" && derivatives::session_directory(paths, *id).await? {
-            *left.files.entry("sessions".to_owned()).or_default() += 1;
+            *files.entry("sessions".to_owned()).or_default() += 1;
         }
         if kind == "agent" {
             let traces = derivatives::traces(paths, Some(*id), true, &[]).await?;
             if !traces.is_empty() {
-                *left.files.entry("traces".to_owned()).or_default() += traces.len() as u64;
+                *files.entry("traces".to_owned()).or_default() += traces.len() as u64;
             }
         }
     }
-    Ok(left)
+    Ok(files)
 }
