@@ -92,7 +92,7 @@ pub async fn covering(
                 OR (e.scope = 'account' AND e.scope_id IN (SELECT account_id FROM owner))
                 OR (e.scope = 'agent' AND e.scope_id IN (SELECT agent_id FROM owner))
                 OR EXISTS (SELECT 1 FROM sexton.erasure_members m
-                           WHERE m.request_id = e.id AND m.id = $2))
+                           WHERE m.request_id = e.id AND m.kind = $1 AND m.id = $2))
          ORDER BY e.received_at LIMIT 1",
     )
     .bind(subject)
