@@ -35,6 +35,10 @@ const CONCLUDE: u32 = DRAIN + 1;
 /// What a pass's first transaction takes, before one is timed.
 const FIRST_CHUNK: usize = 20;
 
+/// Lanes side by side work this many transactions' target time before the step reports back
+/// (and the hop looks at its budget and at the other kinds' passes).
+const SIDE_BY_SIDE: u32 = 20;
+
 /// Adds `$2`, files removed by root, to request `$1`'s counts.
 const ADD_REMOVED: &str =
     "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
@@ -315,7 +319,8 @@ impl<'a> Requests<'a> {
         Ok(recorded)
     }
 
-    /// One round of a deleting step: one transaction per lane, the rows each removed added to
+    /// A deleting step's next transactions: one, or — while nothing else is under way — two
+    /// lanes' side by side for a while ([`lanes::side_by_side`]); the rows each removed added to
     /// the request's counts as it commits. The last id taken, when the step goes on.
     async fn delete(
         &mut self,
@@ -331,6 +336,8 @@ impl<'a> Requests<'a> {
         let giving_way = self.give_way.now(conn).await?;
         let started = Instant::now();
         let mut again = None;
+        // Lanes side by side size their own batches.
+        let mut sized = false;
         let (counts, taken, last) = match delete.shape {
             Shape::Owners { lock, take } => {
                 let owners = OwnerTx {
@@ -341,14 +348,17 @@ impl<'a> Requests<'a> {
                     batch,
                     keep_usage_records: keep,
                 };
-                let lanes = if std::mem::take(&mut self.alone) || giving_way || alone {
-                    vec![owners.run(conn).await?]
+                let settled = if std::mem::take(&mut self.alone) || giving_way || alone {
+                    lanes::settle(vec![owners.run(conn).await?], batch)
                 } else {
+                    let chunks = self.chunks();
+                    let until = Instant::now() + self.settings.transaction_target * SIDE_BY_SIDE;
                     let second = self.second_lane().await?;
-                    let (first, second) = tokio::join!(owners.run(conn), owners.run(second));
-                    vec![first?, second?]
+                    let (settled, batch) =
+                        lanes::side_by_side(&owners, chunks, [&mut *conn, second], until).await?;
+                    (self.chunk, sized) = (batch, true);
+                    settled
                 };
-                let settled = lanes::settle(lanes, batch);
                 let last = match settled.next {
                     Next::Done => None,
                     Next::From(last) => Some(last),
@@ -372,12 +382,9 @@ impl<'a> Requests<'a> {
             }
         };
         let took = started.elapsed();
-        self.chunk = Chunks::Timed {
-            first: FIRST_CHUNK,
-            most: self.settings.batch_size as usize,
-            target: self.settings.transaction_target,
+        if !sized {
+            self.chunk = self.chunks().next(self.chunk, took);
         }
-        .next(self.chunk, took);
         match again {
             Some(Next::OneByOne) => self.chunk = 1,
             Some(Next::Alone) => self.alone = true,
@@ -394,6 +401,15 @@ impl<'a> Requests<'a> {
             }
         }
         Ok((taken, last))
+    }
+
+    /// How a transaction's batch is sized: toward `[erasure] transaction_target_ms`.
+    fn chunks(&self) -> Chunks {
+        Chunks::Timed {
+            first: FIRST_CHUNK,
+            most: self.settings.batch_size as usize,
+            target: self.settings.transaction_target,
+        }
     }
 
     /// The second lane's connection, taken from the pool once per hop (`Job::CONNECTIONS`).

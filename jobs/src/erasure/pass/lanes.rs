@@ -5,6 +5,7 @@
 //! while one is under way it works one lane and rests three times as long as each transaction
 //! took, so that the night keeps the database's cores.
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -12,7 +13,7 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use crate::owner_loop::busy_or;
+use crate::owner_loop::{Chunks, busy_or};
 
 /// How often an erasure asks whether another kind's pass is under way.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -40,6 +41,7 @@ pub(super) enum Lane {
 }
 
 /// An owner step's transaction, as every lane runs it.
+#[derive(Debug, Clone, Copy)]
 pub(super) struct OwnerTx {
     pub request: Uuid,
     pub lock: &'static str,
@@ -56,6 +58,15 @@ impl OwnerTx {
     /// transaction (asynchronous commit: the drain's synchronous commit makes it durable
     /// before any file goes).
     pub(super) async fn run(&self, conn: &mut PgConnection) -> Result<Lane, sqlx::Error> {
+        self.run_telling(conn, |_| {}).await
+    }
+
+    /// [`run`](Self::run), telling `locked` the batch it locked before it judges it.
+    async fn run_telling(
+        &self,
+        conn: &mut PgConnection,
+        locked: impl FnOnce(&[Uuid]),
+    ) -> Result<Lane, sqlx::Error> {
         let mut tx = crate::owner_loop::begin(conn, None, false).await?;
         let ids: Vec<Uuid> = sqlx::query_scalar(self.lock)
             .bind(self.request)
@@ -63,6 +74,7 @@ impl OwnerTx {
             .bind(self.batch as i64)
             .fetch_all(&mut *tx)
             .await?;
+        locked(&ids);
         if ids.is_empty() {
             tx.commit().await?;
             return Ok(Lane::Empty);
@@ -170,6 +182,146 @@ pub(super) fn settle(lanes: Vec<Lane>, batch: usize) -> Settled {
     }
 }
 
+/// Two lanes side by side for a while: each takes batch after batch on its own connection, the
+/// next as soon as its last committed — not in rounds, so that neither waits for the other's
+/// batch to end. Each locks after the furthest owner up to which every owner was judged by a
+/// committed batch (`SKIP LOCKED` passes the other lane's batch). A lane that finds fewer owners
+/// than a batch found the end; after one that met a busy row or crossed the other, the step goes
+/// on alone from where this began. Both end with their transactions; neither starts one after
+/// `until`. What they did, with the batch size each came to, the larger.
+pub(super) async fn side_by_side(
+    owners: &OwnerTx,
+    chunks: Chunks,
+    lanes: [&mut PgConnection; 2],
+    until: Instant,
+) -> Result<(Settled, usize), sqlx::Error> {
+    let shared = Mutex::new(Shared {
+        after: owners.after,
+        locked: [None, None],
+        above: Vec::new(),
+        end: None,
+        counts: Map::new(),
+        taken: 0,
+    });
+    let [one, other] = lanes;
+    let (one, other) = tokio::join!(
+        lane(0, owners, chunks, one, &shared, until),
+        lane(1, owners, chunks, other, &shared, until)
+    );
+    let batch = one?.max(other?);
+    let shared = shared.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let next = match shared.end {
+        Some(Next::Done) => Next::Done,
+        // Gone on alone from where the lanes began: a failed batch may lie below what the
+        // other lane took.
+        Some(_) => Next::Alone,
+        None => Next::From(shared.after),
+    };
+    let settled = Settled {
+        counts: shared.counts,
+        taken: shared.taken,
+        next,
+    };
+    Ok((settled, batch))
+}
+
+/// What the lanes of [`side_by_side`] share.
+struct Shared {
+    /// Every owner up to this one was judged by a committed batch.
+    after: Uuid,
+    /// Each lane's locked batch until it commits: its first and last owner.
+    locked: [Option<(Uuid, Uuid)>; 2],
+    /// The last owners of committed batches beyond `after`, above a batch still locked.
+    above: Vec<Uuid>,
+    /// Why the lanes stop, once one has a reason to.
+    end: Option<Next>,
+    counts: Map<String, Value>,
+    taken: u64,
+}
+
+impl Shared {
+    /// Lane `lane`'s batch committed, its last owner `last`: `after` goes as far as no batch
+    /// still locked lies below.
+    fn committed(&mut self, lane: usize, last: Uuid) {
+        self.locked[lane] = None;
+        self.above.push(last);
+        let below = self.locked.iter().flatten().map(|(first, _)| *first).min();
+        let reached = self
+            .above
+            .iter()
+            .copied()
+            .filter(|last| below.is_none_or(|first| *last < first))
+            .max();
+        if let Some(reached) = reached {
+            self.after = self.after.max(reached);
+        }
+        let after = self.after;
+        self.above.retain(|last| *last > after);
+    }
+}
+
+/// What the lanes share, for one of them to read or change (never across an await).
+fn held(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One lane of [`side_by_side`], `index` its place: the batch size it came to.
+async fn lane(
+    index: usize,
+    owners: &OwnerTx,
+    chunks: Chunks,
+    conn: &mut PgConnection,
+    shared: &Mutex<Shared>,
+    until: Instant,
+) -> Result<usize, sqlx::Error> {
+    let mut batch = owners.batch;
+    while held(shared).end.is_none() && Instant::now() < until {
+        let tx = OwnerTx {
+            after: held(shared).after,
+            batch,
+            ..*owners
+        };
+        let started = Instant::now();
+        let lane = tx
+            .run_telling(conn, |ids| {
+                if let (Some(first), Some(last)) = (ids.first(), ids.last()) {
+                    held(shared).locked[index] = Some((*first, *last));
+                }
+            })
+            .await?;
+        let mut shared = held(shared);
+        match lane {
+            Lane::Took { ids, counts } => {
+                shared.taken += ids.len() as u64;
+                for (table, n) in counts {
+                    let sum = shared
+                        .counts
+                        .get(&table)
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0)
+                        + n.as_u64().unwrap_or(0);
+                    shared.counts.insert(table, sum.into());
+                }
+                if let Some(last) = ids.last() {
+                    shared.committed(index, *last);
+                }
+                if ids.len() < batch {
+                    shared.end.get_or_insert(Next::Done);
+                }
+            }
+            Lane::Empty => {
+                shared.end.get_or_insert(Next::Done);
+            }
+            Lane::Busy { .. } | Lane::Crossed => {
+                shared.locked[index] = None;
+                shared.end = Some(Next::Alone);
+            }
+        }
+        batch = chunks.next(batch, started.elapsed());
+    }
+    Ok(batch)
+}
+
 /// Whether an erasure gives way now: another kind's pass was under way when last looked at
 /// (at most [`LOOK_EVERY`] ago).
 #[derive(Debug, Default)]
@@ -248,6 +400,39 @@ mod tests {
         assert_eq!(beside.next, Next::Alone);
         assert_eq!(beside.taken, 3);
         assert_eq!(beside.counts["runs"], 3);
+    }
+
+    fn shared(after: u128) -> Shared {
+        Shared {
+            after: Uuid::from_u128(after),
+            locked: [None, None],
+            above: Vec::new(),
+            end: None,
+            counts: Map::new(),
+            taken: 0,
+        }
+    }
+
+    #[test]
+    fn rq3_lanes_side_by_side_go_on_only_past_owners_every_committed_batch_judged() {
+        let id = Uuid::from_u128;
+        let mut lanes = shared(0);
+        // Lane 0 locked 1..=3, then lane 1 the next unlocked ones, 4..=6.
+        lanes.locked = [Some((id(1), id(3))), Some((id(4), id(6)))];
+        // Lane 1 commits first: lane 0's batch, below it, may still fail.
+        lanes.committed(1, id(6));
+        assert_eq!(lanes.after, id(0));
+        // Lane 0 commits: everything up to 6 was judged.
+        lanes.committed(0, id(3));
+        assert_eq!(lanes.after, id(6));
+        assert!(lanes.above.is_empty());
+        // Lane 0 locks 7..=9 while lane 1 locked 10..=12: lane 0 commits first and the
+        // watermark follows it; lane 1's commit takes it further.
+        lanes.locked = [Some((id(7), id(9))), Some((id(10), id(12)))];
+        lanes.committed(0, id(9));
+        assert_eq!(lanes.after, id(9));
+        lanes.committed(1, id(12));
+        assert_eq!(lanes.after, id(12));
     }
 
     #[test]
