@@ -7,6 +7,7 @@ use sqlx::PgPool;
 
 use super::{request, two_tenants, world::drop_foreign_keys};
 use crate::common;
+use uuid::Uuid;
 
 #[sqlx::test]
 async fn rq5_the_verification_finds_every_row_of_execution_detail_left_under_the_scopes_runs(
@@ -73,5 +74,86 @@ async fn rq5_the_verification_finds_every_row_of_execution_detail_left_under_the
             .filter(|(table, _)| DETAIL.iter().any(|(t, _)| t == table))
             .collect();
         assert_eq!(detail, planted, "read on two connections: {two}");
+    }
+}
+
+/// A conversation and its forks.
+const FORKS: &str = "WITH RECURSIVE c (id) AS (
+    SELECT $1::uuid
+    UNION SELECT x.id FROM conversations x JOIN c ON x.forked_from_conversation_id = c.id)
+SELECT count(*) FROM conversations WHERE id IN (SELECT id FROM c)";
+
+/// Tables, each with the statement that counts the scope's rows in it (`$1` the scope's id).
+type Counts = &'static [(&'static str, &'static str)];
+
+#[sqlx::test]
+async fn rq5_the_verification_finds_each_scope_by_its_own_ids(pool: PgPool) {
+    let dir = common::backend::tempdir();
+    let (paths, one, _other) = two_tenants(&pool, dir.path()).await;
+    // Planned, nothing deleted: the verification finds the scope's own rows through the members
+    // of their own kind — a session, a conversation (with its forks) or an agent (with its
+    // sessions) erased on its own has no account among its members to be found by.
+    let scopes: [(Subject, Uuid, Counts); 3] = [
+        (
+            Subject::Session,
+            one.session,
+            &[("sessions", "SELECT count(*) FROM sessions WHERE id = $1")],
+        ),
+        (
+            Subject::Conversation,
+            one.conversation,
+            &[("conversations", FORKS)],
+        ),
+        (
+            Subject::Agent,
+            one.agent,
+            &[
+                ("agents", "SELECT count(*) FROM agents WHERE id = $1"),
+                (
+                    "sessions",
+                    "SELECT count(*) FROM sessions WHERE agent_id = $1",
+                ),
+            ],
+        ),
+    ];
+    for (subject, id, checks) in scopes {
+        let asked = request(&pool, subject, id).await;
+        let mut conn = pool.acquire().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(plan::members(subject, false)))
+            .bind(asked.id)
+            .bind(id)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let left = verify::left(
+            &mut conn,
+            None,
+            &paths,
+            asked.id,
+            true,
+            verify::Reading::After,
+        )
+        .await
+        .unwrap();
+        for (table, expected) in checks {
+            let expected: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(*expected))
+                .bind(id)
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert!(expected >= 1);
+            let found = left.rows.get(*table);
+            assert_eq!(
+                found,
+                Some(&expected),
+                "{subject:?} {table}: {:?}",
+                left.rows
+            );
+        }
+        sqlx::query("UPDATE sexton.erasures SET state = 'failed' WHERE id = $1")
+            .bind(asked.id)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
     }
 }

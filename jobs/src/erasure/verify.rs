@@ -12,26 +12,6 @@ use super::Withheld;
 use super::derivatives;
 use crate::files::PathSettings;
 
-/// The scope's ids by kind, as a statement of [`REMAINING`] reads them: `$1` the request, `$2`
-/// whether usage records are kept (they stay then, their links cleared, and the account row as
-/// their anchor).
-macro_rules! members {
-    () => {
-        "
-WITH m AS (SELECT kind, id FROM sexton.erasure_members WHERE request_id = $1),
-acct AS (SELECT id FROM m WHERE kind = 'account'),
-conv AS (SELECT id FROM m WHERE kind = 'conversation'),
-run AS (SELECT id FROM m WHERE kind = 'run'),
-turn AS (SELECT id FROM m WHERE kind = 'turn'),
-variant AS (SELECT id FROM m WHERE kind = 'variant'),
-hreq AS (SELECT id FROM m WHERE kind = 'history_request'),
-agent AS (SELECT id FROM m WHERE kind = 'agent'),
-sess AS (SELECT id FROM m WHERE kind = 'session'),
-archive AS (SELECT id FROM m WHERE kind = 'archive')
-"
-    };
-}
-
 /// The scope's rows left in each `(table, column)` whose column names a run, tables with none
 /// left out: one index probe per run of the scope, read from the members' key in id order. A
 /// join, not `IN`: a run is a member once (the key), so the count is the same without sorting
@@ -48,15 +28,16 @@ macro_rules! detail {
 }
 
 /// `(table, count)`: the rows of `table` whose column names an id of the scope, for each
-/// `(column, kind)` given (the kind's CTE in [`members!`]), counted once — one read per column,
-/// each served by its index, and their union. Never one scan `OR`ing the columns: no index
-/// serves that, and every request, however small its scope, would read the table whole.
+/// `(column, kind)` given (`kind` the members' kind), counted once — one read per column, from
+/// the members' key, each row found through the column's index, and their union. Never one
+/// scan `OR`ing the columns: no index serves that, and every request, however small its scope,
+/// would read the table whole. `$1` the request.
 macro_rules! linked {
     ($table:literal: $(($column:literal, $kind:literal)),+ $(,)?) => {
         concat!(
             "('", $table, "', (SELECT count(*) FROM (",
-            $("SELECT x.ctid FROM ", $table, " x WHERE x.", $column, " IN (SELECT id FROM ",
-              $kind, ") UNION ",)+
+            $("SELECT x.ctid FROM sexton.erasure_members m JOIN ", $table, " x ON x.", $column,
+              " = m.id WHERE m.request_id = $1 AND m.kind = '", $kind, "' UNION ",)+
             // The union's last member, empty: each column's read above ends in `UNION`.
             "SELECT NULL::tid WHERE false) u)),\n"
         )
@@ -81,50 +62,77 @@ const REMAINING: [&str; 3] = [
         ("delegations", "parent_run_id"),
     ),
     concat!(
-        members!(),
         "SELECT t, n FROM (VALUES
-  ('accounts', (SELECT count(*) FROM accounts x WHERE x.id IN (SELECT id FROM acct)
+  ('accounts', (SELECT count(*) FROM sexton.erasure_members m JOIN accounts x ON x.id = m.id
+                WHERE m.request_id = $1 AND m.kind = 'account'
                   AND NOT ($2 AND x.name = $1::text))),
 ",
-        linked!("conversations": ("id", "conv"), ("account_id", "acct")),
-        linked!("turns": ("id", "turn"), ("conversation_id", "conv")),
+        linked!("conversations": ("id", "conversation"), ("account_id", "account")),
+        linked!("turns": ("id", "turn"), ("conversation_id", "conversation")),
         linked!("variants": ("id", "variant"), ("turn_id", "turn")),
         linked!("follow_ups": ("variant_id", "variant")),
-        linked!("runs": ("id", "run"), ("conversation_id", "conv"), ("account_id", "acct")),
-        linked!("history_requests": ("id", "hreq"), ("run_id", "run"), ("conversation_id", "conv")),
-        linked!("history_request_sources": ("history_request_id", "hreq"), ("source_run_id", "run")),
-        linked!("conversation_events": ("conversation_id", "conv")),
-        linked!("agents": ("id", "agent"), ("account_id", "acct")),
-        linked!("sessions": ("id", "sess"), ("agent_id", "agent"), ("account_id", "acct")),
-        linked!("conversation_entries": ("session_id", "sess")),
-        linked!("conversation_archives": ("id", "archive"), ("session_id", "sess")),
+        linked!(
+            "runs": ("id", "run"),
+            ("conversation_id", "conversation"),
+            ("account_id", "account"),
+        ),
+        linked!(
+            "history_requests": ("id", "history_request"),
+            ("run_id", "run"),
+            ("conversation_id", "conversation"),
+        ),
+        linked!(
+            "history_request_sources": ("history_request_id", "history_request"),
+            ("source_run_id", "run"),
+        ),
+        linked!("conversation_events": ("conversation_id", "conversation")),
+        linked!("agents": ("id", "agent"), ("account_id", "account")),
+        linked!(
+            "sessions": ("id", "session"),
+            ("agent_id", "agent"),
+            ("account_id", "account"),
+        ),
+        linked!("conversation_entries": ("session_id", "session")),
+        linked!("conversation_archives": ("id", "archive"), ("session_id", "session")),
         linked!("conversation_archive_entries": ("archive_id", "archive")),
         linked!(
             "handoffs": ("agent_id", "agent"),
-            ("from_session_id", "sess"),
-            ("to_session_id", "sess"),
-            ("account_id", "acct"),
+            ("from_session_id", "session"),
+            ("to_session_id", "session"),
+            ("account_id", "account"),
         ),
-        linked!("dream_preloads": ("agent_id", "agent"), ("account_id", "acct")),
-        linked!("working_records": ("agent_id", "agent"), ("account_id", "acct")),
-        linked!("brain_memories": ("agent_id", "agent"), ("account_id", "acct")),
-        linked!("fragments": ("account_id", "acct")),
-        linked!("board_tasks": ("account_id", "acct")),
-        linked!("attachments": ("account_id", "acct")),
-        linked!("session_retention_policies": ("account_id", "acct")),
+        linked!("dream_preloads": ("agent_id", "agent"), ("account_id", "account")),
+        linked!("working_records": ("agent_id", "agent"), ("account_id", "account")),
+        linked!("brain_memories": ("agent_id", "agent"), ("account_id", "account")),
+        linked!("fragments": ("account_id", "account")),
+        linked!("board_tasks": ("account_id", "account")),
+        linked!("attachments": ("account_id", "account")),
+        linked!("session_retention_policies": ("account_id", "account")),
         "  ('usage_records', (SELECT count(*) FROM (
-       SELECT x.ctid FROM usage_records x WHERE x.run_id IN (SELECT id FROM run)
-       UNION SELECT x.ctid FROM usage_records x WHERE x.conversation_id IN (SELECT id FROM conv)
-       UNION SELECT x.ctid FROM usage_records x
-             WHERE NOT $2 AND x.account_id IN (SELECT id FROM acct)) u)),
-  -- sexton's own record of files to remove, emptied as they go: read whole.
+       SELECT x.ctid FROM sexton.erasure_members m JOIN usage_records x ON x.run_id = m.id
+       WHERE m.request_id = $1 AND m.kind = 'run'
+       UNION SELECT x.ctid FROM sexton.erasure_members m
+             JOIN usage_records x ON x.conversation_id = m.id
+             WHERE m.request_id = $1 AND m.kind = 'conversation'
+       UNION SELECT x.ctid FROM sexton.erasure_members m
+             JOIN usage_records x ON x.account_id = m.id
+             WHERE NOT $2 AND m.request_id = $1 AND m.kind = 'account') u)),
+  -- sexton's own record of files to remove, emptied as they go: read whole, each record's
+  -- owners looked up by the members' key.
   ('pending_file_deletions', (SELECT count(*) FROM sexton.pending_file_deletions x
-                              WHERE EXISTS (SELECT 1 FROM sexton.erasure_members r
-                                            WHERE r.request_id = $1 AND r.kind = 'run'
-                                              AND r.id = ANY (x.run_ids))
-                                 OR x.session_id IN (SELECT id FROM sess)
-                                 OR x.agent_id IN (SELECT id FROM agent)
-                                 OR x.account_id IN (SELECT id FROM acct)))
+                              WHERE EXISTS (SELECT 1 FROM unnest(x.run_ids) r (id)
+                                            JOIN sexton.erasure_members m
+                                              ON m.request_id = $1 AND m.kind = 'run'
+                                             AND m.id = r.id)
+                                 OR EXISTS (SELECT 1 FROM sexton.erasure_members m
+                                            WHERE m.request_id = $1 AND m.kind = 'session'
+                                              AND m.id = x.session_id)
+                                 OR EXISTS (SELECT 1 FROM sexton.erasure_members m
+                                            WHERE m.request_id = $1 AND m.kind = 'agent'
+                                              AND m.id = x.agent_id)
+                                 OR EXISTS (SELECT 1 FROM sexton.erasure_members m
+                                            WHERE m.request_id = $1 AND m.kind = 'account'
+                                              AND m.id = x.account_id)))
 ) AS c (t, n)
 WHERE n > 0"
     ),
