@@ -288,7 +288,15 @@ async fn lane(
                     held(shared).locked[index] = Some((*first, *last));
                 }
             })
-            .await?;
+            .await;
+        let lane = match lane {
+            Ok(lane) => lane,
+            Err(err) => {
+                // The other lane stops after its transaction, and the hop ends with this error.
+                held(shared).end = Some(Next::Alone);
+                return Err(err);
+            }
+        };
         let mut shared = held(shared);
         match lane {
             Lane::Took { ids, counts } => {
