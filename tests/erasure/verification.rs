@@ -3,11 +3,24 @@
 use std::collections::BTreeMap;
 
 use sexton_jobs::erasure::{Subject, plan, verify};
-use sqlx::PgPool;
+use sexton_jobs::files::PathSettings;
+use sqlx::{PgConnection, PgPool};
 
 use super::{request, two_tenants, world::drop_foreign_keys};
 use crate::common;
 use uuid::Uuid;
+
+/// What the verification finds left of request `id` after its steps, usage records kept.
+async fn left_after(
+    conn: &mut PgConnection,
+    beside: Option<&mut PgConnection>,
+    paths: &PathSettings,
+    id: Uuid,
+) -> verify::Left {
+    verify::left(conn, beside, paths, id, true, verify::Reading::After)
+        .await
+        .unwrap()
+}
 
 #[sqlx::test]
 async fn rq5_the_verification_finds_every_row_of_execution_detail_left_under_the_scopes_runs(
@@ -58,16 +71,7 @@ async fn rq5_the_verification_finds_every_row_of_execution_detail_left_under_the
         .unwrap();
     let mut beside = pool.acquire().await.unwrap();
     for two in [false, true] {
-        let left = verify::left(
-            &mut conn,
-            two.then_some(&mut *beside),
-            &paths,
-            asked.id,
-            true,
-            verify::Reading::After,
-        )
-        .await
-        .unwrap();
+        let left = left_after(&mut conn, two.then_some(&mut *beside), &paths, asked.id).await;
         let detail: BTreeMap<String, i64> = left
             .rows
             .into_iter()
@@ -125,16 +129,7 @@ async fn rq5_the_verification_finds_each_scope_by_its_own_ids(pool: PgPool) {
             .execute(&mut *conn)
             .await
             .unwrap();
-        let left = verify::left(
-            &mut conn,
-            None,
-            &paths,
-            asked.id,
-            true,
-            verify::Reading::After,
-        )
-        .await
-        .unwrap();
+        let left = left_after(&mut conn, None, &paths, asked.id).await;
         for (table, expected) in checks {
             let expected: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(*expected))
                 .bind(id)
