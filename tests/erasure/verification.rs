@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use sexton_jobs::erasure::{Subject, plan, verify};
 use sexton_jobs::files::PathSettings;
 use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
 
 use super::{request, two_tenants, world::drop_foreign_keys};
 use crate::common;
-use uuid::Uuid;
 
 /// What the verification finds left of request `id` after its steps, usage records kept.
 async fn left_after(
