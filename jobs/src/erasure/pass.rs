@@ -35,10 +35,6 @@ const CONCLUDE: u32 = DRAIN + 1;
 /// What a pass's first transaction takes, before one is timed.
 const FIRST_CHUNK: usize = 20;
 
-/// Lanes side by side work this many transactions' target time before the step reports back
-/// (and the hop looks at its budget and at the other kinds' passes).
-const SIDE_BY_SIDE: u32 = 20;
-
 /// Adds `$2`, files removed by root, to request `$1`'s counts.
 const ADD_REMOVED: &str =
     "UPDATE sexton.erasures SET removed = sexton.add_counts(removed, $2), updated_at = now()
@@ -352,7 +348,8 @@ impl<'a> Requests<'a> {
                     lanes::settle(vec![owners.run(conn).await?], batch)
                 } else {
                     let chunks = self.chunks();
-                    let until = Instant::now() + self.settings.transaction_target * SIDE_BY_SIDE;
+                    let until =
+                        Instant::now() + self.settings.transaction_target * lanes::SIDE_BY_SIDE;
                     let second = self.second_lane().await?;
                     let (settled, batch) =
                         lanes::side_by_side(&owners, chunks, [&mut *conn, second], until).await?;

@@ -18,6 +18,10 @@ use crate::owner_loop::{Chunks, busy_or};
 /// How often an erasure asks whether another kind's pass is under way.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
+/// Lanes side by side work this many transactions' target time before the step reports back
+/// (and the hop looks at its budget and at the other kinds' passes).
+pub(super) const SIDE_BY_SIDE: u32 = 20;
+
 /// While another kind's pass is under way, an erasure rests this many times as long as each of
 /// its transactions took: it then holds at most a quarter of one core.
 pub(super) const GIVE_WAY: u32 = 3;
