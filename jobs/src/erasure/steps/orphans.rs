@@ -2,6 +2,30 @@
 
 use super::{Delete, Shape};
 
+/// A CTE `$cte` deleting at most a batch (`$2`) of `$table`'s rows whose `$column` names an id
+/// of the CTE `$kind` (the scope's ids whose row is gone), found again by `$key`.
+macro_rules! orphans {
+    ($cte:ident, $table:ident, $key:ident, $column:ident, $kind:ident) => {
+        concat!(
+            "\n         ",
+            stringify!($cte),
+            " AS (DELETE FROM ",
+            stringify!($table),
+            " WHERE ",
+            stringify!($key),
+            " IN (SELECT x.",
+            stringify!($key),
+            " FROM ",
+            stringify!($table),
+            " x WHERE x.",
+            stringify!($column),
+            " IN (SELECT id FROM ",
+            stringify!($kind),
+            ") LIMIT $2) RETURNING 1),"
+        )
+    };
+}
+
 /// Rows that name an id of the scope whose row is already gone: what a schema without foreign
 /// keys lets a writer leave behind (a tool result inserted beside its run's deletion), or what
 /// the verification found (RQ-5). Their parents are gone, so no lock order applies; each table
@@ -26,29 +50,14 @@ pub(super) const ORPHANS: Delete = Delete {
                        AND NOT EXISTS (SELECT 1 FROM conversation_archives a WHERE a.id = m.id)),
          hreq AS (SELECT id FROM m WHERE kind = 'history_request'
                     AND NOT EXISTS (SELECT 1 FROM history_requests q WHERE q.id = m.id)),
-         tasks AS (DELETE FROM run_tasks WHERE id IN (
-                       SELECT x.id FROM run_tasks x WHERE x.run_id IN (SELECT id FROM run) LIMIT $2)
-                   RETURNING 1),
-         edges AS (DELETE FROM run_task_edges WHERE ctid IN (
-                       SELECT x.ctid FROM run_task_edges x
-                       WHERE x.run_id IN (SELECT id FROM run) LIMIT $2)
-                   RETURNING 1),
-         tools AS (DELETE FROM tool_results WHERE id IN (
-                       SELECT x.id FROM tool_results x WHERE x.run_id IN (SELECT id FROM run)
-                       LIMIT $2)
-                   RETURNING 1),
-         sealed AS (DELETE FROM sealed_requests WHERE id IN (
-                        SELECT x.id FROM sealed_requests x WHERE x.run_id IN (SELECT id FROM run)
-                        LIMIT $2)
-                    RETURNING 1),
-         reasoning AS (DELETE FROM reasoning_traces WHERE id IN (
-                           SELECT x.id FROM reasoning_traces x
-                           WHERE x.run_id IN (SELECT id FROM run) LIMIT $2)
-                       RETURNING 1),
-         attempts AS (DELETE FROM invocation_attempts WHERE id IN (
-                          SELECT x.id FROM invocation_attempts x
-                          WHERE x.run_id IN (SELECT id FROM run) LIMIT $2)
-                      RETURNING 1),
+         ",
+        orphans!(tasks, run_tasks, id, run_id, run),
+        orphans!(edges, run_task_edges, ctid, run_id, run),
+        orphans!(tools, tool_results, id, run_id, run),
+        orphans!(sealed, sealed_requests, id, run_id, run),
+        orphans!(reasoning, reasoning_traces, id, run_id, run),
+        orphans!(attempts, invocation_attempts, id, run_id, run),
+        "
          outputs AS (DELETE FROM output_files WHERE id IN (
                          SELECT x.id FROM output_files x WHERE x.run_id IN (SELECT id FROM run)
                          LIMIT $2)
@@ -60,14 +69,10 @@ pub(super) const ORPHANS: Delete = Delete {
                                      '00000000-0000-0000-0000-000000000000'),
                             o.relative_path, ARRAY[o.run_id]
                      FROM outputs o),
-         settled AS (DELETE FROM settlement_receipts WHERE id IN (
-                         SELECT x.id FROM settlement_receipts x
-                         WHERE x.run_id IN (SELECT id FROM run) LIMIT $2)
-                     RETURNING 1),
-         delegated AS (DELETE FROM delegations WHERE id IN (
-                           SELECT x.id FROM delegations x
-                           WHERE x.parent_run_id IN (SELECT id FROM run) LIMIT $2)
-                       RETURNING 1),
+         ",
+        orphans!(settled, settlement_receipts, id, run_id, run),
+        orphans!(delegated, delegations, id, parent_run_id, run),
+        "
          sources AS (DELETE FROM history_request_sources WHERE ctid IN (
                          (SELECT x.ctid FROM history_request_sources x
                           WHERE x.source_run_id IN (SELECT id FROM run) LIMIT $2)
@@ -92,34 +97,21 @@ pub(super) const ORPHANS: Delete = Delete {
                       RETURNING 1),
          billed AS (DELETE FROM usage_records WHERE NOT $3 AND id IN (SELECT id FROM linked_usage)
                     RETURNING 1),
-         turns_gone AS (DELETE FROM turns WHERE id IN (
-                            SELECT x.id FROM turns x WHERE x.conversation_id IN (SELECT id FROM conv)
-                            LIMIT $2)
-                        RETURNING 1),
-         variants_gone AS (DELETE FROM variants WHERE id IN (
-                               SELECT x.id FROM variants x WHERE x.turn_id IN (SELECT id FROM turn)
-                               LIMIT $2)
-                           RETURNING 1),
-         follow AS (DELETE FROM follow_ups WHERE id IN (
-                        SELECT x.id FROM follow_ups x WHERE x.variant_id IN (SELECT id FROM variant)
-                        LIMIT $2)
-                    RETURNING 1),
-         events AS (DELETE FROM conversation_events WHERE id IN (
-                        SELECT x.id FROM conversation_events x
-                        WHERE x.conversation_id IN (SELECT id FROM conv) LIMIT $2)
-                    RETURNING 1),
-         entries AS (DELETE FROM conversation_entries WHERE id IN (
-                         SELECT x.id FROM conversation_entries x
-                         WHERE x.session_id IN (SELECT id FROM sess) LIMIT $2)
-                     RETURNING 1),
-         archives AS (DELETE FROM conversation_archives WHERE id IN (
-                          SELECT x.id FROM conversation_archives x
-                          WHERE x.session_id IN (SELECT id FROM sess) LIMIT $2)
-                      RETURNING 1),
-         archive_entries AS (DELETE FROM conversation_archive_entries WHERE ctid IN (
-                                 SELECT x.ctid FROM conversation_archive_entries x
-                                 WHERE x.archive_id IN (SELECT id FROM archive) LIMIT $2)
-                             RETURNING 1),
+         ",
+        orphans!(turns_gone, turns, id, conversation_id, conv),
+        orphans!(variants_gone, variants, id, turn_id, turn),
+        orphans!(follow, follow_ups, id, variant_id, variant),
+        orphans!(events, conversation_events, id, conversation_id, conv),
+        orphans!(entries, conversation_entries, id, session_id, sess),
+        orphans!(archives, conversation_archives, id, session_id, sess),
+        orphans!(
+            archive_entries,
+            conversation_archive_entries,
+            ctid,
+            archive_id,
+            archive
+        ),
+        "
          handed AS (DELETE FROM handoffs WHERE id IN (
                         SELECT h.id FROM handoffs h
                         WHERE h.id IN (SELECT x.id FROM handoffs x
