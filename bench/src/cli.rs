@@ -37,8 +37,8 @@ pub struct Cli {
     /// How long the writer's idle baseline runs.
     #[arg(long, default_value_t = 10)]
     pub baseline_seconds: u64,
-    /// The scales: measure these methods only, by their names in the tables (a comma-separated
-    /// list: `--methods sexton,raw+markers+files`); all of them when not given.
+    /// The scales and run traces: measure these methods only, by their names in the tables (a
+    /// comma-separated list: `--methods sexton,raw+markers+files`); all of them when not given.
     #[arg(long, value_delimiter = ',')]
     pub methods: Vec<String>,
     /// Where the markdown table and JSON go.

@@ -407,6 +407,7 @@ pub fn check_methods(cli: &Cli) -> anyhow::Result<()> {
             .iter()
             .chain(&SESSION_METHODS)
             .chain(&[BUDGETED])
+            .chain(&crate::traces::METHODS)
     };
     if let Some(unknown) = cli.methods.iter().find(|m| !known().any(|k| k == m)) {
         let known: Vec<_> = known().copied().collect();
@@ -419,7 +420,7 @@ pub fn check_methods(cli: &Cli) -> anyhow::Result<()> {
 }
 
 /// Whether method `name` is measured: `--methods` names it, or names none.
-fn chosen(cli: &Cli, name: &str) -> bool {
+pub fn chosen(cli: &Cli, name: &str) -> bool {
     cli.methods.is_empty() || cli.methods.iter().any(|m| m == name)
 }
 

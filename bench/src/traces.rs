@@ -39,7 +39,7 @@ use crate::results::{machine, member};
 const S3_MAX_FILES: u64 = 100_000;
 
 /// The methods, in the order they run on each size; the `… s3` ones only with an object store.
-const METHODS: [&str; 9] = [
+pub const METHODS: [&str; 9] = [
     "sexton age",
     "walk+sig age",
     "walk+every-sig age",
@@ -196,7 +196,7 @@ async fn measure_scale(
     };
     let (mut scale, mut methods, mut dropped) = (None, Vec::new(), true);
     for name in METHODS {
-        if name.ends_with(" s3") && bucket.is_none() {
+        if name.ends_with(" s3") && bucket.is_none() || !crate::scales::chosen(cli, name) {
             continue;
         }
         let (scratch, server) = place(name);
