@@ -188,7 +188,9 @@ pub struct Seen {
     pub lowest: usize,
     /// Throttling answers seen.
     pub throttled: u64,
-    /// The longest time it has put between two requests, below a window of one.
+    /// The time it puts between two requests now, below a window of one (zero above).
+    pub gap: Duration,
+    /// The longest that time has been.
     pub longest_gap: Duration,
 }
 
@@ -232,6 +234,7 @@ impl Window {
             size: state.size,
             lowest: state.lowest,
             throttled: state.throttled,
+            gap: state.gap,
             longest_gap: state.longest_gap,
         }
     }
@@ -467,6 +470,7 @@ mod tests {
                 size: 16,
                 lowest: 9,
                 throttled: 5,
+                gap: Duration::ZERO,
                 longest_gap: Duration::ZERO,
             }
         );
