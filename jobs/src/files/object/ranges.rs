@@ -2,32 +2,16 @@
 //! pages, each asked for only once the one before it has answered, so a store that answers a
 //! page in tens of milliseconds (or, like s3s-fs, walks its whole bucket for each page) keeps a
 //! lone listing waiting on one request at a time. Split at the first character of the key
-//! below the root, the ranges are listed side by side, each a chain of its own, the way AWS
-//! advises for listing a large bucket fast. Every key falls in exactly one range, so none is
-//! forgotten or listed twice (OS-4): range `n` is the keys after split `n - 1` (the first range:
-//! from the start) up to and including split `n` (the last range: to the end).
-//!
-//! The ranges are read one after another, each listed on a task of its own a page ahead of its
-//! reader, and [`RANGES_AHEAD`] of them at once: the next ones' first pages come while one is
-//! read, and the listing asks for pages as steadily as its reader takes them. All sixteen read
-//! side by side asked for their next pages together, each time their last ones were read: a
-//! store that walks its bucket for a page (s3s-fs) then walked it sixteen times at once, and
-//! answered nothing else for tens of seconds (behind a store that throttles, at 100 k objects,
-//! 40 seconds at the rate and 45 well under it, over and over: 0.62 of the rate).
+//! below the root, the ranges are listed at once, each a chain of its own, the way AWS advises
+//! for listing a large bucket fast. Every key falls in exactly one range, so none is forgotten
+//! or listed twice (OS-4): range `n` is the keys after split `n - 1` (the first range: from the
+//! start) up to and including split `n` (the last range: to the end).
 
 use futures::stream::BoxStream;
 use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore};
 use std::sync::Arc;
-
-use super::read_ahead;
-
-/// Ranges listed at once: the one read and the next three, each a page ahead.
-const RANGES_AHEAD: usize = 4;
-
-/// The objects a range's listing keeps ahead of its reader: a page.
-const PAGE: usize = 1000;
 
 /// Where the ranges meet: after each hex digit but the last, the characters the UUID-named
 /// directories of every root sexton writes begin with, so that sixteen ranges share out such a
@@ -37,9 +21,9 @@ const SPLITS: [&str; 15] = [
     "1", "2", "3", "4", "5", "6", "7", "8", "9", "a", "b", "c", "d", "e", "f",
 ];
 
-/// Every object under `prefix` (the whole store when `None`), the ranges listed side by side and
-/// read one after another: in no order a caller may count on. [`RANGES_AHEAD`] ranges hold a
-/// page or two each, so memory stays a few pages whatever the root's size.
+/// Every object under `prefix` (the whole store when `None`), the ranges listed side by side,
+/// their objects merged as they come: in no particular order. Each range holds one page at a
+/// time, so memory stays a page per range whatever the root's size.
 pub(super) fn list_ranges(
     store: &Arc<dyn ObjectStore>,
     prefix: Option<&Key>,
@@ -55,33 +39,21 @@ pub(super) fn list_ranges(
         .cloned()
         .map(Some)
         .chain(std::iter::once(None));
-    let ranges: Vec<_> = lowers
-        .zip(uppers)
-        .map(|(lower, upper)| {
-            let listing = match &lower {
-                None => store.list(prefix),
-                Some(lower) => store.list_with_offset(prefix, lower),
-            };
-            listing
-                .try_take_while(move |meta| {
-                    let within = upper
-                        .as_ref()
-                        .is_none_or(|upper| meta.location.as_ref() <= upper.as_ref());
-                    futures::future::ready(Ok(within))
-                })
-                .boxed()
-        })
-        .collect();
-    futures::stream::iter(ranges)
-        .map(|range| async move {
-            let listed = read_ahead(range, PAGE);
-            futures::stream::unfold(listed, |mut listed| async move {
-                listed.recv().await.map(|meta| (meta, listed))
+    let ranges = lowers.zip(uppers).map(|(lower, upper)| {
+        let listing = match &lower {
+            None => store.list(prefix),
+            Some(lower) => store.list_with_offset(prefix, lower),
+        };
+        listing
+            .try_take_while(move |meta| {
+                let within = upper
+                    .as_ref()
+                    .is_none_or(|upper| meta.location.as_ref() <= upper.as_ref());
+                futures::future::ready(Ok(within))
             })
-        })
-        .buffered(RANGES_AHEAD)
-        .flatten()
-        .boxed()
+            .boxed()
+    });
+    futures::stream::select_all(ranges).boxed()
 }
 
 #[cfg(test)]
