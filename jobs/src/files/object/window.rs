@@ -11,7 +11,8 @@
 //! A window of one can still be too many: a store on loopback answers in well under a
 //! millisecond, so one request at a time is a thousand a second or more, and a store's limit is a
 //! rate (S3's is per prefix per second). Throttled at one, the window paces its requests instead
-//! — a gap between two requests' starts, two in flight at most — and the gap takes the same
+//! — a gap between two requests' starts, as many in flight as the setting allows, so that a
+//! slow answer (a listing page) holds up no other — and the gap takes the same
 //! turns as the window (longer on a throttling answer, shorter with each other answer) until it
 //! is under a round, when the window alone paces again. Without it, behind a proxy allowing 300
 //! requests a second, a window of one sent 1,000 and more: two thirds of them answered
@@ -106,10 +107,10 @@ enum Admit {
 
 impl State {
     /// A place for a request at `now`, if one is free and the gap since the last one is over.
-    /// While a gap paces the requests, two may be in flight: one at a time, the pace could be
-    /// no more than one per answer's turnaround, a good part of what such a store allows.
-    fn admit(&mut self, now: Instant) -> Admit {
-        let places = if self.gap.is_zero() { self.size } else { 2 };
+    /// While a gap paces the requests, `max` may be in flight: the gap paces their starts, and
+    /// one slow to answer (a listing page the store walks for seconds) holds up no other.
+    fn admit(&mut self, now: Instant, max: usize) -> Admit {
+        let places = if self.gap.is_zero() { self.size } else { max };
         if self.in_flight >= places {
             return Admit::Full;
         }
@@ -254,7 +255,7 @@ impl Window {
             let now = Instant::now();
             let admitted = {
                 let mut state = self.state();
-                (state.admit(now), state.epoch)
+                (state.admit(now, self.max), state.epoch)
             };
             match admitted {
                 (Admit::Now, epoch) => {
@@ -505,18 +506,18 @@ mod tests {
         state.throttled(epoch, at(4000));
         let gap = state.gap;
         assert_eq!(gap, round * 8 / 7);
-        assert_eq!(state.admit(at(5000)), Admit::Now);
+        assert_eq!(state.admit(at(5000), 4), Admit::Now);
         assert_eq!(
-            state.admit(at(5100)),
+            state.admit(at(5100), 4),
             Admit::After(gap - Duration::from_micros(100)),
             "not before the gap is over"
         );
-        assert_eq!(
-            state.admit(at(5000) + gap),
-            Admit::Now,
-            "a second in flight"
-        );
-        assert_eq!(state.admit(at(9000)), Admit::Full, "two at most");
+        // Its starts paced, as many in flight as the setting allows: a slow answer (a listing
+        // page) holds up no other.
+        assert_eq!(state.admit(at(5000) + gap, 4), Admit::Now);
+        assert_eq!(state.admit(at(9000), 4), Admit::Now);
+        assert_eq!(state.admit(at(10000), 4), Admit::Now);
+        assert_eq!(state.admit(at(20000), 4), Admit::Full, "four at most");
         // Within the round, the same signal; a round later, a seventh more.
         let epoch = state.epoch;
         state.throttled(epoch, at(4100));
