@@ -6,12 +6,23 @@
 //! for listing a large bucket fast. Every key falls in exactly one range, so none is forgotten
 //! or listed twice (OS-4): range `n` is the keys after split `n - 1` (the first range: from the
 //! start) up to and including split `n` (the last range: to the end).
+//!
+//! Each object is taken from the first range, in key order, that has one at hand
+//! ([`FirstAtHand`]): a range asks for its next page once its last one is read, so the ranges
+//! ask at different times. Taken in turns, the ranges ran out of their pages together and asked
+//! for the next sixteen at once: a store that walks its whole bucket for each page (s3s-fs) then
+//! walked it sixteen times side by side and answered little else for tens of seconds, again and
+//! again (behind a store that throttles, at 100 k objects, 0.84 of its rate). A page's body is
+//! read as soon as it is answered (window.rs), however long its range waits its turn.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::stream::BoxStream;
-use futures::{StreamExt as _, TryStreamExt as _};
+use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore};
-use std::sync::Arc;
 
 /// Where the ranges meet: after each hex digit but the last, the characters the UUID-named
 /// directories of every root sexton writes begin with, so that sixteen ranges share out such a
@@ -22,8 +33,9 @@ const SPLITS: [&str; 15] = [
 ];
 
 /// Every object under `prefix` (the whole store when `None`), the ranges listed side by side,
-/// their objects merged as they come: in no particular order. Each range holds one page at a
-/// time, so memory stays a page per range whatever the root's size.
+/// each object taken from the first range that has one at hand: in no order a caller may count
+/// on. Each range holds one page at a time, so memory stays a page per range whatever the root's
+/// size.
 pub(super) fn list_ranges(
     store: &Arc<dyn ObjectStore>,
     prefix: Option<&Key>,
@@ -53,7 +65,31 @@ pub(super) fn list_ranges(
             })
             .boxed()
     });
-    futures::stream::select_all(ranges).boxed()
+    FirstAtHand(ranges.collect()).boxed()
+}
+
+/// Streams merged, each item taken from the first of them, in their order, that has one at hand.
+/// Every stream is asked until one answers, so each keeps its request in flight.
+struct FirstAtHand<T>(Vec<BoxStream<'static, T>>);
+
+impl<T> Stream for FirstAtHand<T> {
+    type Item = T;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut n = 0;
+        while n < self.0.len() {
+            match self.0[n].poll_next_unpin(cx) {
+                Poll::Ready(Some(item)) => return Poll::Ready(Some(item)),
+                Poll::Ready(None) => drop(self.0.remove(n)),
+                Poll::Pending => n += 1,
+            }
+        }
+        if self.0.is_empty() {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    }
 }
 
 #[cfg(test)]
@@ -105,6 +141,25 @@ mod tests {
             .unwrap();
         listed.sort();
         listed
+    }
+
+    #[tokio::test]
+    async fn each_item_comes_from_the_first_range_with_one_at_hand() {
+        let ranges = vec![
+            futures::stream::iter([1, 2]).boxed(),
+            futures::stream::iter([3, 4]).boxed(),
+        ];
+        let merged: Vec<i32> = FirstAtHand(ranges).collect().await;
+        assert_eq!(
+            merged,
+            [1, 2, 3, 4],
+            "the first range read out before the next"
+        );
+        // A range waiting on its next page holds up none after it.
+        let waiting = futures::stream::pending().boxed();
+        let ranges = vec![waiting, futures::stream::iter([3, 4]).boxed()];
+        let merged: Vec<i32> = FirstAtHand(ranges).take(2).collect().await;
+        assert_eq!(merged, [3, 4]);
     }
 
     #[tokio::test]

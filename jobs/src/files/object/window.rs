@@ -384,7 +384,10 @@ async fn paced(
     let started = Instant::now();
     loop {
         let place = window.enter().await;
-        let answer = inner.execute(request.clone()).await;
+        let answer = match inner.execute(request.clone()).await {
+            Ok(page) if listing(&request) && page.status().is_success() => read_whole(page).await,
+            answer => answer,
+        };
         let throttled = throttling(&answer);
         place.answered(throttled, Instant::now());
         let status = answer.as_ref().map(HttpResponse::status);
@@ -402,6 +405,23 @@ async fn paced(
         tokio::time::sleep(backoff(window.round())).await;
         drop(place);
     }
+}
+
+/// Whether `request` asks for a page of a listing (`ListObjectsV2`).
+fn listing(request: &HttpRequest) -> bool {
+    request
+        .uri()
+        .query()
+        .is_some_and(|query| query.split('&').any(|pair| pair == "list-type=2"))
+}
+
+/// `page` with its body read whole, on the request's own task: a listing's caller may take its
+/// pages' objects one range at a time (see ranges.rs), and a page answered but left unread
+/// longer than the client's timeout fails the listing.
+async fn read_whole(page: HttpResponse) -> Result<HttpResponse, HttpError> {
+    let (head, body) = page.into_parts();
+    let body = body.bytes().await?;
+    Ok(HttpResponse::from_parts(head, body.into()))
 }
 
 /// A request's task, ended when its caller drops the call.
