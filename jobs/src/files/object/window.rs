@@ -130,8 +130,8 @@ impl State {
     /// window of one still too fast for the store (one that answers in well under a millisecond
     /// but allows a few hundred requests a second) spaces its requests out instead: the gap
     /// between two of them a seventh longer each time (the pace cut by an eighth), at first a
-    /// seventh longer than a round. The pace then saws between seven eighths of the store's rate
-    /// and the whole of it; cut by a quarter, as the window is, it kept 0.90 of the rate.
+    /// seventh longer than a round: the pace saws between seven eighths of the store's rate and
+    /// the whole of it.
     fn throttled(&mut self, epoch: u64, now: Instant) {
         self.throttled += 1;
         let round_over = self
