@@ -295,9 +295,6 @@ impl Drop for Place {
 
 #[cfg(test)]
 mod tests {
-    use futures::FutureExt as _;
-    use object_store::client::{HttpRequestBody, HttpResponseBody};
-
     use super::*;
 
     fn place(window: &Arc<Window>, sent: Instant) -> Place {
