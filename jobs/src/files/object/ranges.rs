@@ -56,16 +56,49 @@ pub(super) fn list_ranges(
             None => store.list(prefix),
             Some(lower) => store.list_with_offset(prefix, lower),
         };
-        listing
-            .try_take_while(move |meta| {
-                let within = upper
-                    .as_ref()
-                    .is_none_or(|upper| meta.location.as_ref() <= upper.as_ref());
-                futures::future::ready(Ok(within))
-            })
-            .boxed()
+        within(listing, lower, upper)
     });
     FirstAtHand(ranges.collect()).boxed()
+}
+
+/// One range's listing: the keys after `lower` up to and including `upper`, ending at the first
+/// past it. The ranges count on the store to list in key order (UTF-8 bytes, as S3 does) and to
+/// start after `lower`; a listing that does not (a store that ignores `start-after`, or lists in
+/// no order, as S3 Express directory buckets do) fails, naming the keys, rather than judge a key
+/// twice or end a range early and forget the rest of it.
+fn within(
+    listing: BoxStream<'static, object_store::Result<ObjectMeta>>,
+    lower: Option<Key>,
+    upper: Option<Key>,
+) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+    let mut last = lower;
+    listing
+        .and_then(move |meta| {
+            let after = last.replace(meta.location.clone());
+            let checked = match after {
+                Some(after) if meta.location.as_ref() <= after.as_ref() => {
+                    Err(object_store::Error::Generic {
+                        store: "S3",
+                        source: format!(
+                            "the store listed {} after {after}: its listing is not in key order \
+                             (or ignores start-after), and sexton judges no root from such a \
+                             listing",
+                            meta.location
+                        )
+                        .into(),
+                    })
+                }
+                _ => Ok(meta),
+            };
+            futures::future::ready(checked)
+        })
+        .try_take_while(move |meta| {
+            let within = upper
+                .as_ref()
+                .is_none_or(|upper| meta.location.as_ref() <= upper.as_ref());
+            futures::future::ready(Ok(within))
+        })
+        .boxed()
 }
 
 /// Streams merged, each item taken from the first of them, in their order, that has one at hand.
@@ -160,6 +193,47 @@ mod tests {
         let ranges = vec![waiting, futures::stream::iter([3, 4]).boxed()];
         let merged: Vec<i32> = FirstAtHand(ranges).take(2).collect().await;
         assert_eq!(merged, [3, 4]);
+    }
+
+    #[tokio::test]
+    async fn os4_a_listing_out_of_key_order_or_from_before_its_range_fails() {
+        let meta = |key: &str| ObjectMeta {
+            location: Key::from(key),
+            last_modified: chrono::DateTime::UNIX_EPOCH,
+            size: 1,
+            e_tag: None,
+            version: None,
+        };
+        let range = |keys: &[&str], lower: &str, upper: &str| {
+            let metas: Vec<_> = keys.iter().map(|key| Ok(meta(key))).collect();
+            let listing = futures::stream::iter(metas).boxed();
+            within(listing, Some(Key::from(lower)), Some(Key::from(upper)))
+                .map_ok(|meta| meta.location.to_string())
+                .try_collect::<Vec<_>>()
+        };
+        assert_eq!(
+            range(&["r/1a", "r/1b", "r/2", "r/3"], "r/1", "r/2")
+                .await
+                .unwrap(),
+            ["r/1a", "r/1b", "r/2"],
+            "in order: up to and including the upper bound"
+        );
+        // A store that ignores start-after lists the range before this one's lower bound too.
+        let error = range(&["r/0", "r/1a"], "r/1", "r/2").await.unwrap_err();
+        assert!(
+            error.to_string().contains("listed r/0 after r/1"),
+            "{error}"
+        );
+        // A store that lists in no order would end the range at the first key past it.
+        let error = range(&["r/1b", "r/1a", "r/3"], "r/1", "r/2")
+            .await
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("listed r/1a after r/1b"),
+            "{error}"
+        );
+        let error = range(&["r/1b", "r/1b"], "r/1", "r/2").await.unwrap_err();
+        assert!(error.to_string().contains("not in key order"), "{error}");
     }
 
     #[tokio::test]

@@ -49,6 +49,12 @@ pub(super) use paced::Paced;
 /// The round assumed until the store has answered: a store tens of milliseconds away.
 const FIRST_ROUND: Duration = Duration::from_millis(50);
 
+/// The longest gap between two requests' starts: a request a second. A store that answers
+/// throttling through a long outage (a load balancer's `503`) would otherwise stretch the gap
+/// by a seventh at each round of it, to tens of seconds after minutes, and requests signed
+/// before their wait would come to the store too late for their signature.
+const LONGEST_GAP: Duration = Duration::from_secs(1);
+
 /// The window of one root: how many of its requests may be in flight now.
 #[derive(Debug)]
 pub struct Window {
@@ -99,17 +105,21 @@ impl State {
     /// A place for a request at `now`, if one is free and the gap since the last one is over.
     /// While a gap paces the requests, `max` may be in flight: the gap paces their starts, and
     /// one slow to answer (a listing page the store walks for seconds) holds up no other.
+    /// Without a gap, a free place is taken at once, whatever time the last request was sent.
     fn admit(&mut self, now: Instant, max: usize) -> Admit {
         let places = if self.gap.is_zero() { self.size } else { max };
         if self.in_flight >= places {
             return Admit::Full;
         }
-        let due = self.last_sent.map(|last| last + self.gap);
+        let due = self
+            .last_sent
+            .filter(|_| !self.gap.is_zero())
+            .map(|last| last + self.gap);
         match due.map(|due| due.saturating_duration_since(now)) {
             Some(wait) if !wait.is_zero() => Admit::After(wait),
             _ => {
                 self.in_flight += 1;
-                self.last_sent = Some(now);
+                self.last_sent = Some(self.last_sent.map_or(now, |last| last.max(now)));
                 Admit::Now
             }
         }
@@ -120,8 +130,8 @@ impl State {
     /// window of one still too fast for the store (one that answers in well under a millisecond
     /// but allows a few hundred requests a second) spaces its requests out instead: the gap
     /// between two of them a seventh longer each time (the pace cut by an eighth), at first a
-    /// seventh longer than a round: the pace saws between seven eighths of the store's rate and
-    /// the whole of it.
+    /// seventh longer than a round, at most [`LONGEST_GAP`]: the pace saws between seven eighths
+    /// of the store's rate and the whole of it.
     fn throttled(&mut self, epoch: u64, now: Instant) {
         self.throttled += 1;
         let round_over = self
@@ -134,7 +144,7 @@ impl State {
             self.size = (self.size * 3 / 4).max(1);
             self.lowest = self.lowest.min(self.size);
         } else {
-            self.gap = self.gap.max(self.round) * 8 / 7;
+            self.gap = (self.gap.max(self.round) * 8 / 7).min(LONGEST_GAP);
             self.longest_gap = self.longest_gap.max(self.gap);
         }
         self.epoch += 1;
@@ -242,21 +252,23 @@ impl Window {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            let now = Instant::now();
+            // The time read under the lock: read before it, a request that took the lock first
+            // with a later time would be the last sent, and this one's gap counted from after it.
             let admitted = {
                 let mut state = self.state();
-                (state.admit(now, self.max), state.epoch)
+                let now = Instant::now();
+                (state.admit(now, self.max), state.epoch, now)
             };
             match admitted {
-                (Admit::Now, epoch) => {
+                (Admit::Now, epoch, now) => {
                     return Place {
                         window: self.clone(),
                         epoch,
                         sent: now,
                     };
                 }
-                (Admit::After(wait), _) => tokio::time::sleep(wait).await,
-                (Admit::Full, _) => freed.await,
+                (Admit::After(wait), ..) => tokio::time::sleep(wait).await,
+                (Admit::Full, ..) => freed.await,
             }
         }
     }
@@ -407,5 +419,33 @@ mod tests {
         // Then the window grows again, by one each window's worth of answers.
         assert!(state.answered(round, 4));
         assert_eq!(state.size, 2);
+    }
+
+    #[test]
+    fn pf7_without_a_gap_a_free_place_is_taken_at_once_and_the_gap_has_a_ceiling() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let window = Window::new(4);
+        let mut state = window.state();
+        // Two requests whose times were read in one order and the lock taken in the other.
+        assert_eq!(state.admit(at(5), 4), Admit::Now);
+        assert_eq!(
+            state.admit(at(4), 4),
+            Admit::Now,
+            "no wait for a place that is free"
+        );
+        assert_eq!(
+            state.last_sent,
+            Some(at(5)),
+            "the last start never moves back"
+        );
+        // A store throttling for minutes (an outage answered 503): down to one, then paced, the
+        // gap growing a seventh a round up to a request a second, no further.
+        for n in 0..400 {
+            let epoch = state.epoch;
+            state.throttled(epoch, at(1000 * n));
+        }
+        assert_eq!((state.size, state.gap), (1, LONGEST_GAP));
+        assert_eq!(state.longest_gap, LONGEST_GAP);
     }
 }
