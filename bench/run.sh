@@ -3,7 +3,7 @@
 # how is docs/benchmark.md; `--help` lists the parts and every option. It starts a throw-away
 # PostgreSQL (and an S3-compatible server, s3s-fs, on loopback), builds sexton and the bench in
 # release, runs the parts chosen and writes bench/results/latest.{md,json}.
-#   bash bench/run.sh                                   # every part (about 2 hours)
+#   bash bench/run.sh                                   # every part (about 3 hours)
 #   bash bench/run.sh --only scales --scales 1,10       # a quicker look
 #   bash bench/run.sh --only expiry --expiry-rows 100000
 #   bash bench/run.sh --only traces,attachments --no-object-store
