@@ -2,9 +2,7 @@
 //! own, a throttling answer retried there (see the module above for why each is so).
 
 use std::hash::{BuildHasher as _, RandomState};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -14,7 +12,7 @@ use object_store::client::{
     ReqwestConnector,
 };
 use reqwest::StatusCode;
-use tokio::task::{JoinError, JoinHandle};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::Window;
 
@@ -83,7 +81,7 @@ impl HttpService for PacedService {
             self.retry_timeout,
             request,
         );
-        match Task(tokio::spawn(sent)).await {
+        match AbortOnDropHandle::new(tokio::spawn(sent)).await {
             Ok(answer) => answer,
             Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
             Err(err) => Err(HttpError::new(HttpErrorKind::Interrupted, err)),
@@ -140,23 +138,6 @@ async fn read_whole(page: HttpResponse) -> Result<HttpResponse, HttpError> {
     let (head, body) = page.into_parts();
     let body = body.bytes().await?;
     Ok(HttpResponse::from_parts(head, body.into()))
-}
-
-/// A request's task, ended when its caller drops the call.
-struct Task(JoinHandle<Result<HttpResponse, HttpError>>);
-
-impl Future for Task {
-    type Output = Result<Result<HttpResponse, HttpError>, JoinError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl Drop for Task {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 #[cfg(test)]
