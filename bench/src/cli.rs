@@ -71,6 +71,11 @@ pub struct Cli {
     /// Attachment bytes: accounts the rows are spread over.
     #[arg(long, default_value_t = 4)]
     pub attachment_accounts: u32,
+    /// Attachment bytes: rounds of every method, the methods taking turns; each method's time
+    /// is its median round (at 10 k rows one round of the object store's methods moves by a
+    /// third with the machine's other work).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub attachment_rounds: u32,
     /// Many accounts (PF-5): the account counts of this build's nights (none when given no
     /// value).
     #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "10000,100000,1000000")]
