@@ -26,7 +26,7 @@ use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::compare::{self, Comparison, Side};
 use crate::disk::{self, Rng, files_left};
-use crate::method::Method;
+use crate::method::{Method, median_round};
 use crate::objects::Server;
 use crate::part::Bench;
 use crate::results::{machine, member};
@@ -91,17 +91,12 @@ pub struct Attachments {
     /// Building the template and writing one tree.
     fill_seconds: f64,
     /// Rounds of every method; each method's row is its median round.
-    #[serde(default = "one_round")]
+    #[serde(default = "crate::method::one_round")]
     rounds: u32,
     methods: Vec<AttachmentMethod>,
     /// With `--baseline-sexton`: sexton's methods by both builds, pair by pair.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     before_after: Vec<Comparison>,
-}
-
-/// The rounds of results written before rounds were counted.
-fn one_round() -> u32 {
-    1
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -249,9 +244,8 @@ async fn measure(
             }
         }
     }
-    for mut runs in rounds {
-        runs.sort_by(|a, b| a.method.seconds.total_cmp(&b.method.seconds));
-        methods.push(runs.swap_remove(runs.len() / 2));
+    for runs in rounds {
+        methods.push(median_round(runs, |run| run.method.seconds));
     }
     let mut before_after = Vec::new();
     for name in METHODS

@@ -25,6 +25,14 @@ pub struct Cli {
     /// also runs pair by pair, the two builds alternately on identical copies.
     #[arg(long, alias = "tenant-baseline")]
     pub baseline_sexton: Option<PathBuf>,
+    /// The scales' methods: rounds of each at every scale up to `--scale-rounds-upto`, the
+    /// methods taking turns; each method's row is its median round (a pass of a second or two
+    /// moves by a fifth from run to run).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub scale_rounds: u32,
+    /// The largest scale run in rounds (`--scale-rounds`); larger ones run once.
+    #[arg(long, default_value_t = 10)]
+    pub scale_rounds_upto: u64,
     /// Pairs of (before, after) runs per sexton method, with `--baseline-sexton`.
     #[arg(long, default_value_t = 5)]
     pub pairs: u32,

@@ -156,3 +156,18 @@ pub fn score(method: &mut Method, items: i64, rows: i64, writer: Writes, longest
 pub fn max_ms(ms: &[f64]) -> f64 {
     ms.iter().copied().fold(0.0, f64::max)
 }
+
+/// The median of one method's `runs` (rounds of it) by their seconds: the run kept for it.
+///
+/// # Panics
+/// When `runs` is empty.
+pub fn median_round<T>(mut runs: Vec<T>, seconds: impl Fn(&T) -> f64) -> T {
+    runs.sort_by(|a, b| seconds(a).total_cmp(&seconds(b)));
+    let middle = runs.len() / 2;
+    runs.swap_remove(middle)
+}
+
+/// The rounds of results written before rounds were counted.
+pub fn one_round() -> u32 {
+    1
+}

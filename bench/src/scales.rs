@@ -37,7 +37,7 @@ use self::writers::write_at_rate;
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::compare::{self, Comparison};
-use crate::method::{Latency, Method, score};
+use crate::method::{Latency, Method, median_round, score};
 use crate::part::Bench;
 use crate::results::{machine, member};
 use crate::sexton::{Pass, Worker, run_sexton};
@@ -82,6 +82,9 @@ pub struct Scale {
     owners: i64,
     detail_rows: i64,
     seed_seconds: f64,
+    /// Rounds of each method (but the budgeted pass); each method's row is its median round.
+    #[serde(default = "crate::method::one_round")]
+    rounds: u32,
     idle_writer: Latency,
     /// WAL bytes per second the writer wrote alone, in its idle baseline.
     idle_writer_wal_bytes_per_s: f64,
@@ -182,6 +185,7 @@ async fn measure(
         owners: template.owners,
         detail_rows: template.detail_rows,
         seed_seconds: template.seed_seconds,
+        rounds: rounds_at(cli, scale),
         idle_writer: Latency::of(idle.total_ms),
         idle_writer_wal_bytes_per_s,
         methods,
@@ -246,27 +250,53 @@ async fn detail_methods(
         names.insert(1, BUDGETED);
     }
     names.retain(|name| chosen(cli, name));
-    let (mut methods, mut wal_budget) = (Vec::new(), None);
-    for name in names {
-        eprintln!("scale {}: {name}", template.scale);
-        let budget = match name {
-            BUDGETED => {
-                let unbudgeted = methods.iter().find(|m: &&Method| m.name == "sexton");
-                Some(quarter_rate(
-                    unbudgeted.context("the budget follows sexton's pass")?,
-                ))
+    let mut wal_budget = None;
+    // Round by round, the methods taking turns; the budgeted pass once, after the first
+    // round's unbudgeted one.
+    let mut rounds: Vec<Vec<Method>> = Vec::new();
+    for round in 0..rounds_at(cli, template.scale) {
+        for (at, name) in names
+            .iter()
+            .filter(|name| **name != BUDGETED || round == 0)
+            .enumerate()
+        {
+            eprintln!("scale {}: {name}", template.scale);
+            let budget = match *name {
+                BUDGETED => {
+                    let unbudgeted = rounds.iter().flatten().find(|m| m.name == "sexton");
+                    Some(quarter_rate(
+                        unbudgeted.context("the budget follows sexton's pass")?,
+                    ))
+                }
+                _ => None,
+            };
+            let sexton = &cli.sexton;
+            let mut method =
+                detail_method(cli, admin, base, template, name, budget, sexton).await?;
+            net_wal(&mut method, template.owners, idle_wal);
+            match budget {
+                Some(budget) => wal_budget = Some(WalBudget::of(budget, method)),
+                None => match rounds.get_mut(at) {
+                    Some(runs) => runs.push(method),
+                    None => rounds.push(vec![method]),
+                },
             }
-            _ => None,
-        };
-        let sexton = &cli.sexton;
-        let mut method = detail_method(cli, admin, base, template, name, budget, sexton).await?;
-        net_wal(&mut method, template.owners, idle_wal);
-        match budget {
-            Some(budget) => wal_budget = Some(WalBudget::of(budget, method)),
-            None => methods.push(method),
         }
     }
+    let methods = rounds
+        .into_iter()
+        .map(|runs| median_round(runs, |run| run.seconds))
+        .collect();
     Ok((methods, wal_budget))
+}
+
+/// Rounds of each method at `scale` (`--scale-rounds` up to `--scale-rounds-upto`).
+pub fn rounds_at(cli: &Cli, scale: u64) -> u32 {
+    if scale <= cli.scale_rounds_upto {
+        cli.scale_rounds
+    } else {
+        1
+    }
 }
 
 /// Execution-details method `name` on a fresh copy, the writer beside it (sexton's methods by

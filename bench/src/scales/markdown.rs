@@ -73,6 +73,7 @@ const TEMPLATES: &[Column<(), Scale>] = &[
     ("sessions", |_, s| s.sessions.to_string()),
     ("history rows", |_, s| s.session_rows.to_string()),
     ("seed s", |_, s| f(s.seed_seconds, 1)),
+    ("rounds (median shown)", |_, s| s.rounds.to_string()),
     ("transaction target ms", |_, s| {
         f(s.transaction_target_ms, 0)
     }),

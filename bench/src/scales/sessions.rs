@@ -18,10 +18,10 @@ use super::raw::{
 };
 use super::seed::Template;
 use super::writers::append_at_rate;
-use super::{chosen, drop_copy, fresh_copy, net_wal};
+use super::{chosen, drop_copy, fresh_copy, net_wal, rounds_at};
 use crate::cli::Cli;
 use crate::cluster::connect;
-use crate::method::{Latency, Method, score};
+use crate::method::{Latency, Method, median_round, score};
 use crate::sexton::{Pass, Worker, run_sexton};
 use crate::writer::{beside, idle_baseline};
 
@@ -55,13 +55,27 @@ pub async fn session_methods(
         },
     )
     .await?;
-    let mut methods = Vec::new();
-    for name in SESSION_METHODS.into_iter().filter(|name| chosen(cli, name)) {
-        eprintln!("scale {}: {name}", template.scale);
-        let mut method = session_method(cli, admin, base, template, name, &cli.sexton).await?;
-        net_wal(&mut method, template.sessions, idle_wal);
-        methods.push(method);
+    // Round by round, the methods taking turns; each method's median round is kept.
+    let mut rounds: Vec<Vec<Method>> = Vec::new();
+    for _ in 0..rounds_at(cli, template.scale) {
+        for (at, name) in SESSION_METHODS
+            .into_iter()
+            .filter(|name| chosen(cli, name))
+            .enumerate()
+        {
+            eprintln!("scale {}: {name}", template.scale);
+            let mut method = session_method(cli, admin, base, template, name, &cli.sexton).await?;
+            net_wal(&mut method, template.sessions, idle_wal);
+            match rounds.get_mut(at) {
+                Some(runs) => runs.push(method),
+                None => rounds.push(vec![method]),
+            }
+        }
     }
+    let methods = rounds
+        .into_iter()
+        .map(|runs| median_round(runs, |run| run.seconds))
+        .collect();
     Ok((Latency::of(idle.total_ms), idle_wal, methods))
 }
 
