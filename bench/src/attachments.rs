@@ -26,7 +26,7 @@ use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::compare::{self, Comparison, Side};
 use crate::disk::{self, Rng, files_left};
-use crate::method::{Method, median_round};
+use crate::method::{Method, Rounds};
 use crate::objects::Server;
 use crate::part::Bench;
 use crate::results::{machine, member};
@@ -228,7 +228,7 @@ async fn measure(
         anyhow::Ok((method, dropped))
     };
     // Round by round, the methods taking turns; each method's median round is kept.
-    let mut rounds: Vec<Vec<AttachmentMethod>> = Vec::new();
+    let mut rounds = Rounds::new();
     for _ in 0..cli.attachment_rounds {
         for (at, name) in METHODS
             .into_iter()
@@ -238,15 +238,10 @@ async fn measure(
             let (method, cold) = on_copy(name, &cli.sexton).await?;
             fill_seconds.get_or_insert(started.elapsed().as_secs_f64());
             dropped &= cold;
-            match rounds.get_mut(at) {
-                Some(runs) => runs.push(method),
-                None => rounds.push(vec![method]),
-            }
+            rounds.add(at, method);
         }
     }
-    for runs in rounds {
-        methods.push(median_round(runs, |run| run.method.seconds));
-    }
+    methods.extend(rounds.medians(|run: &AttachmentMethod| run.method.seconds));
     let mut before_after = Vec::new();
     for name in METHODS
         .into_iter()

@@ -157,14 +157,38 @@ pub fn max_ms(ms: &[f64]) -> f64 {
     ms.iter().copied().fold(0.0, f64::max)
 }
 
-/// The median of one method's `runs` (rounds of it) by their seconds: the run kept for it.
-///
-/// # Panics
-/// When `runs` is empty.
-pub fn median_round<T>(mut runs: Vec<T>, seconds: impl Fn(&T) -> f64) -> T {
-    runs.sort_by(|a, b| seconds(a).total_cmp(&seconds(b)));
-    let middle = runs.len() / 2;
-    runs.swap_remove(middle)
+/// The runs of methods taking turns round by round, each method's by its place in a round.
+pub struct Rounds<T>(Vec<Vec<T>>);
+
+impl<T> Rounds<T> {
+    pub fn new() -> Self {
+        Self(Vec::new())
+    }
+
+    /// `run` of the method `at` its place in the round.
+    pub fn add(&mut self, at: usize, run: T) {
+        match self.0.get_mut(at) {
+            Some(runs) => runs.push(run),
+            None => self.0.push(vec![run]),
+        }
+    }
+
+    /// Every method's run first in it.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.0.iter().filter_map(|runs| runs.first())
+    }
+
+    /// Each method's median run by its `seconds`, in the methods' order.
+    pub fn medians(self, seconds: impl Fn(&T) -> f64) -> Vec<T> {
+        self.0
+            .into_iter()
+            .map(|mut runs| {
+                runs.sort_by(|a, b| seconds(a).total_cmp(&seconds(b)));
+                let middle = runs.len() / 2;
+                runs.swap_remove(middle)
+            })
+            .collect()
+    }
 }
 
 /// The rounds of results written before rounds were counted.

@@ -37,7 +37,7 @@ use self::writers::write_at_rate;
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::compare::{self, Comparison};
-use crate::method::{Latency, Method, median_round, score};
+use crate::method::{Latency, Method, Rounds, score};
 use crate::part::Bench;
 use crate::results::{machine, member};
 use crate::sexton::{Pass, Worker, run_sexton};
@@ -253,7 +253,7 @@ async fn detail_methods(
     let mut wal_budget = None;
     // Round by round, the methods taking turns; the budgeted pass once, after the first
     // round's unbudgeted one.
-    let mut rounds: Vec<Vec<Method>> = Vec::new();
+    let mut rounds = Rounds::new();
     for round in 0..rounds_at(cli, template.scale) {
         for (at, name) in names
             .iter()
@@ -263,7 +263,7 @@ async fn detail_methods(
             eprintln!("scale {}: {name}", template.scale);
             let budget = match *name {
                 BUDGETED => {
-                    let unbudgeted = rounds.iter().flatten().find(|m| m.name == "sexton");
+                    let unbudgeted = rounds.iter().find(|m: &&Method| m.name == "sexton");
                     Some(quarter_rate(
                         unbudgeted.context("the budget follows sexton's pass")?,
                     ))
@@ -276,18 +276,11 @@ async fn detail_methods(
             net_wal(&mut method, template.owners, idle_wal);
             match budget {
                 Some(budget) => wal_budget = Some(WalBudget::of(budget, method)),
-                None => match rounds.get_mut(at) {
-                    Some(runs) => runs.push(method),
-                    None => rounds.push(vec![method]),
-                },
+                None => rounds.add(at, method),
             }
         }
     }
-    let methods = rounds
-        .into_iter()
-        .map(|runs| median_round(runs, |run| run.seconds))
-        .collect();
-    Ok((methods, wal_budget))
+    Ok((rounds.medians(|run| run.seconds), wal_budget))
 }
 
 /// Rounds of each method at `scale` (`--scale-rounds` up to `--scale-rounds-upto`).

@@ -21,7 +21,7 @@ use super::writers::append_at_rate;
 use super::{chosen, drop_copy, fresh_copy, net_wal, rounds_at};
 use crate::cli::Cli;
 use crate::cluster::connect;
-use crate::method::{Latency, Method, median_round, score};
+use crate::method::{Latency, Method, Rounds, score};
 use crate::sexton::{Pass, Worker, run_sexton};
 use crate::writer::{beside, idle_baseline};
 
@@ -56,7 +56,7 @@ pub async fn session_methods(
     )
     .await?;
     // Round by round, the methods taking turns; each method's median round is kept.
-    let mut rounds: Vec<Vec<Method>> = Vec::new();
+    let mut rounds = Rounds::new();
     for _ in 0..rounds_at(cli, template.scale) {
         for (at, name) in SESSION_METHODS
             .into_iter()
@@ -66,16 +66,10 @@ pub async fn session_methods(
             eprintln!("scale {}: {name}", template.scale);
             let mut method = session_method(cli, admin, base, template, name, &cli.sexton).await?;
             net_wal(&mut method, template.sessions, idle_wal);
-            match rounds.get_mut(at) {
-                Some(runs) => runs.push(method),
-                None => rounds.push(vec![method]),
-            }
+            rounds.add(at, method);
         }
     }
-    let methods = rounds
-        .into_iter()
-        .map(|runs| median_round(runs, |run| run.seconds))
-        .collect();
+    let methods = rounds.medians(|run: &Method| run.seconds);
     Ok((Latency::of(idle.total_ms), idle_wal, methods))
 }
 
