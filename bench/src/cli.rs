@@ -103,6 +103,10 @@ pub struct Cli {
     /// Erasure (PF-8): runs of the erased account, each with its execution detail.
     #[arg(long, default_value_t = 100_000)]
     pub erasure_runs: u64,
+    /// Erasure: rounds of sexton's erasure and the floor, taking turns; each side's row is its
+    /// median round (one round of either moved by a fifth from run to run).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub erasure_rounds: u32,
     /// Erasure: sessions of the erased account, each with its history and an archive.
     #[arg(long, default_value_t = 5_000)]
     pub erasure_sessions: u64,

@@ -38,7 +38,7 @@ use self::state::{differences, end_state};
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
 use crate::compare::Comparison;
-use crate::method::{Latency, Method, max_ms, score};
+use crate::method::{Latency, Method, max_ms, median, score};
 use crate::part::Bench;
 use crate::results::{machine, member};
 use crate::sexton::{sexton, sexton_env};
@@ -109,6 +109,9 @@ struct ErasureRun {
     fill_seconds: f64,
     /// Writing one copy of the file tree (every root, the other accounts' files too).
     tree_seconds: f64,
+    /// Rounds of sexton and the floor; each side's row is its median round.
+    #[serde(default = "crate::method::one_round")]
+    rounds: u32,
     /// The erased account's rows an erasure removes (all but the account row and its usage
     /// records, which stay by law, RQ-2), over every table.
     rows_removed: i64,
@@ -191,30 +194,41 @@ async fn measure(
     let writes = |pool, stop| writes(pool, template.targets.clone(), cli.writer_rate, stop);
     let (idle, _) = idle_baseline(cli, admin, base, TEMPLATE, "benchera_idle", writes).await?;
 
-    eprintln!("erasure: sexton");
-    let db = "benchera_sexton";
-    let files = root.join("sexton");
-    let (sexton_method, workers, hops, profile) =
-        erase_beside_writer(cli, admin, base, &template, db, &files).await?;
-    let sexton_end = end_state(base, db, &files, template.account).await?;
-    drop_db(admin, db).await?;
-    let _ = std::fs::remove_dir_all(&files);
+    // Round by round, sexton then the floor, each on a fresh copy; each side's median round is
+    // kept (sexton's with its workers, hops and profile), and every round must end alike.
+    let (mut sextons, mut floors) = (Vec::new(), Vec::new());
+    let mut sexton_end = None;
+    for round in 1..=cli.erasure_rounds {
+        eprintln!("erasure: sexton (round {round})");
+        let db = "benchera_sexton";
+        let files = root.join("sexton");
+        let erased = erase_beside_writer(cli, admin, base, &template, db, &files).await?;
+        let end = end_state(base, db, &files, template.account).await?;
+        drop_db(admin, db).await?;
+        let _ = std::fs::remove_dir_all(&files);
+        sextons.push(erased);
 
-    eprintln!("erasure: the floor");
-    let db = "benchera_floor";
-    let files = root.join("floor");
-    let floor_method = floor_beside_writer(cli, admin, base, &template, db, &files).await?;
-    let floor_end = end_state(base, db, &files, template.account).await?;
-    drop_db(admin, db).await?;
-    let _ = std::fs::remove_dir_all(&files);
+        eprintln!("erasure: the floor (round {round})");
+        let db = "benchera_floor";
+        let files = root.join("floor");
+        floors.push(floor_beside_writer(cli, admin, base, &template, db, &files).await?);
+        let floor_end = end_state(base, db, &files, template.account).await?;
+        drop_db(admin, db).await?;
+        let _ = std::fs::remove_dir_all(&files);
 
-    let same_end = sexton_end == floor_end;
-    if !same_end {
-        bail!(
-            "sexton's end state and the floor's differ: {}",
-            differences(&sexton_end, &floor_end)
-        );
+        if end != floor_end {
+            bail!(
+                "sexton's end state and the floor's differ: {}",
+                differences(&end, &floor_end)
+            );
+        }
+        sexton_end = Some(end);
     }
+    let sexton_end = sexton_end.context("--erasure-rounds is at least 1")?;
+    let same_end = true;
+    let (sexton_method, workers, hops, profile) =
+        median(sextons, |(method, ..)| method.seconds).context("a round of sexton")?;
+    let floor_method = median(floors, |method| method.seconds).context("a round of the floor")?;
     // The writer changes no row's text and adds none: what is gone is what the erasure removed.
     let (after, _) = &sexton_end;
     let rows_removed = template
@@ -243,6 +257,7 @@ async fn measure(
         sizes,
         fill_seconds,
         tree_seconds,
+        rounds: cli.erasure_rounds,
         rows_removed,
         account_files,
         tree_files,

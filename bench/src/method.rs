@@ -182,13 +182,17 @@ impl<T> Rounds<T> {
     pub fn medians(self, seconds: impl Fn(&T) -> f64) -> Vec<T> {
         self.0
             .into_iter()
-            .map(|mut runs| {
-                runs.sort_by(|a, b| seconds(a).total_cmp(&seconds(b)));
-                let middle = runs.len() / 2;
-                runs.swap_remove(middle)
-            })
+            .filter_map(|runs| median(runs, &seconds))
             .collect()
     }
+}
+
+/// The median of one method's `runs` by their `seconds` (the later of the two middle ones of
+/// an even count); `None` when there are none.
+pub fn median<T>(mut runs: Vec<T>, seconds: impl Fn(&T) -> f64) -> Option<T> {
+    runs.sort_by(|a, b| seconds(a).total_cmp(&seconds(b)));
+    let middle = runs.len() / 2;
+    (middle < runs.len()).then(|| runs.swap_remove(middle))
 }
 
 /// The rounds of results written before rounds were counted.

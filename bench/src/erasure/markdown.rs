@@ -110,6 +110,7 @@ const SIZES: &[Column<(), ErasureRun>] = &[
     ("files in the tree", |_, r| r.tree_files.to_string()),
     ("template s", |_, r| f(r.fill_seconds, 0)),
     ("tree s", |_, r| f(r.tree_seconds, 1)),
+    ("rounds (median shown)", |_, r| r.rounds.to_string()),
     ("same end state", |_, r| {
         if r.same_end { "yes" } else { "**no**" }.to_owned()
     }),
