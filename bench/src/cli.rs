@@ -67,6 +67,14 @@ pub struct Cli {
     /// Run traces: the age limit in days, sexton's `max_age_days` and `find -mtime +N`.
     #[arg(long, default_value_t = 60)]
     pub trace_age_days: u32,
+    /// Run traces: rounds of every method at each tree up to `--trace-rounds-upto` files, the
+    /// methods taking turns; each method's row is its median round (at 10 k objects one round
+    /// of the object store's methods moves by a tenth).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub trace_rounds: u32,
+    /// The largest tree run in rounds (`--trace-rounds`); larger ones run once.
+    #[arg(long, default_value_t = 10_000)]
+    pub trace_rounds_upto: u64,
     /// Run traces: bodies of the signature line alone (one 4 KiB block per file).
     #[arg(long)]
     pub trace_small: bool,

@@ -28,6 +28,7 @@ use crate::cli::Cli;
 use crate::cluster::drop_db;
 use crate::compare::{self, Comparison, Side};
 use crate::disk;
+use crate::method::Rounds;
 use crate::objects::Server;
 use crate::part::Bench;
 use crate::results::{machine, member};
@@ -194,41 +195,47 @@ async fn measure_scale(
         (Some(bucket), Some(server)) if name.ends_with(" s3") => (bucket, Some(server)),
         _ => (&scratch, None),
     };
-    let (mut scale, mut methods, mut dropped) = (None, Vec::new(), true);
-    for name in METHODS {
-        if name.ends_with(" s3") && bucket.is_none() || !crate::scales::chosen(cli, name) {
-            continue;
-        }
-        let (scratch, server) = place(name);
-        eprintln!("traces {files}: writing the tree for {name}");
-        let (tree, generate_seconds) = runs.tree(scratch, server.is_none())?;
-        let scale = scale.get_or_insert_with(|| TraceScale::of(files, &tree, generate_seconds));
-        if methods.is_empty() {
-            let agents: Vec<&Agent> = tree
-                .agents
-                .iter()
-                .filter(|a| !cli.trace_live_agents_only || a.current.is_some())
-                .collect();
-            add_agents(bench.base, &scratch.db, &agents).await?;
-        }
-        let max_bytes = scale.allocated_bytes / 2;
-        match runs
-            .method((scratch, server), name, &cli.sexton, &tree, max_bytes)
-            .await
-        {
-            Ok((method, cold)) => {
-                methods.push(method);
-                dropped &= cold;
+    let (mut scale, mut rounds, mut dropped) = (None, Rounds::new(), true);
+    let mut agents_added = false;
+    // Round by round, the methods taking turns; each method's median round is kept.
+    'rounds: for _ in 0..rounds_at(cli, files) {
+        let chosen = METHODS.into_iter().filter(|name| {
+            (!name.ends_with(" s3") || bucket.is_some()) && crate::scales::chosen(cli, name)
+        });
+        for (at, name) in chosen.enumerate() {
+            let (scratch, server) = place(name);
+            eprintln!("traces {files}: writing the tree for {name}");
+            let (tree, generate_seconds) = runs.tree(scratch, server.is_none())?;
+            let scale = scale.get_or_insert_with(|| TraceScale::of(files, &tree, generate_seconds));
+            if !agents_added {
+                let agents: Vec<&Agent> = tree
+                    .agents
+                    .iter()
+                    .filter(|a| !cli.trace_live_agents_only || a.current.is_some())
+                    .collect();
+                add_agents(bench.base, &scratch.db, &agents).await?;
+                agents_added = true;
             }
-            // The local methods' figures stay when the test server fails.
-            Err(e) if server.is_some() => {
-                eprintln!("traces {files}: {name} failed: {e:#}");
-                object_store = Some(format!("{name} failed: {e:#}"));
-                break;
+            let max_bytes = scale.allocated_bytes / 2;
+            match runs
+                .method((scratch, server), name, &cli.sexton, &tree, max_bytes)
+                .await
+            {
+                Ok((method, cold)) => {
+                    rounds.add(at, method);
+                    dropped &= cold;
+                }
+                // The local methods' figures stay when the test server fails.
+                Err(e) if server.is_some() => {
+                    eprintln!("traces {files}: {name} failed: {e:#}");
+                    object_store = Some(format!("{name} failed: {e:#}"));
+                    break 'rounds;
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
     }
+    let methods = rounds.medians(|method: &TraceMethod| method.seconds);
     let mut scale = scale.context("no method ran")?;
     let mut compared = Vec::new();
     let sextons = methods.iter().filter(|m| m.name.starts_with("sexton"));
@@ -251,6 +258,7 @@ async fn measure_scale(
         let _ = std::fs::remove_dir_all(&bucket.dir);
     }
     scale.methods = methods;
+    scale.rounds = rounds_at(cli, files);
     scale.object_store = object_store;
     Ok((scale, dropped, compared))
 }
@@ -295,6 +303,9 @@ struct TraceScale {
     allocated_bytes: u64,
     /// Writing one tree, syncing it and reading its sizes back.
     generate_seconds: f64,
+    /// Rounds of each method; each method's row is its median round.
+    #[serde(default = "crate::method::one_round")]
+    rounds: u32,
     methods: Vec<TraceMethod>,
     /// Why the object-store methods did not run or stopped at this size, if they did.
     object_store: Option<String>,
@@ -314,6 +325,7 @@ impl TraceScale {
             symlinks: tree.count(Kind::Symlink),
             allocated_bytes: tree.allocated(),
             generate_seconds,
+            rounds: 1,
             methods: Vec::new(),
             object_store: None,
         }
@@ -369,5 +381,14 @@ impl TraceMethod {
             peak_rss_kb: self.peak_rss_kb,
             writer_wait_ms: None,
         }
+    }
+}
+
+/// Rounds of each method at a tree of `files` (`--trace-rounds` up to `--trace-rounds-upto`).
+fn rounds_at(cli: &Cli, files: u64) -> u32 {
+    if files <= cli.trace_rounds_upto {
+        cli.trace_rounds
+    } else {
+        1
     }
 }

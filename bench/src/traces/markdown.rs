@@ -76,6 +76,7 @@ const TREES: &[Column<(), TraceScale>] = &[
         f(s.allocated_bytes as f64 / 1_048_576.0, 0)
     }),
     ("written in s", |_, s| f(s.generate_seconds, 1)),
+    ("rounds (median shown)", |_, s| s.rounds.to_string()),
 ];
 
 /// A row per method and size: its time, rates, floor, CPU and memory.
