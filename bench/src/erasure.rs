@@ -37,7 +37,7 @@ use self::profile::profile;
 use self::state::{differences, end_state};
 use crate::cli::Cli;
 use crate::cluster::{connect, drop_db, recreate};
-use crate::compare::Comparison;
+use crate::compare::{self, Comparison};
 use crate::method::{Latency, Method, max_ms, median, score};
 use crate::part::Bench;
 use crate::results::{machine, member};
@@ -71,6 +71,7 @@ pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<Vec<Co
             runs: earlier(cli)?,
         };
         let measured = measure(cli, bench.admin, bench.base, sizes).await?;
+        let before_after = measured.before_after.clone();
         erasure.runs.retain(|r| r.sizes != sizes);
         erasure.runs.push(measured);
         erasure
@@ -78,7 +79,7 @@ pub fn run<'a>(bench: &'a Bench<'a>) -> LocalBoxFuture<'a, anyhow::Result<Vec<Co
             .sort_by_key(|r| (r.sizes.runs, r.sizes.sessions, r.sizes.files));
         erasure.measured_at = Utc::now();
         bench.report.write(&[("erasure", member(&erasure)?)])?;
-        Ok(Vec::new())
+        Ok(before_after)
     })
 }
 
@@ -139,6 +140,9 @@ struct ErasureRun {
     night_beside: Night,
     /// The erasure beside the night: seconds from its first hop to its completion.
     erasure_beside_seconds: f64,
+    /// With `--baseline-sexton`: sexton's erasure by both builds, pair by pair.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    before_after: Vec<Comparison>,
 }
 
 /// One nightly pass over the other accounts.
@@ -202,7 +206,8 @@ async fn measure(
         eprintln!("erasure: sexton (round {round})");
         let db = "benchera_sexton";
         let files = root.join("sexton");
-        let erased = erase_beside_writer(cli, admin, base, &template, db, &files).await?;
+        let erased =
+            erase_beside_writer(cli, admin, base, &template, db, &files, &cli.sexton).await?;
         let end = end_state(base, db, &files, template.account).await?;
         drop_db(admin, db).await?;
         let _ = std::fs::remove_dir_all(&files);
@@ -229,6 +234,21 @@ async fn measure(
     let (sexton_method, workers, hops, profile) =
         median(sextons, |(method, ..)| method.seconds).context("a round of sexton")?;
     let floor_method = median(floors, |method| method.seconds).context("a round of the floor")?;
+    // With `--baseline-sexton`, sexton's erasure by both builds, pair by pair on fresh copies.
+    let case = format!("{} runs · sexton", sizes.runs);
+    let before_after = compare::pairs(cli, "erasure", case, "runs/s", async |build| {
+        let db = "benchera_pair";
+        let files = root.join("pair");
+        let erased = erase_beside_writer(cli, admin, base, &template, db, &files, build.binary);
+        let (mut method, ..) = erased.await?;
+        drop_db(admin, db).await?;
+        let _ = std::fs::remove_dir_all(&files);
+        method.owners_per_s = sizes.runs as f64 / method.seconds;
+        Ok(method.side())
+    })
+    .await?
+    .into_iter()
+    .collect();
     // The writer changes no row's text and adds none: what is gone is what the erasure removed.
     let (after, _) = &sexton_end;
     let rows_removed = template
@@ -272,6 +292,7 @@ async fn measure(
         night_alone,
         night_beside,
         erasure_beside_seconds: beside.unwrap_or(0.0),
+        before_after,
     })
 }
 
@@ -378,11 +399,11 @@ fn erasure_env() -> [(&'static str, &'static str); 2] {
     ]
 }
 
-/// `sexton erase --account` on `db`: the request's id.
-async fn request(cli: &Cli, db: &str, files: &Path, account: Uuid) -> anyhow::Result<Uuid> {
+/// `binary erase --account` on `db`: the request's id.
+async fn request(binary: &Path, db: &str, files: &Path, account: Uuid) -> anyhow::Result<Uuid> {
     let account = account.to_string();
     let out = sexton(
-        &cli.sexton,
+        binary,
         db,
         files,
         &[
@@ -418,7 +439,7 @@ async fn request(cli: &Cli, db: &str, files: &Path, account: Uuid) -> anyhow::Re
 /// A worker until idle on `db`, under GNU time (its peak RSS), its JSON log kept in `log`;
 /// spawned, for the caller to wait on.
 fn spawn_worker(
-    cli: &Cli,
+    binary: &Path,
     db: &str,
     files: &Path,
     log: &Path,
@@ -431,7 +452,7 @@ fn spawn_worker(
     tokio::process::Command::new("/usr/bin/time")
         .args(["-f", "max_rss_kb=%M", "-o"])
         .arg(rss)
-        .arg(&cli.sexton)
+        .arg(binary)
         .args(["worker", "--exit-when-idle"])
         .env_remove("DATABASE_URL")
         .envs(sexton_env(db, files))
@@ -479,6 +500,7 @@ async fn erase_beside_writer(
     template: &Template,
     db: &str,
     files: &Path,
+    binary: &Path,
 ) -> anyhow::Result<(Method, u32, usize, Vec<(String, f64)>)> {
     recreate(admin, db, Some(TEMPLATE)).await?;
     fill::write_tree(files, &template.files).await?;
@@ -497,12 +519,12 @@ async fn erase_beside_writer(
         connect(base, db, "bench-profile").await?,
         stop.clone(),
     ));
-    let id = request(cli, db, files, template.account).await?;
+    let id = request(binary, db, files, template.account).await?;
     let check = connect(base, db, "bench").await?;
     let (mut workers, mut peak) = (0u32, None::<u64>);
     loop {
         workers += 1;
-        let child = spawn_worker(cli, db, files, &log, &rss_file)?;
+        let child = spawn_worker(binary, db, files, &log, &rss_file)?;
         let rss = wait_worker(child, &rss_file).await?;
         peak = peak.max(rss);
         let state: String = sqlx::query_scalar("SELECT state FROM sexton.erasures WHERE id = $1")
@@ -514,7 +536,7 @@ async fn erase_beside_writer(
             "waiting" if workers < 5 => {
                 eprintln!("erasure: the request waits (an item was busy): retrying");
                 let id = id.to_string();
-                if !sexton(&cli.sexton, db, files, &["erase", "retry", &id])
+                if !sexton(binary, db, files, &["erase", "retry", &id])
                     .envs(erasure_env())
                     .status()
                     .await?

@@ -32,6 +32,10 @@ pub fn markdown(e: &Erasure) -> String {
         ("Methods", columns(METHODS, &methods)),
         ("The other accounts' night", columns(NIGHTS, &runs)),
     ];
+    let compared: Vec<_> = e.runs.iter().flat_map(|r| r.before_after.clone()).collect();
+    if !compared.is_empty() {
+        sections.push(("Before and after", crate::compare::markdown(&compared)));
+    }
     if let Some(largest) = e.runs.last() {
         let rows = largest
             .profile

@@ -32,8 +32,8 @@ pub(super) async fn night(
     let pool = connect(&admin.connect_options(), db, "bench").await?;
     let started = Instant::now();
     let child = if erasure {
-        request(cli, db, &files, template.account).await?;
-        let child = spawn_worker(cli, db, &files, &log, &rss_file)?;
+        request(&cli.sexton, db, &files, template.account).await?;
+        let child = spawn_worker(&cli.sexton, db, &files, &log, &rss_file)?;
         // The night starts once the erasure's first hop runs.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -52,7 +52,7 @@ pub(super) async fn night(
         child
     } else {
         tick(cli, db, &files, template.now).await?;
-        spawn_worker(cli, db, &files, &log, &rss_file)?
+        spawn_worker(&cli.sexton, db, &files, &log, &rss_file)?
     };
     let peak = wait_worker(child, &rss_file).await?;
     let worker_seconds = started.elapsed().as_secs_f64();
