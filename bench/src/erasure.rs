@@ -230,6 +230,7 @@ async fn measure(
         sexton_end = Some(end);
     }
     let sexton_end = sexton_end.context("--erasure-rounds is at least 1")?;
+    // Every round's two end states were compared above: a difference ends the part.
     let same_end = true;
     let (sexton_method, workers, hops, profile) =
         median(sextons, |(method, ..)| method.seconds).context("a round of sexton")?;
