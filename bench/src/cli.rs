@@ -174,4 +174,21 @@ impl Cli {
     pub fn with_scales(&self) -> bool {
         self.runs("scales")
     }
+
+    /// Rounds of each of the scales' methods at `scale` (`--scale-rounds` up to
+    /// `--scale-rounds-upto`, one above).
+    pub fn scale_rounds_at(&self, scale: u64) -> u32 {
+        rounds_upto(self.scale_rounds, self.scale_rounds_upto, scale)
+    }
+
+    /// Rounds of each run-traces method on a tree of `files` (`--trace-rounds` up to
+    /// `--trace-rounds-upto`, one above).
+    pub fn trace_rounds_at(&self, files: u64) -> u32 {
+        rounds_upto(self.trace_rounds, self.trace_rounds_upto, files)
+    }
+}
+
+/// `rounds` at a size up to `upto`, one above it.
+fn rounds_upto(rounds: u32, upto: u64, size: u64) -> u32 {
+    if size <= upto { rounds } else { 1 }
 }

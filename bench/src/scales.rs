@@ -185,7 +185,7 @@ async fn measure(
         owners: template.owners,
         detail_rows: template.detail_rows,
         seed_seconds: template.seed_seconds,
-        rounds: rounds_at(cli, scale),
+        rounds: cli.scale_rounds_at(scale),
         idle_writer: Latency::of(idle.total_ms),
         idle_writer_wal_bytes_per_s,
         methods,
@@ -254,7 +254,7 @@ async fn detail_methods(
     // Round by round, the methods taking turns; the budgeted pass once, after the first
     // round's unbudgeted one.
     let mut rounds = Rounds::new();
-    for round in 0..rounds_at(cli, template.scale) {
+    for round in 0..cli.scale_rounds_at(template.scale) {
         for (at, name) in names
             .iter()
             .filter(|name| **name != BUDGETED || round == 0)
@@ -281,15 +281,6 @@ async fn detail_methods(
         }
     }
     Ok((rounds.medians(|run| run.seconds), wal_budget))
-}
-
-/// Rounds of each method at `scale` (`--scale-rounds` up to `--scale-rounds-upto`).
-pub fn rounds_at(cli: &Cli, scale: u64) -> u32 {
-    if scale <= cli.scale_rounds_upto {
-        cli.scale_rounds
-    } else {
-        1
-    }
 }
 
 /// Execution-details method `name` on a fresh copy, the writer beside it (sexton's methods by

@@ -198,7 +198,7 @@ async fn measure_scale(
     let (mut scale, mut rounds, mut dropped) = (None, Rounds::new(), true);
     let mut agents_added = false;
     // Round by round, the methods taking turns; each method's median round is kept.
-    'rounds: for _ in 0..rounds_at(cli, files) {
+    'rounds: for _ in 0..cli.trace_rounds_at(files) {
         let chosen = METHODS.into_iter().filter(|name| {
             (!name.ends_with(" s3") || bucket.is_some()) && crate::scales::chosen(cli, name)
         });
@@ -258,7 +258,7 @@ async fn measure_scale(
         let _ = std::fs::remove_dir_all(&bucket.dir);
     }
     scale.methods = methods;
-    scale.rounds = rounds_at(cli, files);
+    scale.rounds = cli.trace_rounds_at(files);
     scale.object_store = object_store;
     Ok((scale, dropped, compared))
 }
@@ -381,14 +381,5 @@ impl TraceMethod {
             peak_rss_kb: self.peak_rss_kb,
             writer_wait_ms: None,
         }
-    }
-}
-
-/// Rounds of each method at a tree of `files` (`--trace-rounds` up to `--trace-rounds-upto`).
-fn rounds_at(cli: &Cli, files: u64) -> u32 {
-    if files <= cli.trace_rounds_upto {
-        cli.trace_rounds
-    } else {
-        1
     }
 }

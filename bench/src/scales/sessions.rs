@@ -18,7 +18,7 @@ use super::raw::{
 };
 use super::seed::Template;
 use super::writers::append_at_rate;
-use super::{chosen, drop_copy, fresh_copy, net_wal, rounds_at};
+use super::{chosen, drop_copy, fresh_copy, net_wal};
 use crate::cli::Cli;
 use crate::cluster::connect;
 use crate::method::{Latency, Method, Rounds, score};
@@ -57,7 +57,7 @@ pub async fn session_methods(
     .await?;
     // Round by round, the methods taking turns; each method's median round is kept.
     let mut rounds = Rounds::new();
-    for _ in 0..rounds_at(cli, template.scale) {
+    for _ in 0..cli.scale_rounds_at(template.scale) {
         for (at, name) in SESSION_METHODS
             .into_iter()
             .filter(|name| chosen(cli, name))

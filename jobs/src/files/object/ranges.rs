@@ -177,7 +177,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn each_item_comes_from_the_first_range_with_one_at_hand() {
+    async fn os4_pf7_each_item_comes_from_the_first_range_with_one_at_hand() {
         let ranges = vec![
             futures::stream::iter([1, 2]).boxed(),
             futures::stream::iter([3, 4]).boxed(),

@@ -320,7 +320,7 @@ mod tests {
     }
 
     #[test]
-    fn throttling_shrinks_the_window_once_per_round_and_answers_grow_it_back() {
+    fn pf7_throttling_shrinks_the_window_once_per_round_and_answers_grow_it_back() {
         let start = Instant::now();
         let at = |ms| start + Duration::from_millis(ms);
         let window = Arc::new(Window::new(16));

@@ -208,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn backoff_stays_under_two_rounds_and_its_ceiling() {
+    fn pf7_backoff_stays_under_two_rounds_and_its_ceiling() {
         for ms in [1, 10, 45, 300, 999, 5000] {
             let round = Duration::from_millis(ms);
             let wait = backoff(round);
