@@ -5,6 +5,7 @@
 //! so they are ignored in the local pass and run with `--include-ignored` in the object pass.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -30,12 +31,14 @@ use crate::common::proxy::{Action, Proxy};
 use crate::common::{self, backend, run};
 
 /// The S3 client, with each delete call's keys counted and the keys containing `refuse`
-/// failed (the others passed on, the answers in the keys' order, as the S3 client gives them).
+/// failed (the others passed on, the answers in the keys' order, as the S3 client gives them),
+/// and its listings counted.
 #[derive(Debug)]
 struct Wrapped {
     inner: Arc<dyn ObjectStore>,
     calls: Arc<Mutex<Vec<usize>>>,
     refuse: Arc<Mutex<Option<String>>>,
+    listings: Arc<AtomicUsize>,
 }
 
 impl fmt::Display for Wrapped {
@@ -109,10 +112,12 @@ impl ObjectStore for Wrapped {
     }
 
     fn list(&self, prefix: Option<&Key>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.listings.fetch_add(1, Ordering::Relaxed);
         self.inner.list(prefix)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Key>) -> object_store::Result<ListResult> {
+        self.listings.fetch_add(1, Ordering::Relaxed);
         self.inner.list_with_delimiter(prefix).await
     }
 
@@ -132,6 +137,7 @@ struct Bucket {
     store: Store,
     calls: Arc<Mutex<Vec<usize>>>,
     refuse: Arc<Mutex<Option<String>>>,
+    listings: Arc<AtomicUsize>,
 }
 
 impl Bucket {
@@ -144,12 +150,13 @@ impl Bucket {
         let Store::Object(objects) = backend::paths(dir.path()).store(root) else {
             panic!("the root is in the bucket");
         };
-        let (calls, refuse) = (Arc::default(), Arc::default());
+        let (calls, refuse, listings) = (Arc::default(), Arc::default(), Arc::default());
         let wrapped = objects.wrapped(|inner| {
             Arc::new(Wrapped {
                 inner,
                 calls: Arc::clone(&calls),
                 refuse: Arc::clone(&refuse),
+                listings: Arc::clone(&listings),
             })
         });
         Self {
@@ -157,6 +164,7 @@ impl Bucket {
             store: Store::Object(Arc::new(wrapped)),
             calls,
             refuse,
+            listings,
         }
     }
 
@@ -224,6 +232,37 @@ async fn os4_a_session_directory_of_2500_objects_goes_in_calls_of_at_most_1000_k
     assert!(calls.iter().all(|keys| *keys <= MAX_BATCH), "{calls:?}");
     assert_eq!(calls.len(), 3, "batched, not one call a key: {calls:?}");
     assert_eq!(waiting(&pool).await, []);
+}
+
+#[sqlx::test]
+#[ignore = "needs the S3 server of scripts/test.sh's object pass"]
+async fn os2_pf7_a_drain_asks_whether_the_store_answers_with_a_head_never_a_listing(pool: PgPool) {
+    common::migrate(&pool).await;
+    let bucket = Bucket::new(Root::Outputs);
+    let account = fixture::account(&pool, Some(30)).await;
+    // Three claims' worth: the drain asks before each whether the store answers (an outage is
+    // not a failed removal), and a listing's page may cost the store a walk of its bucket.
+    let paths: Vec<String> = (0..1_200)
+        .map(|n| format!("{account}/run/{n}.out"))
+        .collect();
+    let objects: Vec<_> = paths.iter().map(|p| bucket.object("outputs", p)).collect();
+    let beside = bucket.object("outputs", &format!("{account}/kept.out"));
+    record(&pool, Root::Outputs, account, &paths).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let counts = files::drain(&mut conn, Root::Outputs, &bucket.store, Some(account))
+        .await
+        .unwrap();
+
+    assert_eq!((counts.deleted, counts.errors), (1_200, 0));
+    assert!(objects.iter().all(|object| !object.exists()));
+    assert!(beside.exists(), "the control: an unrecorded object stays");
+    assert_eq!(waiting(&pool).await, []);
+    assert_eq!(
+        bucket.listings.load(Ordering::Relaxed),
+        0,
+        "the drain listed the root"
+    );
 }
 
 #[sqlx::test]

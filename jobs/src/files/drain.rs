@@ -110,7 +110,7 @@ pub(super) async fn drain_until(
         // again would find only what was committed since (the next drain's).
         let caught_up = batch.len() < BATCH as usize;
         if let Store::Object(objects) = store
-            && let Err(why) = objects.reach().await
+            && let Err(why) = objects.answers().await
         {
             // An outage, not a failed removal (OS-2): the claim's attempt is handed back, and
             // the records wait, none quarantined, for a drain that finds the store answering.

@@ -174,7 +174,7 @@ impl ObjectRoot {
             }
         }
         if !failures.is_empty()
-            && let Err(why) = self.reach().await
+            && let Err(why) = self.answers().await
         {
             tracing::warn!(root = root.as_str(), error = %why, records = failures.len(), "objects not deleted: the store cannot be reached");
             removed
